@@ -1,0 +1,24 @@
+"""λ-GELU: learnable gating hardness, from smooth GELU training to exact-ReLU deployment.
+
+    f(x; λ) = x · Φ(λx),   λ = 1: GELU,   λ → ∞: ReLU.
+
+The pieces, one per file: ``functional`` (the op and its math), ``module`` (``LambdaGELU``),
+``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``), ``convert`` (model surgery),
+``registry`` (activations by name).
+"""
+from .convert import GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, to_relu_
+from .functional import l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target
+from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
+from .optim import lambda_param_groups
+from .registry import create_act, get_act_layer
+from .schedule import HardeningSchedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target",
+    "LambdaGELU", "lambda_to_raw", "raw_to_lambda",
+    "lambda_param_groups", "HardeningSchedule",
+    "convert_to_lambda_gelu_", "to_relu_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
+    "get_act_layer", "create_act",
+]

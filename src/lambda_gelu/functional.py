@@ -1,0 +1,138 @@
+r"""λ-GELU, the math in one place.
+
+    f(x; λ)  = x · Φ(λx)                          Φ: standard normal CDF, φ: its density
+    ∂f/∂x    = Φ(λx) + λx · φ(λx)
+    ∂f/∂λ    = x² · φ(λx)
+
+Limits. λ = 1 is exact (erf) GELU. As λ → ∞ the gate Φ(λx) tends to the Heaviside step H(x) and f
+tends to ReLU. The L1 distance between gate and step is
+
+    E(λ) = ∫ |Φ(λx) − H(x)| dx = (2/λ) ∫₀^∞ (1 − Φ(u)) du = 2 / (λ √(2π)),
+
+so a gate within ε of the step needs λ ≥ λ_target(ε) = 2 / (ε √(2π)) (≈ 159.6 for ε = 0.005).
+
+How the fast path computes it. f(x; λ) = GELU(λx)/λ and ∂f/∂x = GELU'(λx), so the forward and
+the input gradient reuse PyTorch's fused GELU kernels — at λ = 1 the result is bit-identical to
+``F.gelu``. The λ gradient is *not* taken from that identity: d/dλ [GELU(λx)/λ] is the difference of
+two nearly equal terms, and in float32 it is ~50% wrong at λ = 160. It is computed directly as
+Σ g · x² · φ(λx), written as (x·φ(λx))·x so that it stays finite for any finite x.
+
+Non-finite input behaves as in ``F.gelu`` (NaN and ±inf give NaN); finite input gives finite output
+and gradients as long as λx itself is finite in the compute dtype (|x| < 3.4e38/λ in float32).
+
+Only ``x`` (and λ) are saved for backward, as ``F.gelu`` saves only its input. Half-precision inputs
+are computed in float32 and the result is cast back.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target"]
+
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def l1_gap(lam: float | Tensor) -> float | Tensor:
+    """L1 distance between the gate Φ(λx) and the Heaviside step: E(λ) = 2 / (λ √(2π))."""
+    if isinstance(lam, numbers.Real) and lam <= 0:
+        raise ValueError(f"l1_gap needs λ > 0, got {lam}")
+    return 2.0 * _INV_SQRT_2PI / lam
+
+
+def lambda_target(epsilon: float = 0.005) -> float:
+    """The λ whose gate is within L1 distance ``epsilon`` of the step: 2 / (ε √(2π)) ≈ 159.6 at 0.005."""
+    if not isinstance(epsilon, numbers.Real) or not 0.0 < epsilon < l1_gap(1.0):
+        raise ValueError(
+            f"epsilon must be in (0, {l1_gap(1.0):.4f}) — the gap of GELU itself — got {epsilon!r}"
+        )
+    return 2.0 * _INV_SQRT_2PI / float(epsilon)
+
+
+def lambda_gelu_reference(x: Tensor, lam: float | Tensor, channel_dim: int = -1) -> Tensor:
+    """The obviously correct version: ``x * Φ(λx)`` under plain autograd. Slow (it saves several
+    full-size tensors), kept to check the fast path against."""
+    lam = _broadcastable_lambda(lam, x, channel_dim)
+    return x * torch.special.ndtr(lam * x)
+
+
+def lambda_gelu(x: Tensor, lam: float | Tensor, channel_dim: int = -1) -> Tensor:
+    """f(x; λ) = x · Φ(λx), differentiable in ``x`` and ``lam``.
+
+    Args:
+        x: input of any shape and floating dtype.
+        lam: λ, a Python number, a 0-dim tensor, or a 1-dim tensor of one λ per channel.
+        channel_dim: the dimension of ``x`` that a 1-dim ``lam`` runs along (-1 for features in
+            linear/transformer layers, 1 for NCHW convolution maps). Ignored for scalar λ.
+    """
+    lam = _broadcastable_lambda(lam, x, channel_dim)
+    return _LambdaGELUFunction.apply(x, lam)
+
+
+def _broadcastable_lambda(lam: float | Tensor, x: Tensor, channel_dim: int) -> Tensor:
+    """λ as a tensor that broadcasts against ``x``: 0-dim, or shaped (C, 1, ..., 1) / (C,)."""
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"lambda_gelu needs a floating-point tensor x, got {type(x).__name__}"
+                        + (f" of dtype {x.dtype}" if isinstance(x, Tensor) else ""))
+    if isinstance(lam, numbers.Real) and not isinstance(lam, bool):
+        if not lam > 0:
+            raise ValueError(f"λ must be positive (λ ≥ 1 for λ-GELU), got {lam}")
+        return torch.tensor(float(lam), dtype=torch.promote_types(x.dtype, torch.float32),
+                            device=x.device)
+    if not isinstance(lam, Tensor) or not lam.is_floating_point():
+        raise TypeError(f"λ must be a number or a floating-point tensor, got {lam!r}")
+    if lam.dim() == 0:
+        return lam
+    if lam.dim() != 1:
+        raise ValueError(f"λ must be 0-dim (one per layer) or 1-dim (one per channel), "
+                         f"got shape {tuple(lam.shape)}")
+    if x.dim() == 0 or not -x.dim() <= channel_dim < x.dim():
+        raise ValueError(f"channel_dim={channel_dim} is out of range for an input of shape "
+                         f"{tuple(x.shape)}")
+    dim = channel_dim % x.dim()
+    if x.shape[dim] != lam.numel():
+        raise ValueError(f"per-channel λ has {lam.numel()} entries but the input has {x.shape[dim]} "
+                         f"channels along dim {channel_dim} (shape {tuple(x.shape)}); "
+                         "set channel_dim to the channel dimension")
+    return lam.view((-1,) + (1,) * (x.dim() - dim - 1))
+
+
+def _compute_dtype(x: Tensor, lam: Tensor) -> torch.dtype:
+    return torch.promote_types(torch.promote_types(x.dtype, lam.dtype), torch.float32)
+
+
+def _forward(x: Tensor, lam: Tensor) -> Tensor:
+    dtype = _compute_dtype(x, lam)
+    lam = lam.to(dtype)
+    return (F.gelu(x.to(dtype) * lam) / lam).to(x.dtype)
+
+
+def _backward(g: Tensor, x: Tensor, lam: Tensor, need_x: bool, need_lam: bool):
+    dtype = _compute_dtype(x, lam)
+    xc, gc, lamc = x.to(dtype), g.to(dtype), lam.to(dtype)
+    z = xc * lamc
+    grad_x = grad_lam = None
+    if need_x:  # g · (Φ(z) + z φ(z)), PyTorch's own fused GELU derivative
+        grad_x = torch.ops.aten.gelu_backward(gc, z).to(x.dtype)
+    if need_lam:  # Σ g · x² φ(λx), finite for any finite x
+        x_phi = xc * torch.exp(-0.5 * z * z) * _INV_SQRT_2PI
+        grad_lam = (gc * x_phi * xc).sum_to_size(lam.shape).to(lam.dtype)
+    return grad_x, grad_lam
+
+
+class _LambdaGELUFunction(torch.autograd.Function):
+    """Saves only x and λ. The backward is written in differentiable ops, so double backward works."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, lam: Tensor) -> Tensor:
+        ctx.save_for_backward(x, lam)
+        return _forward(x, lam)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, lam = ctx.saved_tensors
+        return _backward(g, x, lam, *ctx.needs_input_grad)
