@@ -21,7 +21,8 @@ class HardeningSchedule:
 
         λ_k = (1 − a) · λ_learned + a · λ_target,     a = (k − switch_step) / (total_steps − switch_step),
 
-    reaching λ_target exactly at ``k = total_steps`` and staying there. Per-channel λ is annealed
+    reaching λ_target at ``k = total_steps`` (up to the float32 rounding of ``s``, one ulp of λ) and
+    staying there. Per-channel λ is annealed
     per channel. ``lambda_target`` defaults to the λ whose gate is within L1 distance ``epsilon`` of
     the step (≈ 159.6 for ε = 0.005); give one or the other.
 

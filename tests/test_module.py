@@ -1,0 +1,88 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lambda_gelu import LambdaGELU, create_act, get_act_layer, lambda_gelu, lambda_to_raw, raw_to_lambda
+
+
+@pytest.mark.parametrize("lam", [1.0, 1.0 + 1e-6, 1.5, 7.0, 159.577, 1e4])
+def test_raw_parameterization_round_trips(lam):
+    s = lambda_to_raw(lam, 0.1).float()
+    assert math.isclose(raw_to_lambda(s, 0.1).item(), lam, rel_tol=2e-7)
+
+
+def test_lambda_is_at_least_one_for_any_raw_value():
+    m = LambdaGELU()
+    with torch.no_grad():
+        m.s.copy_(torch.tensor(-1e6))
+    assert m.lam.item() == 1.0
+    x = torch.randn(100)
+    assert torch.equal(m(x), F.gelu(x))
+
+
+def test_forward_is_lambda_gelu_of_current_lambda():
+    m = LambdaGELU(init_lambda=3.0)
+    x = torch.randn(10, 7)
+    assert math.isclose(m.lam.item(), 3.0, rel_tol=1e-6)
+    torch.testing.assert_close(m(x), lambda_gelu(x, m.lam))
+
+
+def test_effective_sgd_step_on_lambda():
+    """Δλ ≈ −η_s · σ(s/t)²/t² · ∂L/∂λ for a small SGD step on s."""
+    m = LambdaGELU(init_lambda=2.0, temperature=0.1)
+    x = torch.randn(1000) * 0.5
+    loss = m(x).sum()
+    loss.backward()
+    lam0, s0 = m.lam.item(), m.s.detach().clone()
+    dL_dlam = (x ** 2 * torch.exp(-0.5 * (lam0 * x) ** 2) / math.sqrt(2 * math.pi)).sum().item()
+    eta = 1e-6
+    with torch.no_grad():
+        m.s -= eta * m.s.grad
+    predicted = -eta * torch.sigmoid(s0 / 0.1).item() ** 2 / 0.1 ** 2 * dL_dlam
+    assert math.isclose(m.lam.item() - lam0, predicted, rel_tol=1e-2)
+
+
+def test_per_channel_conv_layout():
+    m = LambdaGELU(init_lambda=2.0, num_channels=4, channel_dim=1)
+    m.set_lambda(torch.tensor([1.5, 2.0, 4.0, 8.0]))
+    x = torch.randn(2, 4, 3, 3)
+    expected = torch.stack([lambda_gelu(x[:, c], lam) for c, lam in enumerate([1.5, 2.0, 4.0, 8.0])], 1)
+    torch.testing.assert_close(m(x), expected)
+    m(x).sum().backward()
+    assert m.s.grad.shape == (4,)
+    with pytest.raises(ValueError, match="4 entries but the input has 3 channels"):
+        m(torch.randn(2, 3, 4, 4))
+
+
+def test_freeze_and_set_lambda():
+    m = LambdaGELU()
+    m(torch.randn(5)).sum().backward()
+    m.freeze()
+    assert m.frozen and m.s.grad is None
+    m(torch.randn(5, requires_grad=True)).sum().backward()
+    assert m.s.grad is None
+    m.set_lambda(160.0)
+    assert m.lam.item() == pytest.approx(160.0, rel=1e-7)
+    assert "frozen" in repr(m) and "lam=160" in repr(m)
+    with pytest.raises(ValueError, match="λ must be ≥ 1"):
+        m.set_lambda(0.5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"init_lambda": 0.9}, "init_lambda"), ({"init_lambda": float("inf")}, "init_lambda"),
+    ({"temperature": 0.0}, "temperature"), ({"num_channels": 0}, "num_channels"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LambdaGELU(**kwargs)
+
+
+def test_registry():
+    assert get_act_layer("Lambda-GELU") is LambdaGELU
+    assert get_act_layer(None) is None
+    assert isinstance(create_act("relu"), torch.nn.ReLU)
+    assert get_act_layer(torch.nn.Tanh) is torch.nn.Tanh
+    with pytest.raises(ValueError, match="unknown activation 'gleu'; known: .*gelu"):
+        get_act_layer("gleu")

@@ -1,0 +1,98 @@
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+from lambda_gelu import HardeningSchedule, LambdaGELU, lambda_param_groups, lambda_target
+
+
+def _setup(seed=0, per_channel=False):
+    torch.manual_seed(seed)
+    kw = {"num_channels": 16} if per_channel else {}
+    model = nn.Sequential(nn.Linear(4, 16), LambdaGELU(**kw), nn.Linear(16, 16), LambdaGELU(**kw), nn.Linear(16, 1))
+    opt = torch.optim.SGD(lambda_param_groups(model, lr=0.05), momentum=0.9)
+    return model, opt
+
+
+def _train(model, opt, sched, steps, data):
+    x, y = data
+    for _ in range(steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        sched.step()
+
+
+DATA = (torch.randn(32, 4, generator=torch.Generator().manual_seed(1)),
+        torch.randn(32, 1, generator=torch.Generator().manual_seed(2)))
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_learn_freeze_then_linear_to_target(per_channel):
+    model, opt = _setup(per_channel=per_channel)
+    sched = HardeningSchedule(model, total_steps=40, switch_at=0.25)
+    assert sched.switch_step == 10
+    history = []
+    for k in range(40):
+        _train(model, opt, sched, 1, DATA)
+        history.append({n: torch.tensor(v, dtype=torch.float64) for n, v in sched.current_lambdas().items()})
+        if k + 1 < 10:
+            assert not sched.hardening and not model[1].frozen
+    assert model[1].frozen and model[3].frozen
+    learned = sched.learned
+    for name in learned:
+        assert not torch.allclose(learned[name], torch.full_like(learned[name], 1.5))  # λ did learn
+        # linear between the switch (step 10 ↔ history[9]) and the end, exact target at the last step
+        for k in range(10, 41):
+            a = (k - 10) / 30
+            expected = (1 - a) * learned[name] + a * lambda_target(0.005)
+            torch.testing.assert_close(history[k - 1][name], expected, rtol=1e-6, atol=0)
+        # at the last step: λ_target up to the float32 rounding of s (one ulp of λ at 160 is 1.5e-5)
+        assert torch.all((history[-1][name] - lambda_target(0.005)).abs() <= 2 ** -16 * 2)
+
+
+def test_frozen_lambda_ignores_momentum_and_optimizer():
+    model, opt = _setup()
+    sched = HardeningSchedule(model, total_steps=20, switch_at=0.5)
+    _train(model, opt, sched, 10, DATA)
+    # the optimizer still holds momentum for s; a frozen s must not move by it
+    s_before = model[1].s.detach().clone()
+    lam_set = model[1].lam.clone()
+    opt.zero_grad(set_to_none=False)
+    nn.functional.mse_loss(model(DATA[0]), DATA[1]).backward()
+    opt.step()
+    assert torch.equal(model[1].s.detach(), s_before) and torch.equal(model[1].lam, lam_set)
+
+
+def test_resume_from_state_dict_is_identical():
+    model, opt = _setup()
+    sched = HardeningSchedule(model, total_steps=30)
+    _train(model, opt, sched, 30, DATA)
+
+    model2, opt2 = _setup()
+    sched2 = HardeningSchedule(model2, total_steps=30)
+    _train(model2, opt2, sched2, 13, DATA)  # past the switch at 7
+    ckpt = copy.deepcopy({"m": model2.state_dict(), "o": opt2.state_dict(), "s": sched2.state_dict()})
+    model3, opt3 = _setup(seed=123)  # different init: everything must come from the checkpoint
+    model3.load_state_dict(ckpt["m"])
+    opt3.load_state_dict(ckpt["o"])
+    sched3 = HardeningSchedule(model3, total_steps=30)
+    sched3.load_state_dict(ckpt["s"])
+    assert model3[1].frozen
+    _train(model3, opt3, sched3, 17, DATA)
+    for p, q in zip(model.state_dict().values(), model3.state_dict().values()):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"total_steps": 0}, "total_steps"), ({"total_steps": 10, "switch_at": 1.0}, "switch_at"),
+    ({"total_steps": 10, "epsilon": 0.01, "lambda_target": 100.0}, "not both"),
+    ({"total_steps": 10, "lambda_target": 0.5}, "lambda_target"),
+])
+def test_bad_arguments(kwargs, match):
+    model, _ = _setup()
+    with pytest.raises(ValueError, match=match):
+        HardeningSchedule(model, **kwargs)
+    with pytest.raises(ValueError, match="found no LambdaGELU"):
+        HardeningSchedule(nn.Linear(2, 2), total_steps=10)
