@@ -1,0 +1,145 @@
+"""``lambda-gelu``: run the ReLU-ization protocol, report it, export it.
+
+    lambda-gelu                      the demo: a small sweep on offline data and its report (≤ 5 min)
+    lambda-gelu run TASK... [--seeds N] [--epochs E] [--arms A...] [--switch-at F] [--set k=v...] [--out DIR]
+    lambda-gelu report [--out DIR] [--output FILE]
+    lambda-gelu export --csv [--out DIR]
+    lambda-gelu tasks
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+DEFAULT_OUT = "runs/main"
+DEMO_OUT = "runs/demo"
+# The demo: every arm on three tasks, few seeds and short budgets; about 4 minutes on 2 cores.
+DEMO = {"tasks": ["mnist1d-mlp", "tabular-mlp", "fmnist-mlp"], "seeds": 3,
+        "epochs": {"mnist1d-mlp": 20, "breast-cancer-mlp": 40, "wine-mlp": 40, "fmnist-mlp": 2}}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lambda-gelu", description="λ-GELU: learn gating hardness, then ReLU-ize.")
+    sub = p.add_subparsers(dest="command")
+
+    run = sub.add_parser("run", help="train the protocol's arms on tasks, several seeds; resumable")
+    run.add_argument("tasks", nargs="*", metavar="TASK", help="task or group names (`lambda-gelu tasks`); none: the demo")
+    run.add_argument("--seeds", type=int, default=None, help="number of seeds (default 10; demo 3)")
+    run.add_argument("--first-seed", type=int, default=0)
+    run.add_argument("--epochs", type=int, default=None, help="override every task's epochs")
+    run.add_argument("--arms", nargs="+", default=None, help="arms to run (default: all four)")
+    run.add_argument("--switch-at", type=float, default=None, help="fraction of training before hardening (0.25)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override any run setting, e.g. --set lr=0.1 (repeatable)")
+    run.add_argument("--out", default=None, help=f"results directory (default {DEFAULT_OUT}; demo {DEMO_OUT})")
+    run.add_argument("--data-dir", default=None, help="Fashion-MNIST IDX directory (default: the Debian package's)")
+    run.add_argument("--no-weights", action="store_true", help="do not store trained weights")
+    run.add_argument("--no-report", action="store_true", help="do not write report.md after the sweep")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+
+    sub.add_parser("demo", help="the default sweep (same as `lambda-gelu run` with no task)").add_argument(
+        "--out", default=DEMO_OUT)
+
+    rep = sub.add_parser("report", help="write report.md and plots from a results directory")
+    rep.add_argument("--out", default=DEFAULT_OUT, help="results directory")
+    rep.add_argument("--output", default=None, help="report file (default OUT/report.md); images go beside it")
+
+    exp = sub.add_parser("export", help="export the results tables")
+    exp.add_argument("--out", default=DEFAULT_OUT, help="results directory")
+    exp.add_argument("--csv", action="store_true", required=True, help="write runs.csv and lambdas.csv")
+    exp.add_argument("--to", default=None, help="destination directory (default: the results directory)")
+
+    sub.add_parser("tasks", help="list the tasks")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser().parse_args(argv)
+    command = "lambda-gelu " + shlex.join(argv)
+    if getattr(args, "threads", None):
+        import torch
+        torch.set_num_threads(args.threads)
+    try:
+        from .config import ConfigError
+        from .data import DataError
+    except ImportError as e:  # pragma: no cover - only without the [lab] extra
+        print(f"error: the lab needs its extra: pip install 'lambda-gelu[lab]' ({e})", file=sys.stderr)
+        return 2
+    try:
+        if args.command in (None, "demo") or (args.command == "run" and not args.tasks):
+            return _demo(args, command)
+        if args.command == "run":
+            return _run(args, command)
+        if args.command == "report":
+            from .report import build_report
+            print(build_report(args.out, args.output, command))
+            return 0
+        if args.command == "export":
+            from .report import export_csv
+            for path in export_csv(args.out, args.to):
+                print(path)
+            return 0
+        if args.command == "tasks":
+            from .tasks import GROUPS, TASKS
+            for t in TASKS.values():
+                print(f"{t.name:20s} {t.description}")
+            for g, members in GROUPS.items():
+                print(f"{g:20s} group: {', '.join(members)}")
+            return 0
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: finished runs are stored; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _sweep(task_names, seeds, first_seed, epochs_for, arms, overrides, out, data_dir, keep_weights, quiet, command):
+    from .config import DEFAULT_ARMS, ConfigError
+    from .runner import plan, run_sweep
+    from .store import Store
+    from .tasks import resolve_tasks
+
+    if seeds is not None and seeds < 1:
+        raise ConfigError(f"--seeds must be ≥ 1, got {seeds}")
+    tasks = resolve_tasks(task_names)
+    runs = []
+    for task in tasks:
+        task_overrides = dict(overrides)
+        if epochs_for(task.name) is not None:
+            task_overrides["epochs"] = epochs_for(task.name)
+        runs += plan([task], arms or DEFAULT_ARMS, range(first_seed, first_seed + seeds), task_overrides)
+    store = Store(out)
+    store.record_sweep(command)
+    try:
+        run_sweep(runs, store, data_dir=data_dir, keep_weights=keep_weights, progress=not quiet)
+    finally:
+        store.close()
+    return out
+
+
+def _run(args, command) -> int:
+    from .config import parse_overrides
+    overrides = parse_overrides(args.overrides)
+    if args.switch_at is not None:
+        overrides["switch_at"] = args.switch_at
+    out = _sweep(args.tasks, 10 if args.seeds is None else args.seeds, args.first_seed, lambda name: args.epochs, args.arms, overrides,
+                 args.out or DEFAULT_OUT, args.data_dir, not args.no_weights, args.quiet, command)
+    if not args.no_report:
+        from .report import build_report
+        print(f"report: {build_report(out)}")
+    return 0
+
+
+def _demo(args, command) -> int:
+    out = getattr(args, "out", None) or DEMO_OUT
+    data_dir = getattr(args, "data_dir", None)
+    _sweep(DEMO["tasks"], DEMO["seeds"], 0, DEMO["epochs"].get, None, {}, out, data_dir, True,
+           getattr(args, "quiet", False), command)
+    from .report import build_report
+    print(f"report: {build_report(out)}")
+    return 0

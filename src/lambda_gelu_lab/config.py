@@ -1,0 +1,117 @@
+"""A run's configuration: typed, validated when built, hashed by what actually affects the run."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, fields
+
+# Which λ/hardening settings matter to which arm. Fields not listed for an arm do not enter its hash,
+# so e.g. the GELU baseline is computed once and shared by every switch-point ablation.
+LAMBDA_FIELDS = ("init_lambda", "temperature", "multiplier")
+HARDEN_FIELDS = LAMBDA_FIELDS + ("switch_at", "epsilon")
+ARMS: dict[str, tuple[str, ...]] = {
+    "gelu": (),            # nn.GELU; then the direct swap to ReLU
+    "lambda": LAMBDA_FIELDS,   # learned λ, no hardening
+    "lambda-harden": HARDEN_FIELDS,  # learned λ, frozen at switch_at, annealed to λ_target(ε), → ReLU
+    "relu": (),            # ReLU from scratch
+}
+DEFAULT_ARMS = ("gelu", "lambda", "lambda-harden", "relu")
+
+
+class ConfigError(ValueError):
+    """A configuration value or key is wrong; the message names it and what is allowed."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: str
+    arm: str
+    seed: int = 0
+    epochs: int = 10                # passes over the training split
+    batch_size: int = 128           # examples per optimizer step
+    optimizer: str = "sgd"          # "sgd" (with momentum) or "adamw"
+    lr: float = 0.05                # base learning rate, peak of the schedule
+    momentum: float = 0.9           # SGD only
+    weight_decay: float = 5e-4      # on weights, never on λ
+    warmup: float = 0.0             # fraction of steps with linear LR warm-up, then cosine to 0
+    init_lambda: float = 1.5        # λ at initialisation
+    temperature: float = 0.1        # t in λ = 1 + softplus(s/t)
+    multiplier: float = 9.0         # λ's learning rate = multiplier · lr
+    switch_at: float = 0.25         # fraction of training after which λ is frozen and annealed
+    epsilon: float = 0.005          # target L1 gap between gate and step → λ_target ≈ 159.6
+
+    def __post_init__(self):
+        def need(ok: bool, name: str, what: str):
+            if not ok:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be {what}")
+
+        need(self.arm in ARMS, "arm", "one of " + ", ".join(ARMS))
+        for name in ("seed", "epochs", "batch_size"):
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= (0 if name == "seed" else 1),
+                 name, "a non-negative int" if name == "seed" else "a positive int")
+        need(self.optimizer in ("sgd", "adamw"), "optimizer", "'sgd' or 'adamw'")
+        for name in ("lr", "momentum", "weight_decay", "temperature", "multiplier", "epsilon", "warmup"):
+            v = getattr(self, name)
+            need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+                 name, "a finite number ≥ 0")
+        need(self.lr > 0, "lr", "> 0")
+        need(self.temperature > 0, "temperature", "> 0")
+        need(self.momentum < 1, "momentum", "< 1")
+        need(self.warmup < 1, "warmup", "< 1")
+        need(isinstance(self.init_lambda, (int, float)) and 1 <= self.init_lambda < math.inf, "init_lambda", "≥ 1")
+        need(0 <= self.switch_at < 1, "switch_at", "in [0, 1)")
+        need(0 < self.epsilon < 0.79, "epsilon", "in (0, 0.79): below GELU's own gap 2/√(2π)")
+
+    def replace(self, **changes) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+    def relevant(self) -> dict:
+        """The fields that determine this run's result: the shared ones plus its arm's own."""
+        arm_free = {f.name for f in fields(self)} - set(HARDEN_FIELDS)
+        keep = arm_free | set(ARMS[self.arm])
+        return {k: v for k, v in dataclasses.asdict(self).items() if k in keep}
+
+    @property
+    def run_hash(self) -> str:
+        return _hash({k: v for k, v in self.relevant().items() if k != "seed"})
+
+    @property
+    def base_hash(self) -> str:
+        """The hash of what all arms of one experiment share (task, data, training budget)."""
+        return _hash({k: v for k, v in self.relevant().items() if k not in ("seed", "arm") + HARDEN_FIELDS})
+
+    @property
+    def variant(self) -> str:
+        """A readable label of the arm and its own settings, e.g. ``lambda-harden[switch_at=0.1]``
+        (settings equal to the defaults are left out)."""
+        defaults = {f.name: f.default for f in fields(RunConfig)}
+        own = [f"{k}={getattr(self, k):g}" for k in ARMS[self.arm] if getattr(self, k) != defaults[k]]
+        return self.arm + (f"[{','.join(own)}]" if own else "")
+
+
+def _hash(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """``["lr=0.1", "optimizer=adamw"]`` → typed values, checked against RunConfig's fields."""
+    types = {f.name: f.type for f in fields(RunConfig)}
+    out = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep:
+            raise ConfigError(f"--set takes key=value, got {pair!r}")
+        if key in ("task", "arm", "seed"):
+            raise ConfigError(f"{key} is chosen with its own option, not --set")
+        if key not in types:
+            raise ConfigError(f"unknown config key {key!r}; known: {', '.join(k for k in types if k not in ('task', 'arm', 'seed'))}")
+        kind = types[key]
+        try:
+            out[key] = int(raw) if kind == "int" else float(raw) if kind == "float" else raw
+        except ValueError:
+            raise ConfigError(f"{key} needs a {kind}, got {raw!r}") from None
+    return out

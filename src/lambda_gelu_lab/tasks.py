@@ -1,0 +1,73 @@
+"""The lab's tasks: a dataset, a model, and the training hyperparameters that suit them."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch.nn as nn
+
+from . import data
+from .config import ConfigError
+from .models import MLP, ActFactory
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    description: str
+    load: Callable[[str | None], data.Splits]          # data_dir → splits
+    build: Callable[[data.Splits, ActFactory], nn.Module]
+    defaults: dict = field(default_factory=dict)       # RunConfig fields this task sets
+
+
+def _mlp(hidden):
+    def build(splits: data.Splits, act: ActFactory) -> nn.Module:
+        in_features = 1
+        for d in splits.input_shape:
+            in_features *= d
+        return MLP(in_features, hidden, splits.num_classes, act)
+    return build
+
+
+TASKS: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+    TASKS[task.name] = task
+    return task
+
+
+register(Task(
+    "fmnist-mlp", "MLP 784-256-256-256-10 on Fashion-MNIST (55k/5k/10k), SGD — the paper's pair",
+    load=lambda data_dir: data.load_fashion_mnist(data_dir),
+    build=_mlp((256, 256, 256)),
+    defaults=dict(epochs=10, batch_size=128, optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4),
+))
+register(Task(
+    "mnist1d-mlp", "MLP 40-256-256-256-10 on MNIST-1D (3.6k/0.4k/1k, generated offline), SGD",
+    load=lambda data_dir: data.load_mnist1d(),
+    build=_mlp((256, 256, 256)),
+    defaults=dict(epochs=60, batch_size=64, optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4),
+))
+for _name, _key in (("breast-cancer-mlp", "breast_cancer"), ("wine-mlp", "wine")):
+    register(Task(
+        _name, f"MLP d-64-64-C on scikit-learn's {_key} (stratified 60/20/20), SGD",
+        load=lambda data_dir, _key=_key: data.load_sklearn_tabular(_key),
+        build=_mlp((64, 64)),
+        defaults=dict(epochs=100, batch_size=32, optimizer="sgd", lr=0.01, momentum=0.9, weight_decay=5e-4),
+    ))
+
+GROUPS = {"tabular-mlp": ("breast-cancer-mlp", "wine-mlp")}
+
+
+def resolve_tasks(names: list[str]) -> list[Task]:
+    """Task names (or group names such as ``tabular-mlp``) → tasks, with one clear error for a typo."""
+    out: list[Task] = []
+    for name in names:
+        for n in GROUPS.get(name, (name,)):
+            if n not in TASKS:
+                raise ConfigError(f"unknown task {name!r}; known: {', '.join(list(TASKS) + list(GROUPS))}")
+            if TASKS[n] not in out:
+                out.append(TASKS[n])
+    return out

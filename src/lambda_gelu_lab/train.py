@@ -1,0 +1,145 @@
+"""Train one arm of one task for one seed, evaluate it, ReLU-ize it, evaluate again."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lambda_gelu as lg
+
+from .config import RunConfig
+from .data import Splits
+from .tasks import Task
+
+LAMBDA_POINTS = 100  # λ is logged about this many times per run
+
+
+@dataclass
+class RunResult:
+    metrics: dict                      # final numbers, before and after substitution
+    lambdas: list[tuple[int, str, float]] = field(default_factory=list)  # (step, layer, λ)
+    epochs: list[dict] = field(default_factory=list)                     # per-epoch curve
+    state_dict: dict | None = None     # trained weights, before substitution
+
+
+def activation_factory(cfg: RunConfig):
+    if cfg.arm in ("lambda", "lambda-harden"):
+        return lambda: lg.LambdaGELU(init_lambda=cfg.init_lambda, temperature=cfg.temperature)
+    if cfg.arm == "gelu":
+        return nn.GELU
+    if cfg.arm == "relu":
+        return nn.ReLU
+    raise ValueError(f"no activation for arm {cfg.arm!r}")
+
+
+def build_model(task: Task, splits: Splits, cfg: RunConfig) -> nn.Module:
+    torch.manual_seed(cfg.seed)  # same weights for every arm of a seed: activations draw no random numbers
+    return task.build(splits, activation_factory(cfg))
+
+
+def make_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+    if any(True for _ in lg.lambda_modules(model)):
+        groups = lg.lambda_param_groups(model, cfg.lr, cfg.weight_decay, cfg.multiplier)
+    else:
+        groups = [{"params": list(model.parameters()), "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups)
+
+
+def lr_lambda(total_steps: int, warmup: float):
+    """Linear warm-up over ``warmup``·total steps, then cosine decay to 0."""
+    w = int(warmup * total_steps)
+
+    def f(step: int) -> float:
+        if step < w:
+            return (step + 1) / w
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - w) / max(1, total_steps - w))))
+    return f
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) in eval mode."""
+    was_training = model.training
+    model.eval()
+    correct, loss = 0, 0.0
+    for i in range(0, len(x), batch_size):
+        logits = model(x[i:i + batch_size])
+        loss += F.cross_entropy(logits, y[i:i + batch_size], reduction="sum").item()
+        correct += (logits.argmax(-1) == y[i:i + batch_size]).sum().item()
+    model.train(was_training)
+    return correct / len(x), loss / len(x)
+
+
+def _layer_lambdas(model: nn.Module) -> dict[str, float]:
+    return {name: m.lam.mean().item() for name, m in lg.lambda_modules(model)}
+
+
+def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = True) -> RunResult:
+    start = time.perf_counter()
+    model = build_model(task, splits, cfg)
+    opt = make_optimizer(model, cfg)
+    n = len(splits.x_train)
+    steps_per_epoch = math.ceil(n / cfg.batch_size)
+    total = cfg.epochs * steps_per_epoch
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
+    hardening = lg.HardeningSchedule(model, total, cfg.switch_at, epsilon=cfg.epsilon) \
+        if cfg.arm == "lambda-harden" else None
+    log_every = max(1, total // LAMBDA_POINTS)
+    result = RunResult(metrics={})
+    gen = torch.Generator().manual_seed(cfg.seed)  # the same data order for every arm of a seed
+
+    def log_lambdas(step: int):
+        result.lambdas.extend((step, name, v) for name, v in _layer_lambdas(model).items())
+
+    log_lambdas(0)
+    step, diverged = 0, False
+    model.train()
+    for epoch in range(cfg.epochs):
+        perm = torch.randperm(n, generator=gen)
+        running, seen = 0.0, 0
+        for i in range(0, n, cfg.batch_size):
+            idx = perm[i:i + cfg.batch_size]
+            loss = F.cross_entropy(model(splits.x_train[idx]), splits.y_train[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            if hardening is not None:
+                hardening.step()
+            step += 1
+            running += loss.item() * len(idx)
+            seen += len(idx)
+            if step % log_every == 0 or step == total:
+                log_lambdas(step)
+        train_loss = running / seen
+        val_acc, val_loss = evaluate(model, splits.x_val, splits.y_val)
+        result.epochs.append({"epoch": epoch + 1, "step": step, "train_loss": train_loss,
+                              "val_acc": val_acc, "val_loss": val_loss})
+        if not math.isfinite(train_loss):
+            diverged = True
+            break
+
+    m = result.metrics
+    m["diverged"] = diverged
+    m["steps"] = step
+    m["val_acc"], m["val_loss"] = evaluate(model, splits.x_val, splits.y_val)
+    m["test_acc"], m["test_loss"] = evaluate(model, splits.x_test, splits.y_test)
+    m["lambda_end"] = _layer_lambdas(model) or None
+    m["lambda_switch"] = ({k: v.mean().item() for k, v in hardening.learned.items()}
+                          if hardening is not None and hardening.learned is not None else None)
+    if keep_weights:
+        result.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    # Substitution: every GELU-like or λ-GELU module becomes an exact ReLU (nothing to do for relu).
+    if cfg.arm != "relu":
+        lg.to_relu_(model, include_gelu=True)
+        m["sub_val_acc"], m["sub_val_loss"] = evaluate(model, splits.x_val, splits.y_val)
+        m["sub_test_acc"], m["sub_test_loss"] = evaluate(model, splits.x_test, splits.y_test)
+    m["wall_time"] = time.perf_counter() - start
+    return result

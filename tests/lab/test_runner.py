@@ -1,0 +1,136 @@
+"""The protocol end to end: tasks train, arms produce rows, sweeps resume after SIGKILL, bad
+configs fail with one clear error, and the report renders."""
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lambda_gelu_lab.cli import main
+from lambda_gelu_lab.config import ConfigError, RunConfig, parse_overrides
+from lambda_gelu_lab.store import Store
+from lambda_gelu_lab.tasks import TASKS, resolve_tasks
+from lambda_gelu_lab.train import train_run
+
+# accuracy floors after one short run on the real data, ReLU-ized (chance: 10%, 10%, 63%, 40%)
+FLOORS = {"fmnist-mlp": (1, 0.80), "mnist1d-mlp": (5, 0.30), "breast-cancer-mlp": (5, 0.85), "wine-mlp": (20, 0.80)}
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_each_task_trains_and_relu_izes_above_a_floor(name):
+    epochs, floor = FLOORS[name]
+    task = TASKS[name]
+    cfg = RunConfig(task=name, arm="lambda-harden", **{**task.defaults, "epochs": epochs})
+    r = train_run(task, task.load(None), cfg)
+    m = r.metrics
+    assert m["sub_test_acc"] > floor, m
+    assert set(m["lambda_switch"]) == set(m["lambda_end"]) and len(m["lambda_end"]) >= 2
+    assert all(abs(v - 159.577) < 1e-3 for v in m["lambda_end"].values())  # hardened to λ_target
+    assert r.lambdas[0][0] == 0 and r.lambdas[-1][0] == m["steps"]
+
+
+def _rows(out):
+    with sqlite3.connect(os.path.join(out, "results.sqlite")) as db:
+        return db.execute("SELECT task, arm, seed, run_hash, finished_at FROM runs ORDER BY id").fetchall()
+
+
+def test_arms_produce_rows_and_same_init_across_arms(tmp_path):
+    out = str(tmp_path / "r")
+    assert main(["run", "wine-mlp", "--seeds", "2", "--epochs", "3", "--out", out, "--quiet"]) == 0
+    rows = _rows(out)
+    assert sorted((r[1], r[2]) for r in rows) == sorted((a, s) for a in ("gelu", "lambda", "lambda-harden", "relu") for s in (0, 1))
+    store = Store(out)
+    runs = store.runs()
+    assert all(r["weights"] and (tmp_path / "r" / r["weights"]).is_file() for r in runs)
+    relu = [r for r in runs if r["arm"] == "relu"]
+    assert all(r["sub_test_acc"] is None for r in relu)
+    lam = [r for r in runs if r["arm"] == "lambda"]
+    assert all(r["metrics"]["lambda_switch"] is None and r["metrics"]["lambda_end"] for r in lam)
+    # the GELU and ReLU arms ignore λ settings, so they share one hash across λ variants
+    assert RunConfig(task="t", arm="gelu", switch_at=0.1).run_hash == RunConfig(task="t", arm="gelu").run_hash
+    assert RunConfig(task="t", arm="lambda-harden", switch_at=0.1).run_hash != RunConfig(task="t", arm="lambda-harden").run_hash
+    # rerunning is a no-op
+    assert main(["run", "wine-mlp", "--seeds", "2", "--epochs", "3", "--out", out, "--quiet"]) == 0
+    assert _rows(out) == rows
+    store.close()
+
+
+def test_same_initial_weights_for_every_arm():
+    from lambda_gelu_lab.train import build_model
+    task = TASKS["wine-mlp"]
+    splits = task.load(None)
+    linear = {arm: [p for n, p in build_model(task, splits, RunConfig(task="wine-mlp", arm=arm, seed=3)).named_parameters()
+                    if not n.endswith(".s")] for arm in ("gelu", "lambda", "lambda-harden", "relu")}
+    for arm in linear:
+        assert all((a == b).all() for a, b in zip(linear[arm], linear["gelu"]))
+
+
+def test_sweep_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path):
+    out = str(tmp_path / "k")
+    cmd = [sys.executable, "-m", "lambda_gelu_lab", "run", "breast-cancer-mlp", "--seeds", "4", "--epochs", "15",
+           "--arms", "gelu", "lambda-harden", "--out", out, "--quiet", "--no-report"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    db = os.path.join(out, "results.sqlite")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:  # wait for the first stored run
+        if os.path.exists(db) and len(_rows(out)) >= 1:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _rows(out)
+    assert 1 <= len(before) < 8, "the kill must land mid-sweep for this test to mean anything"
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = _rows(out)
+    assert after[:len(before)] == before  # what was stored is untouched
+    keys = [r[:4] for r in after]
+    assert len(keys) == 8 and len(set(keys)) == 8
+    assert len([f for f in os.listdir(os.path.join(out, "weights")) if f.endswith(".safetensors")]) == 8
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "fmnist-mpl"], "unknown task 'fmnist-mpl'; known: fmnist-mlp"),
+    (["run", "wine-mlp", "--set", "lrr=0.1"], "unknown config key 'lrr'; known: epochs"),
+    (["run", "wine-mlp", "--set", "lr=-1"], "lr=-1.0 is invalid: must be a finite number ≥ 0"),
+    (["run", "wine-mlp", "--set", "epochs=ten"], "epochs needs a int, got 'ten'"),
+    (["run", "wine-mlp", "--arms", "gelu", "swish"], "arm='swish' is invalid: must be one of gelu"),
+    (["run", "wine-mlp", "--switch-at", "1.5"], "switch_at=1.5 is invalid: must be in \\[0, 1\\)"),
+    (["run", "wine-mlp", "--seeds", "0"], "--seeds must be ≥ 1"),
+    (["run", "fmnist-mlp", "--data-dir", "/nonexistent"], "Fashion-MNIST not found in /nonexistent"),
+])
+def test_config_errors_are_one_clear_line(tmp_path, capsys, argv, message):
+    assert main(argv + ["--out", str(tmp_path / "e"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    import re
+    assert re.search("error: " + message, err), err
+
+
+def test_overrides_are_typed():
+    assert parse_overrides(["lr=0.1", "optimizer=adamw", "epochs=3"]) == {"lr": 0.1, "optimizer": "adamw", "epochs": 3}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["lr"])
+    assert [t.name for t in resolve_tasks(["tabular-mlp", "wine-mlp"])] == ["breast-cancer-mlp", "wine-mlp"]
+
+
+def test_report_and_export(tmp_path):
+    out = str(tmp_path / "rep")
+    assert main(["run", "wine-mlp", "--seeds", "3", "--epochs", "2", "--out", out, "--quiet", "--no-report"]) == 0
+    doc = tmp_path / "docs" / "results.md"
+    assert main(["report", "--out", out, "--output", str(doc)]) == 0
+    text = doc.read_text()
+    for needle in ("## wine-mlp", "| GELU (→ direct swap to ReLU) | 3 |", "| ReLU from scratch | 3 |",
+                   "annealed→ReLU − direct swap | 3 |", "Layerwise hardness profile", "lambda-gelu run wine-mlp",
+                   "](results_img/lambda_wine-mlp_"):
+        assert needle in text, needle
+    pngs = list((tmp_path / "docs" / "results_img").glob("*.png"))
+    assert len(pngs) == 1 and pngs[0].read_bytes()[:4] == b"\x89PNG"
+    assert main(["export", "--csv", "--out", out]) == 0
+    import csv
+    with open(os.path.join(out, "runs.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and json.loads(rows[0]["config"])["task"] == "wine-mlp"
