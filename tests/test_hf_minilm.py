@@ -60,11 +60,14 @@ def test_minilm_conversion_at_lambda_one_and_at_target(loaded):
 
 
 def test_exact_lambda_one_is_bit_identical(loaded):
+    """λ = 1 on the eager backend reuses F.gelu's kernel; the compiled kernels may differ by an ulp."""
     path, batch = loaded
     model = _model(path)
     reference = _embed(model, batch)
     lg.convert_to_lambda_gelu_(model, init_lambda=1.0)
-    assert torch.equal(_embed(model, batch), reference)
+    with lg.backend("eager"):
+        assert torch.equal(_embed(model, batch), reference)
+    assert (_embed(model, batch) - reference).abs().max() < 1e-6
 
 
 def test_state_dict_round_trip_is_exact(loaded):

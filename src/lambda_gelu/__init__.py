@@ -7,7 +7,7 @@ The pieces, one per file: ``functional`` (the op and its math), ``module`` (``La
 ``registry`` (activations by name).
 """
 from .convert import GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, to_relu_
-from .functional import l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target
+from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target, set_backend
 from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
 from .optim import lambda_param_groups
 from .registry import create_act, get_act_layer
@@ -16,7 +16,7 @@ from .schedule import HardeningSchedule
 __version__ = "0.1.0"
 
 __all__ = [
-    "lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target",
+    "lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "backend", "set_backend", "get_backend",
     "LambdaGELU", "lambda_to_raw", "raw_to_lambda",
     "lambda_param_groups", "HardeningSchedule",
     "convert_to_lambda_gelu_", "to_relu_", "lambda_modules", "is_gelu_like", "GELU_LIKE",

@@ -22,19 +22,67 @@ and gradients as long as λx itself is finite in the compute dtype (|x| < 3.4e38
 
 Only ``x`` (and λ) are saved for backward, as ``F.gelu`` saves only its input. Half-precision inputs
 are computed in float32 and the result is cast back.
+
+Backends. The formulas below (``_forward``/``_backward``) are the eager implementation, a few
+passes over memory each. By default (backend ``"auto"``) tensors of at least
+``COMPILED_MIN_NUMEL`` elements in float32/bfloat16/float16 go through the same formulas fused by
+``torch.compile`` (see :mod:`lambda_gelu._compiled`): one pass each way, compiled once per process.
+``set_backend("eager")`` or the environment variable ``LAMBDA_GELU_BACKEND=eager`` turns that off.
+Inside a model that is itself being compiled, and for double backward, the eager formulas are used
+(and fused by the outer compiler where there is one).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target"]
+from . import _compiled
+
+__all__ = ["lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "set_backend", "get_backend",
+           "backend"]
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+BACKENDS = ("auto", "eager")
+COMPILED_MIN_NUMEL = 1 << 16  # below this, launch overhead rather than memory traffic dominates
+
+
+def set_backend(name: str) -> str:
+    """Choose ``"auto"`` (fused compiled kernels for large float32/16 tensors) or ``"eager"``; returns
+    the previous choice."""
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown λ-GELU backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    previous, _backend = _backend, name
+    return previous
+
+
+def get_backend() -> str:
+    return _backend
+
+
+@contextlib.contextmanager
+def backend(name: str):
+    """``with lambda_gelu.backend("eager"): ...`` — the backend for a block of code."""
+    previous = set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+_backend = "auto"
+set_backend(os.environ.get("LAMBDA_GELU_BACKEND", "auto"))
+
+
+def _use_compiled(x: Tensor) -> bool:
+    return (_backend == "auto" and x.dtype != torch.float64 and x.numel() >= COMPILED_MIN_NUMEL
+            and not torch.compiler.is_compiling())
 
 
 def l1_gap(lam: float | Tensor) -> float | Tensor:
@@ -130,9 +178,15 @@ class _LambdaGELUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, lam: Tensor) -> Tensor:
         ctx.save_for_backward(x, lam)
+        if _use_compiled(x):
+            return _compiled.forward(x, lam, fallback=lambda: _forward(x, lam))
         return _forward(x, lam)
 
     @staticmethod
     def backward(ctx, g: Tensor):
         x, lam = ctx.saved_tensors
-        return _backward(g, x, lam, *ctx.needs_input_grad)
+        need_x, need_lam = ctx.needs_input_grad
+        if need_x and _use_compiled(x) and not torch.is_grad_enabled():  # not for double backward
+            return _compiled.backward(g, x, lam, need_lam,
+                                      fallback=lambda: _backward(g, x, lam, need_x, need_lam))
+        return _backward(g, x, lam, need_x, need_lam)
