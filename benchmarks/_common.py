@@ -1,0 +1,59 @@
+"""Shared by the benchmark scripts: interleaved timing, medians, the header, JSON output."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def header() -> dict:
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, {_cpu_name()}"}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def interleaved(fns: dict, reps: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each function, timed round-robin so drifts in machine load hit
+    every variant alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def save(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=1) + "\n")
+    return path
+
+
+def print_table(title: str, head: dict, rows: list[list], columns: list[str]) -> None:
+    print(f"# {title}")
+    print(f"# torch {head['torch']}, {head['threads']} threads, {head['machine']}")
+    widths = [max(len(str(c)), *(len(str(r[i])) for r in rows)) for i, c in enumerate(columns)]
+    print("  ".join(str(c).ljust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
