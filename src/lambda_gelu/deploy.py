@@ -1,0 +1,151 @@
+"""Deployment of ReLU-ized models: ONNX export with a graph check, static int8 quantization with ONNX
+Runtime, and activation sparsity. Needs the ``[deploy]`` extra (onnx, onnxruntime).
+
+The point of ReLU-ization shows in the graph: ONNX Runtime's static int8 quantization turns a ReLU
+MLP into integer ``QGemm`` nodes with one ``QuantizeLinear`` at the input and one
+``DequantizeLinear`` at the output, while every GELU stays a float ``Erf``/``Div``/``Mul`` island
+with quantize/dequantize pairs around it. :func:`float_ops` lists such islands.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+__all__ = ["export_onnx", "onnx_op_counts", "float_ops", "quantize_int8", "OnnxRunner", "activation_sparsity",
+           "SMOOTH_OPS"]
+
+SMOOTH_OPS = ("Erf", "Gelu", "Tanh", "Sigmoid", "Exp", "Softplus", "FastGelu", "BiasGelu")
+# ops that only move or relabel data, or are the quantization boundary itself
+_NEUTRAL_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Constant", "Shape",
+                "Gather", "Concat", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+_PIECEWISE_LINEAR = {"Relu", "Max", "Min", "Clip", "MaxPool", "LeakyRelu", "PRelu"}
+
+
+def _onnx():
+    try:
+        import onnx
+        return onnx
+    except ImportError as e:
+        raise ImportError("lambda_gelu.deploy needs the [deploy] extra: pip install 'lambda-gelu[deploy]'") from e
+
+
+def onnx_op_counts(model_or_path) -> dict[str, int]:
+    """How many nodes of each op type an ONNX model (path or ModelProto) has."""
+    onnx = _onnx()
+    proto = onnx.load(str(model_or_path)) if isinstance(model_or_path, (str, os.PathLike)) else model_or_path
+    return dict(collections.Counter(n.op_type for n in proto.graph.node))
+
+
+@dataclass
+class ExportReport:
+    path: str
+    op_counts: dict[str, int]
+    nonlinear_ops: dict[str, int]   # every op that is not affine or data movement (Relu included)
+    smooth_ops: dict[str, int]      # the ones an integer-only / piecewise-linear runtime cannot take
+
+
+def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike, opset: int = 17,
+                allow_smooth: bool = False) -> ExportReport:
+    """Export ``model`` (in eval mode, batch dimension dynamic) and check its graph.
+
+    Raises ``ValueError`` naming the offending nodes if a smooth nonlinearity (Erf, Gelu, Tanh, ...)
+    is left — a GELU or an un-converted λ-GELU — unless ``allow_smooth=True`` (used to export the
+    GELU baselines for comparison). Run :func:`lambda_gelu.to_relu_` first.
+    """
+    _onnx()
+    was_training = model.training
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(model, (example,), str(path), input_names=["input"], output_names=["output"],
+                          dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}}, opset_version=opset,
+                          dynamo=False)
+    model.train(was_training)
+    counts = onnx_op_counts(path)
+    nonlinear = {k: v for k, v in counts.items() if k in _PIECEWISE_LINEAR or k in SMOOTH_OPS}
+    smooth = {k: v for k, v in counts.items() if k in SMOOTH_OPS}
+    if smooth and not allow_smooth:
+        raise ValueError(f"the exported graph still has smooth nonlinearities {smooth}: ReLU-ize the model first "
+                         "(lambda_gelu.to_relu_(model), or include_gelu=True for plain GELUs)")
+    return ExportReport(str(path), counts, nonlinear, smooth)
+
+
+def float_ops(quantized_model_or_path) -> dict[str, int]:
+    """Ops of a quantized ONNX graph that still compute in floating point: anything that is not an
+    integer ``Q*``/``QLinear*`` op, a quantize/dequantize boundary, or data movement."""
+    counts = onnx_op_counts(quantized_model_or_path)
+    return {k: v for k, v in counts.items() if k not in _NEUTRAL_OPS and not k.startswith(("QLinear", "QGemm",
+                                                                                             "QAttention", "ConvInteger",
+                                                                                             "MatMulInteger"))}
+
+
+def quantize_int8(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, calibration: Iterable[np.ndarray]) -> dict:
+    """Static int8 quantization with ONNX Runtime (QOperator format: uint8 activations, int8 weights,
+    calibrated on ``calibration`` batches). Returns the op counts of the result and its float ops."""
+    try:
+        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    except ImportError as e:
+        raise ImportError("quantize_int8 needs onnxruntime: pip install 'lambda-gelu[deploy]'") from e
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self._it = iter(calibration)
+
+        def get_next(self):
+            batch = next(self._it, None)
+            return None if batch is None else {"input": np.ascontiguousarray(batch, dtype=np.float32)}
+
+    quantize_static(str(fp32_path), str(int8_path), Reader(), quant_format=QuantFormat.QOperator,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return {"op_counts": onnx_op_counts(int8_path), "float_ops": float_ops(int8_path)}
+
+
+class OnnxRunner:
+    """A small wrapper of an ONNX Runtime session with a fixed thread count."""
+
+    def __init__(self, path: str | os.PathLike, threads: int = 1):
+        import onnxruntime as ort
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.session.run(None, {"input": np.ascontiguousarray(x, dtype=np.float32)})[0]
+
+
+@torch.no_grad()
+def activation_sparsity(model: nn.Module, inputs: Iterable[torch.Tensor]) -> dict[str, dict[str, float]]:
+    """For every ``nn.ReLU`` in ``model``: the fraction of its outputs that are exactly zero over
+    ``inputs``, and the fraction of its units (last dimension) that are never active."""
+    stats: dict[str, dict] = {}
+    hooks = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ReLU):
+            def hook(mod, args, out, name=name):
+                s = stats.setdefault(name, {"zeros": 0, "total": 0, "ever_active": None})
+                s["zeros"] += int((out == 0).sum())
+                s["total"] += out.numel()
+                active = (out.reshape(-1, out.shape[-1]) > 0).any(0)
+                s["ever_active"] = active if s["ever_active"] is None else s["ever_active"] | active
+            hooks.append(m.register_forward_hook(hook))
+    if not hooks:
+        raise ValueError("activation_sparsity found no nn.ReLU in the model: ReLU-ize it first (lambda_gelu.to_relu_)")
+    was_training = model.training
+    model.eval()
+    try:
+        for x in inputs:
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return {name: {"zero_fraction": s["zeros"] / s["total"],
+                   "dead_fraction": 1.0 - s["ever_active"].float().mean().item()} for name, s in stats.items()}

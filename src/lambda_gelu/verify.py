@@ -1,0 +1,280 @@
+"""Robustness verification of ReLU MLPs: interval and CROWN bounds (fast, incomplete) and an exact
+mixed-integer program (complete), with scipy's HiGHS. Depends on numpy and scipy only.
+
+The network is a sequence of ``nn.Flatten``/``nn.Linear``/``nn.ReLU`` (``nn.GELU`` for the interval
+bounds only). A property is: for every input x in the box [lo, hi] (an L∞ ball intersected with the
+data domain), logit[label] > logit[k] for every other class k.
+
+Exact MILP (big-M, the standard encoding): for a hidden unit with pre-activation bounds l < 0 < u,
+a = ReLU(z) is exactly {a ≥ 0, a ≥ z, a ≤ u·δ, a ≤ z − l·(1 − δ), δ ∈ {0, 1}}; stable units
+(u ≤ 0 or l ≥ 0) need no binary. The tighter the bounds, the smaller M and the fewer binaries, so
+the MILP takes its bounds from CROWN. Minimising logit[label] − logit[k] over that set is exact: a
+minimum > 0 for every k proves the property, and a minimiser < 0 is a counterexample, which is
+checked with a forward pass of the float network before it is reported.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+__all__ = ["affine_layers", "interval_bounds", "crown_bounds", "verify_point", "VerifyResult", "pgd_attack"]
+
+
+def affine_layers(model: nn.Module) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
+    """The (W, b) of each Linear, in float64, and the activation between them ('relu' or 'gelu')."""
+    layers, acts = [], set()
+    for name, m in model.named_modules():
+        if len(list(m.children())) > 0:
+            continue
+        if isinstance(m, nn.Linear):
+            b = m.bias.detach() if m.bias is not None else torch.zeros(m.out_features)
+            layers.append((m.weight.detach().double().numpy(), b.double().numpy()))
+        elif isinstance(m, nn.ReLU):
+            acts.add("relu")
+        elif isinstance(m, nn.GELU) and m.approximate == "none":
+            acts.add("gelu")
+        elif not isinstance(m, (nn.Flatten, nn.Identity, nn.Dropout)):
+            raise ValueError(f"verification handles Flatten/Linear/ReLU (or exact GELU) sequences; "
+                             f"'{name}' is a {type(m).__name__}")
+    if len(acts) != 1 or not layers:
+        raise ValueError(f"expected Linear layers with one kind of activation between them, found {sorted(acts)}")
+    return layers, acts.pop()
+
+
+def _gelu(z):
+    from scipy.special import ndtr
+    return z * ndtr(z)
+
+
+_GELU_ARGMIN = -0.7517916  # GELU is decreasing below this point and increasing above
+
+
+def _act_interval(l, u, act):
+    if act == "relu":
+        return np.maximum(l, 0), np.maximum(u, 0)
+    lo = np.minimum(_gelu(l), _gelu(u))
+    lo = np.where((l < _GELU_ARGMIN) & (u > _GELU_ARGMIN), _gelu(np.float64(_GELU_ARGMIN)), lo)
+    return lo, np.maximum(_gelu(l), _gelu(u))
+
+
+def interval_bounds(layers, act, lo, hi):
+    """Interval bound propagation: pre-activation [l, u] of every layer (the last is the logits)."""
+    bounds = []
+    a_lo, a_hi = np.asarray(lo, float), np.asarray(hi, float)
+    for i, (W, b) in enumerate(layers):
+        mid, rad = (a_hi + a_lo) / 2, (a_hi - a_lo) / 2
+        zm, zr = W @ mid + b, np.abs(W) @ rad
+        bounds.append((zm - zr, zm + zr))
+        if i < len(layers) - 1:
+            a_lo, a_hi = _act_interval(zm - zr, zm + zr, act)
+    return bounds
+
+
+def _relaxation(l, u):
+    """Linear bounds of ReLU on [l, u]: lower a ≥ α·z, upper a ≤ s·z + t (CROWN's adaptive α)."""
+    active, unstable = l >= 0, (l < 0) & (u > 0)
+    s = np.where(active, 1.0, 0.0)
+    t = np.zeros_like(l)
+    denom = np.where(unstable, u - l, 1.0)
+    s = np.where(unstable, u / denom, s)
+    t = np.where(unstable, -u * l / denom, t)
+    alpha = np.where(active, 1.0, np.where(unstable, (u >= -l).astype(float), 0.0))
+    return alpha, s, t
+
+
+def _backward_bound(C, k, layers, bounds, lo, hi, lower: bool):
+    """Bound C·z_k (z_k the pre-activation of layer k) over the box, given bounds of layers < k."""
+    W, b = layers[k]
+    const = C @ b
+    M = C @ W
+    for j in range(k - 1, -1, -1):
+        alpha, s, t = _relaxation(*bounds[j])
+        Mp, Mn = np.maximum(M, 0), np.minimum(M, 0)
+        if lower:  # positive coefficients take the lower relaxation, negative ones the upper
+            lam, const = Mp * alpha + Mn * s, const + Mn @ t
+        else:
+            lam, const = Mp * s + Mn * alpha, const + Mp @ t
+        Wj, bj = layers[j]
+        const = const + lam @ bj
+        M = lam @ Wj
+    Mp, Mn = np.maximum(M, 0), np.minimum(M, 0)
+    return const + (Mp @ lo + Mn @ hi if lower else Mp @ hi + Mn @ lo)
+
+
+def crown_bounds(layers, lo, hi, spec: np.ndarray | None = None):
+    """CROWN linear bounds of every layer's pre-activations (each at least as tight as interval
+    bounds), and, given ``spec`` (rows c), a lower bound of c·logits for each row."""
+    lo, hi = np.asarray(lo, float), np.asarray(hi, float)
+    ibp = interval_bounds(layers, "relu", lo, hi)
+    bounds = []
+    for k in range(len(layers)):
+        n = layers[k][0].shape[0]
+        if k == 0:
+            bounds.append(ibp[0])
+            continue
+        eye = np.eye(n)
+        l = _backward_bound(eye, k, layers, bounds, lo, hi, lower=True)
+        u = _backward_bound(eye, k, layers, bounds, lo, hi, lower=False)
+        bounds.append((np.maximum(l, ibp[k][0]), np.minimum(u, ibp[k][1])))
+    spec_lower = None if spec is None else _backward_bound(spec, len(layers) - 1, layers, bounds, lo, hi, lower=True)
+    return bounds, spec_lower
+
+
+def _margin_spec(label: int, num_classes: int) -> np.ndarray:
+    rows = [k for k in range(num_classes) if k != label]
+    C = np.zeros((len(rows), num_classes))
+    C[np.arange(len(rows)), label] = 1.0
+    C[np.arange(len(rows)), rows] = -1.0
+    return C
+
+
+@dataclass
+class VerifyResult:
+    status: str                    # "verified", "falsified" or "timeout"
+    method: str                    # what decided it: "attack", "ibp", "crown", "milp"
+    seconds: float
+    counterexample: np.ndarray | None = None
+    unstable: int = 0              # hidden units the MILP needed a binary for
+    detail: dict = field(default_factory=dict)
+
+
+def pgd_attack(model: nn.Module, x: torch.Tensor, label: int, lo, hi, steps: int = 40, restarts: int = 2,
+               seed: int = 0) -> torch.Tensor | None:
+    """Projected gradient descent on the margin inside the box; an input classified ≠ label, or None."""
+    g = torch.Generator().manual_seed(seed)
+    lo_t, hi_t = torch.as_tensor(lo, dtype=x.dtype).view_as(x), torch.as_tensor(hi, dtype=x.dtype).view_as(x)
+    step = (hi_t - lo_t) / 8
+    for r in range(restarts):
+        xa = x.clone() if r == 0 else lo_t + (hi_t - lo_t) * torch.rand(x.shape, generator=g, dtype=x.dtype)
+        for _ in range(steps):
+            xa.requires_grad_(True)
+            logits = model(xa.unsqueeze(0))[0]
+            other = logits.clone()
+            other[label] = -math.inf
+            margin = logits[label] - other.max()
+            if margin.item() < 0:
+                return xa.detach()
+            (grad,) = torch.autograd.grad(margin, xa)
+            xa = torch.minimum(torch.maximum(xa.detach() - step * grad.sign(), lo_t), hi_t)
+        if model(xa.unsqueeze(0))[0].argmax().item() != label:
+            return xa.detach()
+    return None
+
+
+def _milp_min(c_out, layers, bounds, lo, hi, time_limit):
+    """min c_out·logits over the exact MILP encoding; returns (value, x, status, unstable count)."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    sizes = [len(lo)] + [W.shape[0] for W, _ in layers[:-1]]
+    offsets = np.cumsum([0] + sizes)          # x, a_1, ..., a_{L-1}
+    unstable_idx = []
+    for j, (l, u) in enumerate(bounds[:-1]):
+        unstable_idx += [(j, i) for i in np.flatnonzero((l < 0) & (u > 0))]
+    n_cont = offsets[-1]
+    n = n_cont + len(unstable_idx)
+    delta_of = {key: n_cont + k for k, key in enumerate(unstable_idx)}
+    var_lo, var_hi = np.zeros(n), np.ones(n)
+    var_lo[:len(lo)], var_hi[:len(lo)] = lo, hi
+    rows, cols, vals, r_lo, r_hi = [], [], [], [], []
+    r = 0
+
+    def add(entries, low, high):
+        nonlocal r
+        for col, v in entries:
+            rows.append(r), cols.append(col), vals.append(v)
+        r_lo.append(low), r_hi.append(high)
+        r += 1
+
+    for j in range(len(layers) - 1):
+        W, b = layers[j]
+        l, u = bounds[j]
+        prev = range(offsets[j], offsets[j + 1])
+        for i in range(W.shape[0]):
+            a = offsets[j + 1] + i
+            nz = np.flatnonzero(W[i])
+            minus_e = [(prev[q], -W[i, q]) for q in nz]   # −(W·a_prev) terms
+            if u[i] <= 0:
+                var_lo[a] = var_hi[a] = 0.0
+            elif l[i] >= 0:
+                var_lo[a], var_hi[a] = l[i], u[i]
+                add([(a, 1.0)] + minus_e, b[i], b[i])                       # a − W·a_prev = b
+            else:
+                var_lo[a], var_hi[a] = 0.0, u[i]
+                d = delta_of[(j, i)]
+                add([(a, 1.0)] + minus_e, b[i], np.inf)                     # a ≥ z
+                add([(a, 1.0), (d, -u[i])], -np.inf, 0.0)                   # a ≤ u·δ
+                add([(a, 1.0), (d, -l[i])] + minus_e, -np.inf, b[i] - l[i])  # a ≤ z − l(1 − δ)
+    WL, bL = layers[-1]
+    cost = np.zeros(n)
+    cost[offsets[-2]:offsets[-1]] = c_out @ WL
+    integrality = np.zeros(n)
+    integrality[n_cont:] = 1
+    A = coo_matrix((vals, (rows, cols)), shape=(r, n)).tocsr()
+    res = milp(cost, constraints=LinearConstraint(A, r_lo, r_hi), integrality=integrality,
+               bounds=Bounds(var_lo, var_hi), options={"time_limit": time_limit, "disp": False})
+    value = None if res.x is None else float(res.fun + c_out @ bL)
+    x = None if res.x is None else res.x[:len(lo)]
+    return value, x, res.status, len(unstable_idx)
+
+
+def verify_point(model: nn.Module, x: torch.Tensor, label: int, lo, hi, time_limit: float = 60.0,
+                 attack: bool = True) -> VerifyResult:
+    """Decide whether ``model`` classifies every input in [lo, hi] as ``label``.
+
+    Tiers, cheapest first: a PGD attack (falsifies), CROWN bounds (verifies), then the exact MILP,
+    one per competing class, within ``time_limit`` seconds in all. ``x`` is the clean input (for the
+    attack), ``lo``/``hi`` flat arrays of the input box.
+    """
+    start = time.perf_counter()
+    layers, act = affine_layers(model)
+    if act != "relu":
+        raise ValueError("exact verification needs a ReLU network: ReLU-ize it first (lambda_gelu.to_relu_)")
+    lo, hi = np.asarray(lo, float).ravel(), np.asarray(hi, float).ravel()
+    num_classes = layers[-1][0].shape[0]
+
+    def falsified(cand, method, detail=None):
+        xt = torch.as_tensor(cand, dtype=torch.float32).view_as(x)
+        with torch.no_grad():
+            pred = model(xt.unsqueeze(0))[0].argmax().item()
+        inside = bool(np.all(cand >= lo - 1e-6) and np.all(cand <= hi + 1e-6))
+        if pred != label and inside:
+            return VerifyResult("falsified", method, time.perf_counter() - start, np.asarray(cand), detail=detail or {})
+        return None
+
+    if attack:
+        adv = pgd_attack(model, x.float(), label, lo.reshape(x.shape), hi.reshape(x.shape))
+        if adv is not None:
+            found = falsified(adv.numpy().ravel(), "attack")
+            if found:
+                return found
+    spec = _margin_spec(label, num_classes)
+    bounds, spec_lower = crown_bounds(layers, lo, hi, spec)
+    if np.all(spec_lower > 0):
+        return VerifyResult("verified", "crown", time.perf_counter() - start)
+    others = [k for k in range(num_classes) if k != label]
+    unstable = 0
+    for row in np.argsort(spec_lower):  # most likely violated first
+        if spec_lower[row] > 0:
+            continue
+        remaining = time_limit - (time.perf_counter() - start)
+        if remaining <= 0:
+            return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable)
+        value, cand, status, unstable = _milp_min(spec[row], layers, bounds, lo, hi, remaining)
+        if status == 0 and value is not None and value > 0:
+            continue  # proven for this class
+        if value is not None and value < 0 and cand is not None:
+            found = falsified(cand, "milp", {"class": others[row], "margin": value})
+            if found:
+                found.unstable = unstable
+                return found
+        if status != 0:
+            return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable)
+        return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable,
+                            detail={"note": "MILP optimum < 0 but the float network disagrees (numerics)"})
+    return VerifyResult("verified", "milp", time.perf_counter() - start, unstable=unstable)
