@@ -4,6 +4,7 @@
     lambda-gelu run TASK... [--seeds N] [--epochs E] [--arms A...] [--switch-at F] [--set k=v...] [--out DIR]
     lambda-gelu report [--out DIR] [--output FILE]
     lambda-gelu export --csv [--out DIR]
+    lambda-gelu deploy [--out DIR] [--task T...]   int8 ONNX, verification, sparsity of stored models
     lambda-gelu tasks
 """
 from __future__ import annotations
@@ -51,6 +52,14 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--csv", action="store_true", required=True, help="write runs.csv and lambdas.csv")
     exp.add_argument("--to", default=None, help="destination directory (default: the results directory)")
 
+    dep = sub.add_parser("deploy", help="int8 ONNX deployment, verification and sparsity of stored models")
+    dep.add_argument("--out", default=DEFAULT_OUT, help="results directory with trained runs")
+    dep.add_argument("--task", dest="tasks", nargs="+", default=["fmnist-mlp", "mnist1d-mlp"])
+    dep.add_argument("--seeds", type=int, default=5, help="how many seeds' models (default 5)")
+    dep.add_argument("--points", type=int, default=20, help="test points to verify per ε (default 20)")
+    dep.add_argument("--time-limit", type=float, default=10.0, help="seconds of MILP per point (default 10)")
+    dep.add_argument("--threads", type=int, default=None)
+
     sub.add_parser("tasks", help="list the tasks")
     return p
 
@@ -81,6 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             from .report import export_csv
             for path in export_csv(args.out, args.to):
                 print(path)
+            return 0
+        if args.command == "deploy":
+            from .deploy_eval import run_deploy
+            from .report import build_report
+            from .tasks import resolve_tasks
+            names = [t.name for t in resolve_tasks(args.tasks)]
+            run_deploy(args.out, names, args.seeds, args.points, args.time_limit)
+            print(f"report: {build_report(args.out)}")
             return 0
         if args.command == "tasks":
             from .tasks import GROUPS, TASKS

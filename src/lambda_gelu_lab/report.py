@@ -104,6 +104,7 @@ def build_report(out_dir: str | os.PathLike, output: str | os.PathLike | None = 
         experiments[(r["task"], r["base_hash"])].append(r)
     for (task, base), rs in experiments.items():
         lines += _experiment_section(task, base, rs, lambda_rows, img_dir, output.parent)
+    lines += _deployment_section(store)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     store.close()
     return output
@@ -254,3 +255,86 @@ def export_csv(out_dir: str | os.PathLike, dest: str | os.PathLike | None = None
         w.writerows(store.lambda_rows())
     store.close()
     return [dest / "runs.csv", dest / "lambdas.csv"]
+
+
+def _deployment_section(store: Store) -> list[str]:
+    import json
+    has = store.db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='deploy'").fetchone()
+    if not has:
+        return []
+    rows = store.db.execute("SELECT task, base_hash, seed, model, section, data FROM deploy ORDER BY task, seed").fetchall()
+    if not rows:
+        return []
+    from .deploy_eval import EPSILONS, MODELS
+    order = [m for m, _, _ in MODELS]
+    data = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))  # task → section → model → seed → data
+    for task, base, seed, model, section, d in rows:
+        data[task][section][model][seed] = json.loads(d)
+    lines = ["# Deployment", "",
+             "Produced by `lambda-gelu deploy` on the stored models above: the GELU original, its direct swap to "
+             "ReLU, the annealed λ-GELU → ReLU, and ReLU from scratch, same seeds. Mean ± std over seeds.", ""]
+    for task, sections in data.items():
+        lines += [f"## {task}: deployment", ""]
+        if "int8" in sections:
+            lines += ["Static int8 quantization with ONNX Runtime (QOperator, uint8 activations, int8 weights, "
+                      "calibrated on 1024 training examples); *float ops* are the nodes of the int8 graph that still "
+                      "compute in floating point.", "",
+                      "| model | seeds | fp32 acc | int8 acc | int8 − fp32 | float ops in the int8 graph |",
+                      "|---|---|---|---|---|---|"]
+            for m in order:
+                per = sections["int8"].get(m, {})
+                if not per:
+                    continue
+                fops = {json.dumps(d["float_ops"], sort_keys=True) for d in per.values()}
+                lines.append(f"| {m} | {len(per)} | {mean_std(d['fp32_acc'] for d in per.values())} | "
+                             f"{mean_std(d['int8_acc'] for d in per.values())} | "
+                             f"{mean_std(d['int8_acc'] - d['fp32_acc'] for d in per.values())} | "
+                             f"{' / '.join(sorted(fops)).replace('{}', 'none (fully integer)')} |")
+            lines.append("")
+        if "latency" in sections:
+            lat = next(iter(sections["latency"]["*"].values()))
+            cols = sorted({(r["threads"], r["batch"]) for r in lat})
+            lines += ["ONNX Runtime latency, ms per batch (median of interleaved repetitions, one seed's models); "
+                      "ratio to the GELU int8 graph in parentheses.", "",
+                      "| model | graph | " + " | ".join(f"{t} thr, batch {b}" for t, b in cols) + " |",
+                      "|---|---|" + "---|" * len(cols)]
+            ms = {(r["model"], r["kind"], r["threads"], r["batch"]): r["ms"] for r in lat}
+            for kind in ("fp32", "int8"):
+                for m in order:
+                    if (m, kind, *cols[0]) not in ms:
+                        continue
+                    cells = [f"{ms[(m, kind, t, b)]:.3f} ({ms[(m, kind, t, b)] / ms[('GELU', 'int8', t, b)]:.2f}×)"
+                             for t, b in cols]
+                    lines.append(f"| {m} | {kind} | " + " | ".join(cells) + " |")
+            lines.append("")
+        if "verify" in sections:
+            any_d = next(iter(next(iter(sections["verify"].values())).values()))
+            lines += [f"L∞ robustness of the first {any_d['points']} test points (ε in input units; "
+                      f"fmnist-mlp: pixels in [0, 1]). *IBP*/*CROWN*: certified by bounds; *exact*: decided by "
+                      f"attack → CROWN → MILP (HiGHS, {any_d['time_limit']:g} s per point). Percent of points "
+                      "(a point must also be classified correctly). GELU admits bounds only (IBP).", "",
+                      "| ε | model | clean | IBP cert. | CROWN cert. | exact: verified | falsified | timeout |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for eps in EPSILONS:
+                for m in order:
+                    per = sections["verify"].get(m, {})
+                    if not per:
+                        continue
+                    vals = [d[str(eps)] for d in per.values()]
+                    frac = lambda key: mean_std(v[key] / v["points"] for v in vals)  # noqa: E731
+                    relu = m != "GELU"
+                    lines.append(f"| {eps:g} | {m} | {frac('correct')} | {frac('ibp')} | "
+                                 f"{frac('crown') if relu else '—'} | {frac('verified') if relu else '—'} | "
+                                 f"{frac('falsified') if relu else '—'} | {frac('timeout') if relu else '—'} |")
+            lines.append("")
+        if "sparsity" in sections:
+            lines += ["Activation sparsity on the test set: exact zeros among ReLU outputs, and units never active "
+                      "(mean over layers). GELU outputs are never exactly zero.", "",
+                      "| model | zero fraction | never-active units |", "|---|---|---|"]
+            for m in order:
+                per = {k: v for k, v in sections["sparsity"].get(m, {}).items() if v and "zero_fraction" in v}
+                if per:
+                    lines.append(f"| {m} | {mean_std(d['zero_fraction'] for d in per.values())} | "
+                                 f"{mean_std(d['dead_fraction'] for d in per.values())} |")
+            lines.append("")
+    return lines

@@ -19,6 +19,10 @@ class Task:
     load: Callable[[str | None], data.Splits]          # data_dir → splits
     build: Callable[[data.Splits, ActFactory], nn.Module]
     defaults: dict = field(default_factory=dict)       # RunConfig fields this task sets
+    # For verification: how a perturbation ε of the raw input maps to model inputs (scale), and the
+    # raw domain's image in model inputs (None: unbounded).
+    eps_scale: float = 1.0
+    input_domain: tuple[float, float] | None = None
 
 
 def _mlp(hidden):
@@ -43,9 +47,11 @@ register(Task(
     load=lambda data_dir: data.load_fashion_mnist(data_dir),
     build=_mlp((256, 256, 256)),
     defaults=dict(epochs=10, batch_size=128, optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4),
+    eps_scale=1 / data.FASHION_MNIST_STD,  # ε is in pixel units, [0, 1]
+    input_domain=((0 - data.FASHION_MNIST_MEAN) / data.FASHION_MNIST_STD, (1 - data.FASHION_MNIST_MEAN) / data.FASHION_MNIST_STD),
 ))
 register(Task(
-    "mnist1d-mlp", "MLP 40-256-256-256-10 on MNIST-1D (3.6k/0.4k/1k, generated offline), SGD",
+    "mnist1d-mlp", "MLP 40-256-256-256-10 on MNIST-1D (3.6k/0.4k/1k, generated offline), SGD; ε in units of the input's std",
     load=lambda data_dir: data.load_mnist1d(),
     build=_mlp((256, 256, 256)),
     defaults=dict(epochs=60, batch_size=64, optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4),
