@@ -6,7 +6,7 @@ The pieces, one per file: ``functional`` (the op and its math), ``module`` (``La
 ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``), ``convert`` (model surgery),
 ``registry`` (activations by name).
 """
-from .convert import GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, to_relu_
+from .convert import GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, replace_modules_, to_relu_
 from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target, set_backend
 from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
 from .optim import lambda_param_groups
@@ -19,6 +19,6 @@ __all__ = [
     "lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "backend", "set_backend", "get_backend",
     "LambdaGELU", "lambda_to_raw", "raw_to_lambda",
     "lambda_param_groups", "HardeningSchedule",
-    "convert_to_lambda_gelu_", "to_relu_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
+    "convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
     "get_act_layer", "create_act",
 ]

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from .module import LambdaGELU
 
-__all__ = ["convert_to_lambda_gelu_", "to_relu_", "lambda_modules", "is_gelu_like", "GELU_LIKE"]
+__all__ = ["convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE"]
 
 GELU_LIKE = ("torch.nn.GELU", "transformers.*.GELUActivation", "transformers.*.NewGELUActivation",
              "transformers.*.GELUTanh", "transformers.*.PytorchGELUTanh",
@@ -51,8 +51,10 @@ def lambda_modules(model: nn.Module) -> Iterator[tuple[str, LambdaGELU]]:
             yield name, m
 
 
-def _replace_(model: nn.Module, match: FilterFn, make: Callable[[nn.Module], nn.Module], what: str) -> list[str]:
-    """Replace every submodule for which ``match(module, fqn)`` holds by ``make(module)``.
+def replace_modules_(model: nn.Module, match: FilterFn, make: Callable[[nn.Module], nn.Module],
+                     what: str = "match") -> list[str]:
+    """Replace, in place, every submodule for which ``match(module, fqn)`` holds by ``make(module)``;
+    returns the qualified names replaced. The surgery behind the two functions below.
 
     A module registered at several places is replaced by one new module, so sharing survives."""
     if match(model, ""):
@@ -102,7 +104,7 @@ def convert_to_lambda_gelu_(model: nn.Module, filter_fn: FilterFn | None = None,
     LambdaGELU(**module_kwargs)  # validate the arguments once, before touching the model
     match = (lambda m, fqn: is_gelu_like(m) and filter_fn(m, fqn)) if filter_fn else (lambda m, fqn: is_gelu_like(m))
     _warn_functional_gelu(model)
-    replaced = _replace_(model, match, lambda old: LambdaGELU(**module_kwargs).to(_device_of(model)), "GELU")
+    replaced = replace_modules_(model, match, lambda old: LambdaGELU(**module_kwargs).to(_device_of(model)), "GELU")
     if not replaced:
         raise ValueError("convert_to_lambda_gelu_ found no GELU module to replace (looked for: "
                          + ", ".join(GELU_LIKE) + ("; filter_fn rejected all" if filter_fn else "") + ")")
@@ -119,7 +121,7 @@ def to_relu_(model: nn.Module, filter_fn: FilterFn | None = None, include_gelu: 
         return isinstance(m, LambdaGELU) or (include_gelu and is_gelu_like(m))
 
     match = (lambda m, fqn: is_target(m) and filter_fn(m, fqn)) if filter_fn else (lambda m, fqn: is_target(m))
-    replaced = _replace_(model, match, lambda old: nn.ReLU(), "λ-GELU")
+    replaced = replace_modules_(model, match, lambda old: nn.ReLU(), "λ-GELU")
     if not replaced:
         looked_for = "LambdaGELU" + (", " + ", ".join(GELU_LIKE) if include_gelu else "")
         raise ValueError(f"to_relu_ found nothing to replace (looked for: {looked_for})")

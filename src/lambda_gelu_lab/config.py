@@ -16,6 +16,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     "lambda": LAMBDA_FIELDS,   # learned λ, no hardening
     "lambda-harden": HARDEN_FIELDS,  # learned λ, frozen at switch_at, annealed to λ_target(ε), → ReLU
     "relu": (),            # ReLU from scratch
+    # baselines the paper did not run, all ending as exact-ReLU networks
+    "prelu": (),           # PReLU; then its slopes set to 0, i.e. ReLU
+    "swish-harden": HARDEN_FIELDS,   # learnable-β Swish hardened like λ-GELU (same ε), → ReLU
+    "gelu-finetune": ("switch_at",),  # GELU until switch_at, direct swap, ReLU fine-tuning to the end
 }
 DEFAULT_ARMS = ("gelu", "lambda", "lambda-harden", "relu")
 

@@ -23,7 +23,7 @@ from lambda_gelu import deploy, verify
 from .config import RunConfig
 from .store import Store
 from .tasks import TASKS, Task
-from .train import build_model, evaluate
+from .train import build_model, evaluate, relu_ize_
 
 MODELS = (  # (name, arm it comes from, ReLU-ize it)
     ("GELU", "gelu", False),
@@ -49,6 +49,8 @@ def load_model(store: Store, run: dict, task: Task, splits) -> torch.nn.Module:
     cfg = RunConfig(**run["config"])
     model = build_model(task, splits, cfg)
     model.load_state_dict(load_file(str(store.dir / run["weights"])))
+    if cfg.arm == "gelu-finetune":  # it was stored after its swap to ReLU
+        relu_ize_(model)
     return model.eval()
 
 

@@ -6,6 +6,7 @@ and p-values, the layerwise hardness profile, and λ over training.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections import defaultdict
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from .analysis import drift, layer_order, matched_spearman, pairwise_spearman
 from .store import Store
 
 ARM_LABEL = {
@@ -21,12 +23,18 @@ ARM_LABEL = {
     "lambda": "λ-GELU, learned (→ ReLU)",
     "lambda-harden": "λ-GELU, annealed (→ ReLU)",
     "relu": "ReLU from scratch",
+    "prelu": "PReLU (→ ReLU)",
+    "swish-harden": "learnable-β Swish, annealed (→ ReLU)",
+    "gelu-finetune": "GELU → swap at switch → ReLU fine-tune",
 }
 # (a, a's metric, b, b's metric, what the difference means)
 COMPARISONS = [
     ("lambda-harden", "sub_test_acc", "gelu", "sub_test_acc", "annealed→ReLU − direct swap"),
     ("lambda-harden", "sub_test_acc", "gelu", "test_acc", "annealed→ReLU − GELU original"),
     ("lambda-harden", "sub_test_acc", "relu", "test_acc", "annealed→ReLU − ReLU from scratch"),
+    ("lambda-harden", "sub_test_acc", "prelu", "sub_test_acc", "annealed→ReLU − PReLU→ReLU"),
+    ("lambda-harden", "sub_test_acc", "swish-harden", "sub_test_acc", "annealed→ReLU − annealed Swish→ReLU"),
+    ("lambda-harden", "sub_test_acc", "gelu-finetune", "sub_test_acc", "annealed→ReLU − swap + fine-tune"),
 ]
 
 
@@ -153,10 +161,105 @@ def _experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path) 
     profile = _profile_table(by_variant, order)
     if profile:
         lines += profile
+    lines += _robustness(by_variant, order)
     png = _plot_lambdas(task, base, by_variant, order, lambda_rows, img_dir)
     if png is not None:
         lines += [f"![λ per layer over training, {task}]({png.relative_to(root).as_posix()})", ""]
+    lines += _drift_grid(task, base, by_variant, img_dir, root)
     return lines
+
+
+def _profiles(runs, key):
+    return {r["seed"]: r["metrics"][key] for r in runs if r["metrics"].get(key)}
+
+
+def _robustness(by_variant, order) -> list[str]:
+    rows = []
+    for v in order:
+        arm = by_variant[v][0]["arm"]
+        key = {"lambda": "lambda_end", "lambda-harden": "lambda_switch"}.get(arm)
+        if key is None:
+            continue
+        profiles = _profiles(by_variant[v], key)
+        r = pairwise_spearman(list(profiles.values()))
+        if r["pairs"] or r["undefined"]:
+            flat = f" (+{r['undefined']} with a flat profile)" if r["undefined"] else ""
+            when = "end" if key == "lambda_end" else "switch"
+            rows.append(f"| {v}: λ at {when} | across seeds | {len(profiles)} | {r['mean']:.3f} | {r['min']:.3f} | "
+                        f"{r['pairs']}{flat} |")
+    # the same seeds started from different init_lambda (learned arm, other settings equal)
+    by_setting = defaultdict(dict)
+    for v in order:
+        g = by_variant[v]
+        if g[0]["arm"] == "lambda":
+            c = g[0]["config"]
+            by_setting[(c["temperature"], c["multiplier"])][c["init_lambda"]] = _profiles(g, "lambda_end")
+    for (t, c), inits in by_setting.items():
+        for a, b in itertools.combinations(sorted(inits), 2):
+            r = matched_spearman(inits[a], inits[b])
+            if r["pairs"]:
+                rows.append(f"| lambda (t={t:g}, c={c:g}): λ at end | init λ₀={a:g} vs {b:g} | {r['pairs']} | "
+                            f"{r['mean']:.3f} | {r['min']:.3f} | {r['pairs']} |")
+    if not rows:
+        return []
+    return ["Robustness of the layerwise profile: Spearman rank correlation of λ across layers, between every "
+            "pair of seeds, and between initialisations for the same seed.", "",
+            "| profile | between | seeds | mean ρ | min ρ | pairs |", "|---|---|---|---|---|---|", *rows, ""]
+
+
+def _drift_grid(task, base, by_variant, img_dir: Path, root: Path) -> list[str]:
+    cells = defaultdict(list)  # (t, c) → runs, for the learned arm at its most common init
+    learned = [g for g in by_variant.values() if g[0]["arm"] == "lambda"]
+    if not learned:
+        return []
+    inits = defaultdict(int)
+    for g in learned:
+        inits[g[0]["config"]["init_lambda"]] += len(g)
+    init = max(inits, key=inits.get)
+    for g in learned:
+        c = g[0]["config"]
+        if c["init_lambda"] == init:
+            cells[(c["temperature"], c["multiplier"])] += g
+    if len(cells) < 2:
+        return []
+    ts, cs = sorted({t for t, _ in cells}), sorted({c for _, c in cells})
+    lines = [f"Hardness drift Δλ = mean over layers of (λ_end − λ_init), learned arm from λ₀ = {init:g}, over "
+             "temperature t (rows) and learning-rate multiplier c (columns); test accuracy of the λ-GELU network "
+             "in brackets. Mean ± std over seeds.", "",
+             "| t \\ c | " + " | ".join(f"{c:g}" for c in cs) + " |", "|---" * (len(cs) + 1) + "|"]
+    grid = np.full((len(ts), len(cs)), np.nan)
+    for i, t in enumerate(ts):
+        row = []
+        for j, c in enumerate(cs):
+            runs = cells.get((t, c), [])
+            if not runs:
+                row.append("—")
+                continue
+            d = np.array([drift(init, r["metrics"]["lambda_end"]) for r in runs])
+            grid[i, j] = d.mean()
+            acc = mean_std(r["test_acc"] for r in runs)
+            row.append(f"{d.mean():+.2f} ± {d.std(ddof=1) if len(d) > 1 else 0:.2f} ({acc})")
+        lines.append(f"| {t:g} | " + " | ".join(row) + " |")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(1.4 * len(cs) + 2, 1.0 * len(ts) + 1.5))
+    im = ax.imshow(grid, cmap="viridis")
+    ax.set_xticks(range(len(cs)), [f"{c:g}" for c in cs])
+    ax.set_yticks(range(len(ts)), [f"{t:g}" for t in ts])
+    ax.set_xlabel("multiplier c")
+    ax.set_ylabel("temperature t")
+    for i in range(len(ts)):
+        for j in range(len(cs)):
+            if not np.isnan(grid[i, j]):
+                ax.text(j, i, f"{grid[i, j]:+.2f}", ha="center", va="center", color="w", fontsize=8)
+    fig.colorbar(im, label="Δλ")
+    ax.set_title(f"{task}: hardness drift", fontsize=9)
+    fig.tight_layout()
+    path = img_dir / f"drift_{task}_{base}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return lines + ["", f"![hardness drift, {task}]({path.relative_to(root).as_posix()})", ""]
 
 
 def _profile_table(by_variant, order) -> list[str]:
@@ -170,7 +273,7 @@ def _profile_table(by_variant, order) -> list[str]:
     cols = [c for c in cols if c[1]]
     if not cols:
         return []
-    layers = sorted({layer for _, d in cols for layer in d}, key=lambda s: [int(p) if p.isdigit() else p for p in s.split(".")])
+    layers = layer_order({layer for _, d in cols for layer in d})
     out = ["Layerwise hardness profile (learned λ per activation layer, mean ± std over seeds):", "",
            "| layer | " + " | ".join(h for h, _ in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for layer in layers:
@@ -209,7 +312,7 @@ def _plot_lambdas(task, base, by_variant, order, lambda_rows, img_dir: Path) -> 
                 per_layer[layer].append((step, value))
             for layer, pts in per_layer.items():
                 series[layer].append(np.asarray(pts, float))
-        for layer in sorted(series, key=lambda s: [int(p) if p.isdigit() else p for p in s.split(".")]):
+        for layer in layer_order(series):
             curves = series[layer]
             n = min(len(c) for c in curves)
             steps = curves[0][:n, 0]

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import lambda_gelu as lg
 
+from .baselines import LearnableSwish, swish_init, swish_target
 from .config import RunConfig
 from .data import Splits
 from .tasks import Task
@@ -29,11 +30,21 @@ class RunResult:
 def activation_factory(cfg: RunConfig):
     if cfg.arm in ("lambda", "lambda-harden"):
         return lambda: lg.LambdaGELU(init_lambda=cfg.init_lambda, temperature=cfg.temperature)
-    if cfg.arm == "gelu":
+    if cfg.arm == "swish-harden":
+        return lambda: LearnableSwish(init_lambda=swish_init(cfg.init_lambda), temperature=cfg.temperature)
+    if cfg.arm in ("gelu", "gelu-finetune"):
         return nn.GELU
     if cfg.arm == "relu":
         return nn.ReLU
+    if cfg.arm == "prelu":
+        return nn.PReLU
     raise ValueError(f"no activation for arm {cfg.arm!r}")
+
+
+def relu_ize_(model: nn.Module) -> list[str]:
+    """Every GELU-like, λ-GELU (Swish included) or PReLU module → exact ReLU; [] if there is none."""
+    return lg.replace_modules_(model, lambda m, fqn: isinstance(m, (lg.LambdaGELU, nn.PReLU)) or lg.is_gelu_like(m),
+                               lambda m: nn.ReLU(), "activation")
 
 
 def build_model(task: Task, splits: Splits, cfg: RunConfig) -> nn.Module:
@@ -88,8 +99,12 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     steps_per_epoch = math.ceil(n / cfg.batch_size)
     total = cfg.epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
-    hardening = lg.HardeningSchedule(model, total, cfg.switch_at, epsilon=cfg.epsilon) \
-        if cfg.arm == "lambda-harden" else None
+    hardening = None
+    if cfg.arm == "lambda-harden":
+        hardening = lg.HardeningSchedule(model, total, cfg.switch_at, epsilon=cfg.epsilon)
+    elif cfg.arm == "swish-harden":
+        hardening = lg.HardeningSchedule(model, total, cfg.switch_at, lambda_target=swish_target(cfg.epsilon))
+    swap_step = int(cfg.switch_at * total) if cfg.arm == "gelu-finetune" else None
     log_every = max(1, total // LAMBDA_POINTS)
     result = RunResult(metrics={})
     gen = torch.Generator().manual_seed(cfg.seed)  # the same data order for every arm of a seed
@@ -104,6 +119,10 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
         perm = torch.randperm(n, generator=gen)
         running, seen = 0.0, 0
         for i in range(0, n, cfg.batch_size):
+            if step == swap_step:  # gelu-finetune: direct swap, then ReLU trains for the rest
+                m_swap = evaluate(model, splits.x_val, splits.y_val)
+                relu_ize_(model)
+                result.metrics["swap_val_acc_before"], result.metrics["swap_val_loss_before"] = m_swap
             idx = perm[i:i + cfg.batch_size]
             loss = F.cross_entropy(model(splits.x_train[idx]), splits.y_train[idx])
             opt.zero_grad(set_to_none=True)
@@ -136,9 +155,10 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     if keep_weights:
         result.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    # Substitution: every GELU-like or λ-GELU module becomes an exact ReLU (nothing to do for relu).
+    # Substitution: every GELU-like, λ-GELU or PReLU module becomes an exact ReLU. ReLU from scratch has
+    # nothing to substitute; gelu-finetune is a ReLU network already, its "after" equals its "before".
     if cfg.arm != "relu":
-        lg.to_relu_(model, include_gelu=True)
+        relu_ize_(model)
         m["sub_val_acc"], m["sub_val_loss"] = evaluate(model, splits.x_val, splits.y_val)
         m["sub_test_acc"], m["sub_test_loss"] = evaluate(model, splits.x_test, splits.y_test)
     m["wall_time"] = time.perf_counter() - start
