@@ -22,6 +22,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "gelu-finetune": ("switch_at",),  # GELU until switch_at, direct swap, ReLU fine-tuning to the end
 }
 DEFAULT_ARMS = ("gelu", "lambda", "lambda-harden", "relu")
+LATER_FIELDS = ("train_limit",)
 
 
 class ConfigError(ValueError):
@@ -45,6 +46,7 @@ class RunConfig:
     multiplier: float = 9.0         # λ's learning rate = multiplier · lr
     switch_at: float = 0.25         # fraction of training after which λ is frozen and annealed
     epsilon: float = 0.005          # target L1 gap between gate and step → λ_target ≈ 159.6
+    train_limit: int = 0            # use only the first N training examples (0: all) — for smoke tests
 
     def __post_init__(self):
         def need(ok: bool, name: str, what: str):
@@ -52,10 +54,11 @@ class RunConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be {what}")
 
         need(self.arm in ARMS, "arm", "one of " + ", ".join(ARMS))
-        for name in ("seed", "epochs", "batch_size"):
+        for name in ("seed", "epochs", "batch_size", "train_limit"):
             v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool) and v >= (0 if name == "seed" else 1),
-                 name, "a non-negative int" if name == "seed" else "a positive int")
+            nonneg = name in ("seed", "train_limit")
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= (0 if nonneg else 1),
+                 name, "a non-negative int" if nonneg else "a positive int")
         need(self.optimizer in ("sgd", "adamw"), "optimizer", "'sgd' or 'adamw'")
         for name in ("lr", "momentum", "weight_decay", "temperature", "multiplier", "epsilon", "warmup"):
             v = getattr(self, name)
@@ -73,10 +76,13 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
     def relevant(self) -> dict:
-        """The fields that determine this run's result: the shared ones plus its arm's own."""
+        """The fields that determine this run's result: the shared ones plus its arm's own. Fields
+        added after results existed (``LATER_FIELDS``) count only when set, so old hashes stay valid."""
         arm_free = {f.name for f in fields(self)} - set(HARDEN_FIELDS)
         keep = arm_free | set(ARMS[self.arm])
-        return {k: v for k, v in dataclasses.asdict(self).items() if k in keep}
+        defaults = {f.name: f.default for f in fields(self)}
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k in keep and not (k in LATER_FIELDS and v == defaults[k])}
 
     @property
     def run_hash(self) -> str:

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from . import data
 from .config import ConfigError
-from .models import MLP, ActFactory
+from .models import MLP, ActFactory, ByteGPT, ResNet, ViT
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,28 @@ for _name, _key in (("breast-cancer-mlp", "breast_cancer"), ("wine-mlp", "wine")
         build=_mlp((64, 64)),
         defaults=dict(epochs=100, batch_size=32, optimizer="sgd", lr=0.01, momentum=0.9, weight_decay=5e-4),
     ))
+
+register(Task(
+    "fmnist-resnet", "CIFAR-style ResNet (BatchNorm; widths 16-32-64, one block per stage) on Fashion-MNIST, AdamW",
+    load=lambda data_dir: data.load_fashion_mnist(data_dir),
+    build=lambda splits, act: ResNet(1, splits.num_classes, act),
+    defaults=dict(epochs=3, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05, warmup=0.05),
+    eps_scale=1 / data.FASHION_MNIST_STD,
+))
+register(Task(
+    "fmnist-vit", "ViT/DeiT-style (7×7 patches, d=64, 4 pre-norm blocks, GELU MLPs) on Fashion-MNIST, AdamW",
+    load=lambda data_dir: data.load_fashion_mnist(data_dir),
+    build=lambda splits, act: ViT(28, 7, 1, splits.num_classes, act),
+    defaults=dict(epochs=5, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05, warmup=0.1),
+    eps_scale=1 / data.FASHION_MNIST_STD,
+))
+register(Task(
+    "stdlib-gpt", "GPT-2 (transformers; bytes, 3 layers, d=96, context 64) on the Python stdlib's source; "
+                  "accuracy = next-byte accuracy, loss in nats/byte (÷ ln 2 for bits/byte)",
+    load=lambda data_dir: data.load_stdlib_bytes(),
+    build=lambda splits, act: ByteGPT(act),
+    defaults=dict(epochs=2, batch_size=32, optimizer="adamw", lr=2e-3, weight_decay=0.1, warmup=0.05),
+))
 
 GROUPS = {"tabular-mlp": ("breast-cancer-mlp", "wine-mlp")}
 

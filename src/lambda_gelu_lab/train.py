@@ -73,18 +73,23 @@ def lr_lambda(total_steps: int, warmup: float):
     return f
 
 
+def loss_fn(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy for one label per example or one per position (language models)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction=reduction)
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 2048) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) in eval mode."""
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy per label) in eval mode."""
     was_training = model.training
     model.eval()
     correct, loss = 0, 0.0
     for i in range(0, len(x), batch_size):
         logits = model(x[i:i + batch_size])
-        loss += F.cross_entropy(logits, y[i:i + batch_size], reduction="sum").item()
+        loss += loss_fn(logits, y[i:i + batch_size], reduction="sum").item()
         correct += (logits.argmax(-1) == y[i:i + batch_size]).sum().item()
     model.train(was_training)
-    return correct / len(x), loss / len(x)
+    return correct / y.numel(), loss / y.numel()
 
 
 def _layer_lambdas(model: nn.Module) -> dict[str, float]:
@@ -95,7 +100,10 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     start = time.perf_counter()
     model = build_model(task, splits, cfg)
     opt = make_optimizer(model, cfg)
-    n = len(splits.x_train)
+    x_train, y_train = splits.x_train, splits.y_train
+    if cfg.train_limit:
+        x_train, y_train = x_train[:cfg.train_limit], y_train[:cfg.train_limit]
+    n = len(x_train)
     steps_per_epoch = math.ceil(n / cfg.batch_size)
     total = cfg.epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
@@ -124,7 +132,7 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
                 relu_ize_(model)
                 result.metrics["swap_val_acc_before"], result.metrics["swap_val_loss_before"] = m_swap
             idx = perm[i:i + cfg.batch_size]
-            loss = F.cross_entropy(model(splits.x_train[idx]), splits.y_train[idx])
+            loss = loss_fn(model(x_train[idx]), y_train[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
