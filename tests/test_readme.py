@@ -23,3 +23,11 @@ def test_quickstart_runs():
     x, y = scope["x"], scope["y"]
     relu_loss = nn.functional.cross_entropy(model(x), y).item()
     assert abs(relu_loss - scope["loss"].item()) < 0.02 * scope["loss"].item()
+
+
+def test_ci_runs_the_readme_test_command():
+    text = README.read_text(encoding="utf-8")
+    commands = [line for line in text.splitlines() if line.startswith("apt-get update")]
+    assert len(commands) == 2 and commands[0].endswith("lambda-gelu") and commands[1].endswith("python -m pytest")
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert commands[1] in ci.splitlines()
