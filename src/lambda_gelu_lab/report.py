@@ -393,7 +393,7 @@ def _deployment_section(store: Store) -> list[str]:
              "Produced by `lambda-gelu deploy` on the stored models above: the GELU original, its direct swap to "
              "ReLU, the annealed λ-GELU → ReLU, and ReLU from scratch, same seeds. Mean ± std over seeds.", ""]
     for task, sections in data.items():
-        lines += [f"## {task}: deployment", ""]
+        lines += [f"## {task}: deployment", ""] + _deployment_reading(sections)
         if "int8" in sections:
             lines += ["Static int8 quantization with ONNX Runtime (QOperator, uint8 activations, int8 weights, "
                       "calibrated on 1024 training examples); *float ops* are the nodes of the int8 graph that still "
@@ -457,3 +457,47 @@ def _deployment_section(store: Store) -> list[str]:
                                  f"{mean_std(d['dead_fraction'] for d in per.values())} |")
             lines.append("")
     return lines
+
+
+def _deployment_reading(sections) -> list[str]:
+    """Plain sentences computed from the tables below: what ReLU-ization buys and what it costs."""
+    def avg(model, section, fn):
+        per = sections.get(section, {}).get(model, {})
+        vals = [fn(d) for d in per.values() if d]
+        return float(np.mean(vals)) if vals else math.nan
+
+    out = ["Reading (computed from the tables below):", ""]
+    if "int8" in sections:
+        integer = [m for m, per in sections["int8"].items() if all(not d["float_ops"] for d in per.values())]
+        floaty = {m: next(iter(per.values()))["float_ops"] for m, per in sections["int8"].items()
+                  if any(d["float_ops"] for d in per.values())}
+        out.append(f"- Fully integer int8 graphs: {', '.join(integer) or 'none'}; still computing in float: "
+                   + (", ".join(f"{m} ({', '.join(f'{k}×{v}' for k, v in ops.items())})" for m, ops in floaty.items())
+                      or "none") + ".")
+        cost = avg("annealed→ReLU", "int8", lambda d: d["fp32_acc"]) - avg("GELU", "int8", lambda d: d["fp32_acc"])
+        swap = avg("direct swap", "int8", lambda d: d["fp32_acc"]) - avg("GELU", "int8", lambda d: d["fp32_acc"])
+        q = {m: avg(m, "int8", lambda d: d["int8_acc"] - d["fp32_acc"]) for m in sections["int8"]}
+        out.append(f"- Accuracy cost of ReLU-ization against the GELU original (fp32): annealed {100 * cost:+.2f} "
+                   f"points, direct swap {100 * swap:+.2f}. Int8 minus fp32: "
+                   + ", ".join(f"{m} {100 * v:+.2f}" for m, v in q.items()) + " points.")
+    if "latency" in sections:
+        lat = next(iter(sections["latency"]["*"].values()))
+        ms = {(r["model"], r["kind"], r["threads"], r["batch"]): r["ms"] for r in lat}
+        ratios = [ms[("annealed→ReLU", "int8", t, b)] / ms[("GELU", "int8", t, b)]
+                  for (m, k, t, b) in ms if m == "GELU" and k == "int8" and ("annealed→ReLU", "int8", t, b) in ms]
+        if ratios:
+            out.append(f"- Int8 latency, annealed→ReLU over GELU: {min(ratios):.2f}× to {max(ratios):.2f}× across batch "
+                       "sizes and thread counts.")
+    if "verify" in sections:
+        eps = "0.01"
+        pct = lambda m, key: 100 * avg(m, "verify", lambda d: d[eps][key] / d[eps]["points"])  # noqa: E731
+        out.append(f"- At ε = {eps}: exactly verified annealed→ReLU {pct('annealed→ReLU', 'verified'):.0f}%, direct swap "
+                   f"{pct('direct swap', 'verified'):.0f}%, ReLU scratch {pct('ReLU scratch', 'verified'):.0f}% of points "
+                   f"(timeouts {pct('annealed→ReLU', 'timeout'):.0f}%, {pct('direct swap', 'timeout'):.0f}%, "
+                   f"{pct('ReLU scratch', 'timeout'):.0f}%); the GELU model has bounds only: IBP certifies "
+                   f"{pct('GELU', 'ibp'):.0f}%.")
+    if "sparsity" in sections:
+        z = {m: avg(m, "sparsity", lambda d: d.get("zero_fraction", math.nan)) for m in sections["sparsity"]}
+        out.append("- Exact zeros in ReLU outputs: " + ", ".join(f"{m} {100 * v:.0f}%" for m, v in z.items()
+                                                                if not math.isnan(v)) + "; GELU has none.")
+    return out + [""]
