@@ -2,9 +2,11 @@
 
     f(x; λ) = x · Φ(λx),   λ = 1: GELU,   λ → ∞: ReLU.
 
-The pieces, one per file: ``functional`` (the op and its math), ``module`` (``LambdaGELU``),
-``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``), ``convert`` (model surgery),
-``registry`` (activations by name).
+The pieces, one per file: ``functional`` (the op and its math; ``_compiled`` its fused kernels),
+``module`` (``LambdaGELU``), ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``),
+``convert`` (model surgery), ``registry`` (activations by name). For deployment, imported on
+demand: ``deploy`` (ONNX export, int8 with ONNX Runtime, sparsity; the ``[deploy]`` extra) and
+``verify`` (interval/CROWN bounds and exact MILP verification of ReLU networks; scipy only).
 """
 from .convert import GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, replace_modules_, to_relu_
 from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target, set_backend
