@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the lab needs its extra: pip install 'lambda-gelu[lab]' ({e})", file=sys.stderr)
         return 2
     try:
+        if args.command == "run" and not args.tasks and any(
+                v not in (None, [], False) for v in (args.seeds, args.epochs, args.arms, args.switch_at, args.overrides)):
+            raise ConfigError("these options need a task: name one (see `lambda-gelu tasks`), or run the demo "
+                              "with no options")
         if args.command in (None, "demo") or (args.command == "run" and not args.tasks):
             return _demo(args, command)
         if args.command == "run":

@@ -101,6 +101,7 @@ def test_sweep_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path):
     (["run", "wine-mlp", "--switch-at", "1.5"], "switch_at=1.5 is invalid: must be in \\[0, 1\\)"),
     (["run", "wine-mlp", "--seeds", "0"], "--seeds must be ≥ 1"),
     (["run", "fmnist-mlp", "--data-dir", "/nonexistent"], "Fashion-MNIST not found in /nonexistent"),
+    (["run", "--seeds", "3"], "these options need a task"),
 ])
 def test_config_errors_are_one_clear_line(tmp_path, capsys, argv, message):
     assert main(argv + ["--out", str(tmp_path / "e"), "--quiet"]) == 2
