@@ -5,14 +5,17 @@ Eager PyTorch needs about five passes over memory for the forward and ten for th
 direction is one fused loop, within a few percent of ``F.gelu``. The kernels compute exactly the
 formulas of :mod:`lambda_gelu.functional` and are tested against them.
 
-Inputs are viewed in a canonical rank — (N,) for one λ, (outer, C, inner) for per-channel λ — so
-one compiled graph (with dynamic sizes) serves every shape. Compilation happens once per process
-per dtype and kind of λ (Inductor also caches kernels on disk across processes); if it fails (no C++
-compiler, unsupported device), a warning is issued once and the eager path is used from then on.
+Inputs are viewed in a canonical rank — (N,) for one λ, (outer, C) or (outer, C, inner) for
+per-channel λ — and detached, so one compiled graph (with dynamic sizes) serves every shape. Each
+(direction, rank, dtype) gets its own compiled function with its own cache, compiled once per
+process (Inductor also caches kernels on disk across processes). If one fails to compile (no C++
+compiler, an unsupported device or dtype), a warning is issued once and that kernel uses the eager
+path from then on.
 """
 from __future__ import annotations
 
 import math
+import types
 import warnings
 
 import torch
@@ -20,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_KERNELS: dict[str, object] = {}
-_FAILED: list[str] = []
+_KERNELS: dict[tuple, object] = {}
+_FAILED: dict[tuple, str] = {}
 
 
 def _fwd(x: Tensor, lam: Tensor) -> Tensor:
@@ -44,52 +47,67 @@ def _bwd(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool, reduce_dims: tuple[i
 
 
 def _canonical(x: Tensor, lam: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
-    """x as (N,) with 0-dim λ, or (outer, C, inner) with λ as (1, C, 1); and the λ reduction dims."""
+    """x as (N,) with 0-dim λ; or (outer, C[, inner]) with λ shaped to broadcast; and λ's reduction dims."""
+    x = x.detach()
+    lam = lam.detach()
     if lam.dim() == 0:
         return x.reshape(-1), lam, (0,)
     trailing = lam.dim() - 1  # λ is (C, 1, ..., 1) against x's dims from the channel dim on
     d = x.dim() - 1 - trailing
     outer = math.prod(x.shape[:d])
     inner = math.prod(x.shape[d + 1:])
+    if inner == 1:
+        return x.reshape(outer, x.shape[d]), lam.reshape(1, -1), (0,)
     return x.reshape(outer, x.shape[d], inner), lam.reshape(1, -1, 1), (0, 2)
 
 
-def _kernel(name: str, fn):
-    if name not in _KERNELS:
-        _KERNELS[name] = torch.compile(fn, dynamic=True, fullgraph=True)
-    return _KERNELS[name]
+def _kernel(key: tuple, fn):
+    """A compiled copy of ``fn`` for ``key``. The copy has its own code object, hence its own
+    compilation cache: kernels for other dtypes or ranks never evict it or count against its limit."""
+    if key not in _KERNELS:
+        fresh = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        _KERNELS[key] = torch.compile(fresh, dynamic=True, fullgraph=True)
+    return _KERNELS[key]
 
 
-def _guarded(call, fallback):
-    if _FAILED:
+def _guarded(key: tuple, call, fallback):
+    if key in _FAILED:
         return fallback()
     try:
         return call()
-    except Exception as e:  # compilation is an optimisation: any failure falls back, once, loudly
-        _FAILED.append(repr(e))
-        warnings.warn(f"lambda_gelu: compiling the fused kernels failed ({type(e).__name__}: {e}); "
-                      "using the eager implementation from now on (set LAMBDA_GELU_BACKEND=eager to "
-                      "silence this)", RuntimeWarning, stacklevel=4)
+    except Exception as e:  # compilation is an optimisation: a failure falls back, once, loudly
+        _FAILED[key] = repr(e)
+        warnings.warn(f"lambda_gelu: compiling the fused kernel {key} failed ({type(e).__name__}: {e}); "
+                      "using the eager implementation for it from now on (LAMBDA_GELU_BACKEND=eager "
+                      "silences this)", RuntimeWarning, stacklevel=4)
         return fallback()
 
 
 def forward(x: Tensor, lam: Tensor, fallback) -> Tensor:
-    def call():
-        xc, lamc, _ = _canonical(x, lam)
-        return _kernel(f"fwd{xc.dim()}", _fwd)(xc, lamc).view(x.shape)
-    return _guarded(call, fallback)
+    xc, lamc, _ = _canonical(x, lam)
+    key = ("fwd", xc.dim(), x.dtype, lam.dtype)
+    return _guarded(key, lambda: _kernel(key, _fwd)(xc, lamc).view(x.shape), fallback)
+
+
+def _bwd_x(g, x, lam, dims):
+    return _bwd(g, x, lam, False, dims)
+
+
+def _bwd_x_lam(g, x, lam, dims):
+    return _bwd(g, x, lam, True, dims)
 
 
 def backward(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool, fallback):
+    xc, lamc, dims = _canonical(x, lam)
+    gc = g.detach().reshape(xc.shape)
+    key = ("bwd", xc.dim(), x.dtype, lam.dtype, need_lam)
+
     def call():
-        xc, lamc, dims = _canonical(x, lam)
-        gc = g.reshape(xc.shape)
-        fn = _kernel(f"bwd{xc.dim()}{'xl' if need_lam else 'x'}",
-                     lambda g_, x_, l_: _bwd(g_, x_, l_, need_lam, dims))
-        grad_x, grad_lam = fn(gc, xc, lamc)
+        grad_x, grad_lam = _kernel(key, _bwd_x_lam if need_lam else _bwd_x)(gc, xc, lamc, dims)
         return grad_x.view(x.shape), None if grad_lam is None else grad_lam.reshape(lam.shape)
-    return _guarded(call, fallback)
+    return _guarded(key, call, fallback)
 
 
-def failed() -> bool:
-    return bool(_FAILED)
+def failed() -> dict[tuple, str]:
+    """The kernels that failed to compile, with the error; empty when all is well."""
+    return dict(_FAILED)
