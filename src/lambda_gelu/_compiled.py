@@ -2,8 +2,9 @@
 
 Eager PyTorch needs about five passes over memory for the forward and ten for the backward
 (z = λx, the erf, the products, the reduction); ``F.gelu`` needs one and two. Compiled, each
-direction is one fused loop, within a few percent of ``F.gelu``. The kernels compute exactly the
-formulas of :mod:`lambda_gelu.functional` and are tested against them.
+direction is one fused loop. The kernels compute the mathematics of :mod:`lambda_gelu.functional`
+(in an arrangement with GELU's own operation count) and are tested against the eager formulas and
+the plain reference.
 
 Inputs are viewed in a canonical rank — (N,) for one λ, (outer, C) or (outer, C, inner) for
 per-channel λ — and detached, so one compiled graph (with dynamic sizes) serves every shape. Each
@@ -19,30 +20,32 @@ import types
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_SQRT1_2 = math.sqrt(0.5)
 _KERNELS: dict[tuple, object] = {}
 _FAILED: dict[tuple, str] = {}
 
 
 def _fwd(x: Tensor, lam: Tensor) -> Tensor:
+    """x·Φ(λx) = x·(½ + ½·erf(x·λ/√2)): the same operation count as GELU itself (no division)."""
     xc = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    lam = lam.to(xc.dtype)
-    return (F.gelu(xc * lam) / lam).to(x.dtype)
+    c = lam.to(xc.dtype) * _SQRT1_2
+    return (xc * (0.5 + 0.5 * torch.erf(xc * c))).to(x.dtype)
 
 
 def _bwd(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool, reduce_dims: tuple[int, ...]):
+    """∂L/∂x = g·(Φ(z) + λ·u), ∂L/∂λ = Σ g·x·u, with z = λx and u = x·φ(z) computed once."""
     xc = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     gc = g.to(xc.dtype)
     lamc = lam.to(xc.dtype)
     z = xc * lamc
-    grad_x = torch.ops.aten.gelu_backward(gc, z).to(x.dtype)
+    u = xc * (torch.exp(-0.5 * z * z) * _INV_SQRT_2PI)
+    grad_x = (gc * (0.5 + 0.5 * torch.erf(z * _SQRT1_2) + lamc * u)).to(x.dtype)
     if not need_lam:
         return grad_x, None
-    x_phi = xc * torch.exp(-0.5 * z * z) * _INV_SQRT_2PI
-    grad_lam = (gc * x_phi * xc).sum(dim=reduce_dims, keepdim=True).to(lam.dtype)
+    grad_lam = (gc * xc * u).sum(dim=reduce_dims, keepdim=True).to(lam.dtype)
     return grad_x, grad_lam
 
 
