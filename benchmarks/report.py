@@ -1,6 +1,7 @@
 """Render benchmarks/results/*.json into docs/performance.md (never edited by hand).
 
-    python benchmarks/bench_op.py && python benchmarks/bench_model.py && python benchmarks/report.py
+    python benchmarks/bench_op.py && python benchmarks/bench_model.py && python benchmarks/bench_compile.py \
+        && python benchmarks/report.py
 """
 from __future__ import annotations
 
@@ -37,6 +38,17 @@ def main():
             lines.append(f"| {case} | {r['variant']} | {r['fwd_ratio']:.2f} | {r['fwdbwd_ratio']:.2f} | "
                          f"{r['fwd_ms']:.1f} | {r['fwdbwd_ms']:.1f} | {r['saved_bytes'] / 2**20:.1f} MiB | "
                          f"{r['first_call_s']:.1f} |")
+        lines.append("")
+    comp = RESULTS / "compile.json"
+    if comp.exists():
+        d = json.loads(comp.read_text())
+        lines += ["## Compilation", "",
+                  "`python benchmarks/bench_compile.py` — the first forward+backward of `lambda_gelu` on (8192, 3072) "
+                  "float32 in a fresh process, with an empty Inductor cache and then with the cache it left; the "
+                  "second call shows the steady state.", "",
+                  "| Inductor cache | first call s | second call ms |", "|---|---|---|"]
+        for r in d["results"]:
+            lines.append(f"| {r['cache']} | {r['first_s']:.1f} | {1e3 * r['second_s']:.0f} |")
         lines.append("")
     model = RESULTS / "model.json"
     if model.exists():
