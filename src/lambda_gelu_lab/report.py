@@ -171,7 +171,7 @@ def _experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, 
                 summary.append(f"- **{task}** (`{base}`, {c['n']} seeds): annealed→ReLU {100 * a_mean:.2f}% "
                                f"(drop {100 * drop_a:.2f}) vs direct swap {100 * b_mean:.2f}% (drop {100 * drop_b:.2f}): "
                                f"{100 * c['mean']:+.2f} points, 95% CI [{100 * c['lo']:+.2f}, {100 * c['hi']:+.2f}], "
-                               f"p = {_fmt_p(c['p_t'])} — annealed→ReLU is {verdict(c)}.")
+                               f"p = {_fmt_p(c['p_t'])} — annealed→ReLU minus direct swap: {verdict(c)}.")
             ci = "—" if math.isnan(c["lo"]) else f"[{100 * c['lo']:+.2f}, {100 * c['hi']:+.2f}]"
             rows.append(f"| {name} | {c['n']} | {100 * c['mean']:+.2f} | {ci} | "
                         f"{_fmt_p(c['p_t'])} | {_fmt_p(c['p_w'])} | {verdict(c)} |")
