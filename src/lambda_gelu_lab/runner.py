@@ -1,6 +1,7 @@
 """A sweep: every (task, seed, arm) not yet in the store is trained and stored; the rest is skipped."""
 from __future__ import annotations
 
+import sqlite3
 import sys
 from collections.abc import Iterable
 
@@ -29,8 +30,15 @@ def run_sweep(runs: list[tuple[Task, RunConfig]], store: Store, data_dir: str | 
     bar = _progress(len(todo), progress)
     for task, cfg in todo:
         bar.set_description(f"{cfg.task} {cfg.variant} seed {cfg.seed}")
+        if store.has(cfg):  # another process sharing the store finished it meanwhile
+            bar.update()
+            continue
         result = train_run(task, splits[task.name], cfg, keep_weights=keep_weights)
-        store.add(cfg, result)
+        try:
+            store.add(cfg, result)
+        except sqlite3.IntegrityError:  # ... or finished it while this one trained: keep the first
+            bar.update()
+            continue
         m = result.metrics
         bar.set_postfix_str(f"test {m['test_acc']:.4f}" + (f" → ReLU {m['sub_test_acc']:.4f}" if "sub_test_acc" in m else ""))
         bar.update()

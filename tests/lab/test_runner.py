@@ -135,3 +135,15 @@ def test_report_and_export(tmp_path):
     with open(os.path.join(out, "runs.csv")) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 12 and json.loads(rows[0]["config"])["task"] == "wine-mlp"
+
+
+def test_two_processes_sharing_a_store_neither_crash_nor_duplicate(tmp_path):
+    out = str(tmp_path / "shared")
+    cmd = [sys.executable, "-m", "lambda_gelu_lab", "run", "wine-mlp", "--seeds", "3", "--epochs", "10",
+           "--arms", "gelu", "relu", "--out", out, "--quiet", "--no-report"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err.decode()
+    keys = [r[:4] for r in _rows(out)]
+    assert len(keys) == 6 and len(set(keys)) == 6
