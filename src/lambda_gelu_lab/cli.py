@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the lab needs its extra: pip install 'lambda-gelu[lab]' ({e})", file=sys.stderr)
         return 2
     try:
+        if args.command in ("report", "export", "deploy"):
+            _require_store(args.out)
         if args.command == "run" and not args.tasks and any(
                 v not in (None, [], False) for v in (args.seeds, args.epochs, args.arms, args.switch_at, args.overrides)):
             raise ConfigError("these options need a task: name one (see `lambda-gelu tasks`), or run the demo "
@@ -117,6 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: finished runs are stored; rerun the same command to resume", file=sys.stderr)
         return 130
     return 0
+
+
+def _require_store(out: str) -> None:
+    from pathlib import Path
+
+    from .config import ConfigError
+    from .store import DB_NAME
+    if not (Path(out) / DB_NAME).is_file():
+        raise ConfigError(f"no results in {out} (no {DB_NAME}): run `lambda-gelu run TASK --out {out}` first")
 
 
 def _sweep(task_names, seeds, first_seed, epochs_for, arms, overrides, out, data_dir, keep_weights, quiet, command):

@@ -21,6 +21,7 @@ import lambda_gelu as lg
 from lambda_gelu import deploy, verify
 
 from .config import RunConfig
+from .data import DataError
 from .store import Store
 from .tasks import TASKS, Task
 from .train import build_model, evaluate, relu_ize_
@@ -45,7 +46,8 @@ CREATE TABLE IF NOT EXISTS deploy (
 def load_model(store: Store, run: dict, task: Task, splits) -> torch.nn.Module:
     from safetensors.torch import load_file
     if not run["weights"]:
-        raise ValueError(f"run {run['id']} was stored without weights (--no-weights); rerun it to deploy it")
+        raise DataError(f"run {run['id']} ({run['task']} {run['variant']} seed {run['seed']}) was stored without "
+                        "weights (--no-weights); delete it from the store and rerun it to deploy it")
     cfg = RunConfig(**run["config"])
     model = build_model(task, splits, cfg)
     model.load_state_dict(load_file(str(store.dir / run["weights"])))

@@ -102,9 +102,11 @@ def test_sweep_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path):
     (["run", "wine-mlp", "--seeds", "0"], "--seeds must be ≥ 1"),
     (["run", "fmnist-mlp", "--data-dir", "/nonexistent"], "Fashion-MNIST not found in /nonexistent"),
     (["run", "--seeds", "3"], "these options need a task"),
+    (["report"], "no results in .*: run `lambda-gelu run TASK --out"),
+    (["deploy"], "no results in .*: run `lambda-gelu run TASK --out"),
 ])
 def test_config_errors_are_one_clear_line(tmp_path, capsys, argv, message):
-    assert main(argv + ["--out", str(tmp_path / "e"), "--quiet"]) == 2
+    assert main(argv + ["--out", str(tmp_path / "e")] + (["--quiet"] if argv[0] == "run" else [])) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     import re
