@@ -316,7 +316,8 @@ def _collect(runs, key) -> dict[str, list[float]]:
 
 
 def _plot_lambdas(task, base, by_variant, order, lambda_rows, img_dir: Path) -> Path | None:
-    panels = [v for v in order if by_variant[v][0]["arm"] in ("lambda", "lambda-harden")
+    # the learned and annealed arms at their defaults, and the annealed arm's switch-point variants
+    panels = [v for v in order if (v in ("lambda", "lambda-harden") or by_variant[v][0]["arm"] == "lambda-harden")
               and any(lambda_rows.get(r["id"]) for r in by_variant[v])]
     if not panels:
         return None
