@@ -33,7 +33,7 @@ def test_lambda_descends_and_gets_no_weight_decay(opt_cls):
     # the same optimizer on s alone, without any weight decay
     ref_s = [m.s.detach().clone().requires_grad_() for m in lam_modules]
     ref_opt = opt_cls([{"params": ref_s, "lr": 9e-2, "weight_decay": 0.0}], **kwargs)
-    for _ in range(5):
+    for step in range(5):
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward()
@@ -43,9 +43,9 @@ def test_lambda_descends_and_gets_no_weight_decay(opt_cls):
         for r, g in zip(ref_s, grads):
             r.grad = g
         ref_opt.step()
-        for m, b, g, r in zip(lam_modules, before, grads, ref_s):
+        for m, r in zip(lam_modules, ref_s):
             torch.testing.assert_close(m.s.detach(), r.detach(), rtol=0, atol=1e-7)
-        if _ == 0:  # first step: the move is against the gradient for both optimizers
+        if step == 0:  # first step: the move is against the gradient for both optimizers
             for m, b, g in zip(lam_modules, before, grads):
                 assert torch.sign(m.s.detach() - b) == -torch.sign(g)
 

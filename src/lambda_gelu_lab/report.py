@@ -394,7 +394,7 @@ def _deployment_section(store: Store) -> list[str]:
     from .deploy_eval import EPSILONS, MODELS
     order = [m for m, _, _ in MODELS]
     data = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))  # task → section → model → seed → data
-    for task, base, seed, model, section, d in rows:
+    for task, _base, seed, model, section, d in rows:  # one experiment per task: deploy picks it
         data[task][section][model][seed] = json.loads(d)
     lines = ["# Deployment", "",
              "Produced by `lambda-gelu deploy` on the stored models above: the GELU original, its direct swap to "
