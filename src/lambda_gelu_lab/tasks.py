@@ -64,17 +64,17 @@ for _name, _key in (("breast-cancer-mlp", "breast_cancer"), ("wine-mlp", "wine")
     ))
 
 register(Task(
-    "fmnist-resnet", "CIFAR-style ResNet (BatchNorm; widths 16-32-64, one block per stage) on Fashion-MNIST, AdamW",
+    "fmnist-resnet", "CIFAR-style ResNet (BatchNorm; widths 8-16-32, one block per stage) on Fashion-MNIST, AdamW",
     load=lambda data_dir: data.load_fashion_mnist(data_dir),
-    build=lambda splits, act: ResNet(1, splits.num_classes, act),
-    defaults=dict(epochs=3, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05, warmup=0.05),
+    build=lambda splits, act: ResNet(1, splits.num_classes, act, widths=(8, 16, 32)),
+    defaults=dict(epochs=2, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05, warmup=0.05),
     eps_scale=1 / data.FASHION_MNIST_STD,
 ))
 register(Task(
     "fmnist-vit", "ViT/DeiT-style (7×7 patches, d=64, 4 pre-norm blocks, GELU MLPs) on Fashion-MNIST, AdamW",
     load=lambda data_dir: data.load_fashion_mnist(data_dir),
     build=lambda splits, act: ViT(28, 7, 1, splits.num_classes, act),
-    defaults=dict(epochs=5, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05, warmup=0.1),
+    defaults=dict(epochs=3, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05, warmup=0.1),
     eps_scale=1 / data.FASHION_MNIST_STD,
 ))
 register(Task(
