@@ -74,7 +74,7 @@ register(Task(
     "fmnist-vit", "ViT/DeiT-style (7×7 patches, d=64, 4 pre-norm blocks, GELU MLPs) on Fashion-MNIST, AdamW",
     load=lambda data_dir: data.load_fashion_mnist(data_dir),
     build=lambda splits, act: ViT(28, 7, 1, splits.num_classes, act),
-    defaults=dict(epochs=3, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05, warmup=0.1),
+    defaults=dict(epochs=2, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=0.05, warmup=0.1),
     eps_scale=1 / data.FASHION_MNIST_STD,
 ))
 register(Task(
@@ -82,7 +82,7 @@ register(Task(
                   "accuracy = next-byte accuracy, loss in nats/byte (÷ ln 2 for bits/byte)",
     load=lambda data_dir: data.load_stdlib_bytes(),
     build=lambda splits, act: ByteGPT(act),
-    defaults=dict(epochs=2, batch_size=32, optimizer="adamw", lr=2e-3, weight_decay=0.1, warmup=0.05),
+    defaults=dict(epochs=1, batch_size=32, optimizer="adamw", lr=2e-3, weight_decay=0.1, warmup=0.05),
 ))
 
 GROUPS = {"tabular-mlp": ("breast-cancer-mlp", "wine-mlp")}
