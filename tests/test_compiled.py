@@ -1,11 +1,15 @@
-"""The fused compiled kernels against the eager formulas and the plain reference, and λ-GELU
-inside a user's torch.compile'd model: no graph breaks."""
+"""The fused kernels (C for float32 on CPU, Inductor's otherwise) against the eager formulas and the
+plain reference, and λ-GELU inside a user's torch.compile'd model: no graph breaks."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
 
 import lambda_gelu as lg
-from lambda_gelu import _compiled
+from lambda_gelu import _compiled, _native
 from lambda_gelu.functional import COMPILED_MIN_NUMEL, lambda_gelu, lambda_gelu_reference
 
 
@@ -16,24 +20,78 @@ def _grads(fn, x, lam, gy, **kw):
     return y.detach(), xi.grad, li.grad
 
 
-CASES = [  # (shape, channel_dim or None for one λ, dtype)
-    ((64, 2048), None, torch.float32),
-    ((4, 16, 32, 32), 1, torch.float32),
-    ((8, 128, 96), -1, torch.float32),
-    ((64, 2048), None, torch.bfloat16),
+CASES = [  # (shape, channel_dim or None for one λ, dtype, backend)
+    ((64, 2048), None, torch.float32, "auto"),
+    ((4, 16, 32, 32), 1, torch.float32, "auto"),
+    ((8, 128, 96), -1, torch.float32, "auto"),
+    ((3, 7, 5, 1000), 1, torch.float32, "auto"),  # runs that do not split evenly among threads
+    ((64, 2048), None, torch.float32, "inductor"),
+    ((4, 16, 32, 32), 1, torch.float32, "inductor"),
+    ((8, 128, 96), -1, torch.float32, "inductor"),
+    ((64, 2048), None, torch.bfloat16, "auto"),
 ]
 
 
-@pytest.mark.parametrize("shape, channel_dim, dtype", CASES)
-def test_compiled_matches_eager_and_reference(shape, channel_dim, dtype):
+def test_float32_on_cpu_uses_the_c_kernels():
+    assert _native.library() is not None, _native.error()
+    x = torch.randn(256, 512)
+    assert lg.functional._fused_kernels(x) is _native
+    assert lg.functional._fused_kernels(x.bfloat16()) is _compiled
+    with lg.backend("inductor"):
+        assert lg.functional._fused_kernels(x) is _compiled
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("shape, channel_dim", [((6, 12, 1999), 1), ((1999, 72), -1), ((143_929,), None)])
+def test_c_kernels_agree_for_any_thread_count(threads, shape, channel_dim):
+    """Each thread sums its own share of ∂L/∂λ; the result must not depend on how many there are."""
+    g = torch.Generator().manual_seed(1)
+    x, gy = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    assert x.numel() >= 3 * _native.GRAIN  # enough work for three threads
+    kw = {} if channel_dim is None else {"channel_dim": channel_dim}
+    lam = torch.tensor(1.7) if channel_dim is None else 1 + torch.rand(shape[channel_dim], generator=g)
+    lam_b = lg.functional._broadcastable_lambda(lam, x, channel_dim if channel_dim is not None else -1)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = _native.forward(x, lam_b)
+        gx, gl = _native.backward(gy, x, lam_b, True)
+    finally:
+        torch.set_num_threads(old)
+    ref = _grads(lambda_gelu_reference, x.double(), lam.double(), gy.double(), **kw)
+    torch.testing.assert_close(y, ref[0].float(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(gx, ref[1].float(), rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(gl.reshape(lam.shape).double(), ref[2], rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_compiler_the_c_kernels_fall_back_with_one_warning(tmp_path):
+    code = ("import warnings, torch, lambda_gelu as lg\n"
+            "from lambda_gelu import _native\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    x = torch.randn(300, 300, requires_grad=True)\n"
+            "    lg.lambda_gelu(x, 2.0).sum().backward()\n"
+            "    lg.lambda_gelu(x, 2.0).sum().backward()\n"
+            "assert lg.functional._fused_kernels(x) is lg._compiled, 'should fall back to Inductor'\n"
+            "msgs = [str(m.message) for m in w if 'C kernels' in str(m.message)]\n"
+            "assert len(msgs) == 1 and 'no-such-compiler' in msgs[0], msgs\n"
+            "print('ok')\n")
+    env = {**os.environ, "CC": "no-such-compiler", "LAMBDA_GELU_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("shape, channel_dim, dtype, backend", CASES)
+def test_fused_kernels_match_eager_and_reference(shape, channel_dim, dtype, backend):
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=g) * 2).to(dtype)
     assert x.numel() >= COMPILED_MIN_NUMEL
     gy = torch.randn(shape, generator=g).to(dtype)
     lam = torch.tensor(2.5) if channel_dim is None else 1 + 3 * torch.rand(shape[channel_dim], generator=g)
     kw = {} if channel_dim is None else {"channel_dim": channel_dim}
-    compiled = _grads(lambda_gelu, x, lam, gy, **kw)
-    assert _compiled.failed() == {}
+    with lg.backend(backend):
+        compiled = _grads(lambda_gelu, x, lam, gy, **kw)
+    assert _compiled.failed() == {} and _native.error() is None
     with lg.backend("eager"):
         eager = _grads(lambda_gelu, x, lam, gy, **kw)
     reference = _grads(lambda_gelu_reference, x.float(), lam, gy.float(), **kw)
@@ -55,7 +113,7 @@ def test_frozen_lambda_backward_skips_the_reduction():
 
 
 def test_unknown_backend_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown λ-GELU backend 'fast'; choose one of auto, eager"):
+    with pytest.raises(ValueError, match="unknown λ-GELU backend 'fast'; choose one of auto, inductor, eager"):
         lg.set_backend("fast")
 
 

@@ -47,19 +47,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _compiled
+from . import _compiled, _native
 
 __all__ = ["lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "set_backend", "get_backend",
            "backend"]
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-BACKENDS = ("auto", "eager")
+BACKENDS = ("auto", "inductor", "eager")
 COMPILED_MIN_NUMEL = 1 << 16  # below this, launch overhead rather than memory traffic dominates
 
 
 def set_backend(name: str) -> str:
-    """Choose ``"auto"`` (fused compiled kernels for large float32/16 tensors) or ``"eager"``; returns
-    the previous choice."""
+    """Choose ``"auto"`` (fused kernels for large tensors: C for float32 on CPU, Inductor otherwise),
+    ``"inductor"`` (Inductor's kernels for every dtype) or ``"eager"``; returns the previous choice."""
     global _backend
     if name not in BACKENDS:
         raise ValueError(f"unknown λ-GELU backend {name!r}; choose one of {', '.join(BACKENDS)}")
@@ -85,9 +85,14 @@ _backend = "auto"
 set_backend(os.environ.get("LAMBDA_GELU_BACKEND", "auto"))
 
 
-def _use_compiled(x: Tensor) -> bool:
-    return (_backend == "auto" and x.dtype != torch.float64 and x.numel() >= COMPILED_MIN_NUMEL
-            and not torch.compiler.is_compiling())
+def _fused_kernels(x: Tensor):
+    """The module of fused kernels for ``x`` (``_native`` or ``_compiled``), or None for the eager path."""
+    if (_backend == "eager" or x.dtype == torch.float64 or x.numel() < COMPILED_MIN_NUMEL
+            or torch.compiler.is_compiling()):
+        return None
+    if _backend == "auto" and _native.supports(x) and _native.library() is not None:
+        return _native
+    return _compiled
 
 
 def l1_gap(lam: float | Tensor) -> float | Tensor:
@@ -183,7 +188,10 @@ class _LambdaGELUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, lam: Tensor) -> Tensor:
         ctx.save_for_backward(x, lam)
-        if _use_compiled(x):
+        kernels = _fused_kernels(x)
+        if kernels is _native:
+            return _native.forward(x, lam)
+        if kernels is _compiled:
             return _compiled.forward(x, lam, fallback=lambda: _forward(x, lam))
         return _forward(x, lam)
 
@@ -191,7 +199,10 @@ class _LambdaGELUFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         x, lam = ctx.saved_tensors
         need_x, need_lam = ctx.needs_input_grad
-        if need_x and _use_compiled(x) and not torch.is_grad_enabled():  # not for double backward
+        kernels = _fused_kernels(x) if need_x and not torch.is_grad_enabled() else None  # not for double backward
+        if kernels is _native:
+            return _native.backward(g, x, lam, need_lam)
+        if kernels is _compiled:
             return _compiled.backward(g, x, lam, need_lam,
                                       fallback=lambda: _backward(g, x, lam, need_x, need_lam))
         return _backward(g, x, lam, need_x, need_lam)
