@@ -117,23 +117,27 @@ def test_unknown_backend_is_a_clear_error():
         lg.set_backend("fast")
 
 
-def _block():
+def _block(width):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(64, 256), lg.LambdaGELU(), nn.Linear(256, 256),
-                         lg.LambdaGELU(num_channels=256), nn.Linear(256, 8))
+    return nn.Sequential(nn.Linear(64, width), lg.LambdaGELU(), nn.Linear(width, width),
+                         lg.LambdaGELU(num_channels=width), nn.Linear(width, 8))
 
 
-def test_user_compiled_model_has_no_graph_breaks_and_matches_eager():
-    model = _block()
-    x = torch.randn(32, 64)
+@pytest.mark.parametrize("width", [256, 1024], ids=["small: formulas fused by Inductor", "large: C kernels as ops"])
+def test_user_compiled_model_has_no_graph_breaks_and_matches_eager(width):
+    model = _block(width)
+    x = torch.randn(128, 64)
     explanation = torch._dynamo.explain(model)(x)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    ops = {str(n.target) for g in explanation.graphs for sub in g.modules() if isinstance(sub, torch.fx.GraphModule)
+           for n in sub.graph.nodes}  # the autograd.Function's body is a subgraph
+    assert ("lambda_gelu.forward" in " ".join(ops)) == (128 * width >= COMPILED_MIN_NUMEL)
 
     torch._dynamo.reset()
-    compiled = torch.compile(_block(), fullgraph=True)
+    compiled = torch.compile(_block(width), fullgraph=True)
     y = compiled(x)
     y.square().sum().backward()
-    eager = _block()
+    eager = _block(width)
     y_ref = eager(x)
     y_ref.square().sum().backward()
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)

@@ -91,6 +91,11 @@ def library() -> ctypes.CDLL | None:
     return _lib
 
 
+@torch.compiler.assume_constant_result  # traced code asks once, at compile time
+def available() -> bool:
+    return library() is not None
+
+
 def error() -> str | None:
     """Why the kernels are unavailable, or None (also before the first attempt)."""
     return _error
@@ -144,3 +149,28 @@ def backward(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor,
         lib.lg_backward_runs(g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp, outer, c, inner, nt)
     grad_lam = partial.sum(0).to(lam.dtype).reshape(lam.shape) if need_lam else None
     return gx, grad_lam
+
+
+# The same kernels as custom operators, so that inside a user's torch.compile'd model Inductor calls
+# them as they are instead of re-deriving λ-GELU from the eager formulas (which it fuses into its own,
+# slower loop). Eager code calls the functions above directly: dispatch through an operator costs more.
+
+@torch.library.custom_op("lambda_gelu::forward", mutates_args=())
+def forward_op(x: Tensor, lam: Tensor) -> Tensor:
+    return forward(x, lam)
+
+
+@forward_op.register_fake
+def _(x, lam):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("lambda_gelu::backward", mutates_args=())
+def backward_op(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor, Tensor]:
+    grad_x, grad_lam = backward(g, x, lam, need_lam)
+    return grad_x, grad_lam if grad_lam is not None else lam.new_zeros(lam.shape)
+
+
+@backward_op.register_fake
+def _(g, x, lam, need_lam):
+    return x.new_empty(x.shape), lam.new_empty(lam.shape)
