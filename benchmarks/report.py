@@ -27,10 +27,11 @@ def main():
                   f"`python benchmarks/bench_op.py --threads {h['threads']} --reps {d['reps']}` — torch {h['torch']}, "
                   f"{h['threads']} threads, {h['machine']}.", "",
                   "*fwd+bwd* computes the gradients for x and λ (for native GELU, for x). *ours, default* is what "
-                  "`lambda_gelu(x, lam)` / `LambdaGELU` does out of the box (fused kernels compiled on first use); "
+                  "`lambda_gelu(x, lam)` / `LambdaGELU` does out of the box (float32 on CPU: the C kernels, built "
+                  "on first use; bfloat16: Inductor's kernels); *ours, Inductor kernels* is backend `inductor`; "
                   "*ours, eager* is `LAMBDA_GELU_BACKEND=eager`; *ours, torch.compile* is the op inside a "
-                  "user's `torch.compile`. *1st call* includes compilation (Inductor's on-disk cache makes later "
-                  "processes faster).", "",
+                  "user's `torch.compile`. *1st call* includes building or compiling kernels (both are cached on "
+                  "disk, so later processes start faster).", "",
                   "| case | variant | fwd × native | fwd+bwd × native | fwd ms | fwd+bwd ms | saved for backward | 1st call s |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in d["results"]:
@@ -44,11 +45,12 @@ def main():
         d = json.loads(comp.read_text())
         lines += ["## Compilation", "",
                   "`python benchmarks/bench_compile.py` — the first forward+backward of `lambda_gelu` on (8192, 3072) "
-                  "float32 in a fresh process, with an empty Inductor cache and then with the cache it left; the "
+                  "float32 in a fresh process, with empty kernel caches and then with the caches it left; the "
                   "second call shows the steady state.", "",
-                  "| Inductor cache | first call s | second call ms |", "|---|---|---|"]
+                  "| kernels | cache | first call s | second call ms |", "|---|---|---|---|"]
         for r in d["results"]:
-            lines.append(f"| {r['cache']} | {r['first_s']:.1f} | {1e3 * r['second_s']:.0f} |")
+            lines.append(f"| {r.get('kernels', 'Inductor')} | {r['cache']} | {r['first_s']:.1f} | "
+                         f"{1e3 * r['second_s']:.0f} |")
         lines.append("")
     model = RESULTS / "model.json"
     if model.exists():
@@ -62,9 +64,37 @@ def main():
         for r in d["results"]:
             lines.append(f"| {r['model']} | {r['gelu_ms']:.1f} | {r['lambda_ms']:.1f} | {r['ratio']:.3f} |")
         lines.append("")
+    lines += goals()
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(OUT)
+
+
+def goals() -> list[str]:
+    """The performance goals, each checked against the measured ratios above."""
+    op, model = RESULTS / "op.json", RESULTS / "model.json"
+    if not (op.exists() and model.exists()):
+        return []
+    res = json.loads(op.read_text())["results"]
+
+    def get(variant, label="transformer MLP hidden", dtype="float32"):
+        return next(r for r in res if r["label"] == label and r["dtype"] == dtype and r["variant"] == variant)
+    ours, native, user = get("ours, default"), get("native F.gelu"), get("ours, torch.compile")
+    rows = [("op (8192, 3072) float32, default path: fwd ≤ 1.10× F.gelu", f"{ours['fwd_ratio']:.2f}×",
+             ours["fwd_ratio"] <= 1.10),
+            ("op (8192, 3072) float32, default path: fwd+bwd ≤ 1.15× F.gelu", f"{ours['fwdbwd_ratio']:.2f}×",
+             ours["fwdbwd_ratio"] <= 1.15),
+            ("saved for backward = F.gelu's (one tensor; + 4 bytes of λ)",
+             f"{ours['saved_bytes'] - native['saved_bytes']:+d} bytes", ours["saved_bytes"] - native["saved_bytes"] <= 4)]
+    for r in json.loads(model.read_text())["results"]:
+        rows.append((f"training step ≤ 1.05× GELU's: {r['model']}", f"{r['ratio']:.3f}×", r["ratio"] <= 1.05))
+    for mode in ("fwd", "fwdbwd"):
+        ratio = user[f"{mode}_ms"] / ours[f"{mode}_ms"]
+        rows.append((f"inside torch.compile not slower than eager ({'fwd' if mode == 'fwd' else 'fwd+bwd'}, "
+                     "(8192, 3072) float32)", f"{ratio:.2f}× the default path", ratio <= 1.05))
+    return ["## Goals", "", "Computed from the tables above; a ratio within 5% counts as *not slower* (the noise "
+            "between repetitions here).", "", "| goal | measured | met |", "|---|---|---|",
+            *[f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in rows], ""]
 
 
 if __name__ == "__main__":
