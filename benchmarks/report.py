@@ -27,8 +27,8 @@ def main():
                   f"`python benchmarks/bench_op.py --threads {h['threads']} --reps {d['reps']}` — torch {h['torch']}, "
                   f"{h['threads']} threads, {h['machine']}.", "",
                   "*fwd+bwd* computes the gradients for x and λ (for native GELU, for x). *ours, default* is what "
-                  "`lambda_gelu(x, lam)` / `LambdaGELU` does out of the box (float32 on CPU: the C kernels, built "
-                  "on first use; bfloat16: Inductor's kernels); *ours, Inductor kernels* is backend `inductor`; "
+                  "`lambda_gelu(x, lam)` / `LambdaGELU` does out of the box (on CPU, float32 and bfloat16: the C kernels, "
+                  "built on first use); *ours, Inductor kernels* is backend `inductor`; "
                   "*ours, eager* is `LAMBDA_GELU_BACKEND=eager`; *ours, torch.compile* is the op inside a "
                   "user's `torch.compile`. *1st call* includes building or compiling kernels (both are cached on "
                   "disk, so later processes start faster).", "",

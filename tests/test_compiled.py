@@ -29,14 +29,19 @@ CASES = [  # (shape, channel_dim or None for one λ, dtype, backend)
     ((4, 16, 32, 32), 1, torch.float32, "inductor"),
     ((8, 128, 96), -1, torch.float32, "inductor"),
     ((64, 2048), None, torch.bfloat16, "auto"),
+    ((4, 16, 32, 32), 1, torch.bfloat16, "auto"),
+    ((8, 128, 96), -1, torch.bfloat16, "auto"),
+    ((64, 2048), None, torch.bfloat16, "inductor"),
+    ((64, 2048), None, torch.float16, "auto"),
 ]
 
 
-def test_float32_on_cpu_uses_the_c_kernels():
+def test_float32_and_bfloat16_on_cpu_use_the_c_kernels():
     assert _native.library() is not None, _native.error()
     x = torch.randn(256, 512)
     assert lg.functional._fused_kernels(x) is _native
-    assert lg.functional._fused_kernels(x.bfloat16()) is _compiled
+    assert lg.functional._fused_kernels(x.bfloat16()) is _native
+    assert lg.functional._fused_kernels(x.half()) is _compiled
     with lg.backend("inductor"):
         assert lg.functional._fused_kernels(x) is _compiled
 
@@ -157,3 +162,24 @@ def test_many_variants_in_one_process_all_stay_compiled():
                 lambda_gelu(x, lam, **kw).float().sum().backward()
                 assert x.grad is not None and (lam.grad is not None) == lam_grad
     assert _compiled.failed() == {}
+
+
+def test_bfloat16_c_kernels_are_the_float32_ones_rounded():
+    """bfloat16 in, float32 arithmetic, round to nearest even out: bit for bit torch's own conversion
+    (NaN payloads aside)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.cat([torch.randn(70_000, generator=g) * 4, torch.tensor([float("nan"), float("inf"), -float("inf"),
+                                                                          0.0, -0.0, 3e38, -3e38, 1e-40])])
+    xb, gb, lam = x.bfloat16(), torch.randn(x.shape, generator=g).bfloat16(), torch.tensor(2.5)
+    def same_bits(b, f):
+        nan = torch.isnan(b)
+        assert torch.equal(nan, torch.isnan(f)) and nan.any()
+        assert torch.equal(b[~nan].view(torch.int16), f.bfloat16()[~nan].view(torch.int16))
+    same_bits(_native.forward(xb, lam), _native.forward(xb.float(), lam))
+    gx_b, gl_b = _native.backward(gb, xb, lam, True)
+    gx_f, gl_f = _native.backward(gb.float(), xb.float(), lam, True)
+    same_bits(gx_b, gx_f)
+    assert gl_b.isnan() and gl_f.isnan()  # NaN in x: NaN in ∂L/∂λ
+    n = 70_000  # the finite part alone; the sum's order may differ between the two loops
+    torch.testing.assert_close(_native.backward(gb[:n], xb[:n], lam, True)[1],
+                               _native.backward(gb[:n].float(), xb[:n].float(), lam, True)[1], rtol=1e-6, atol=0)

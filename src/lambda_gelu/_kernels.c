@@ -13,6 +13,7 @@
  *         one λ is outer = C = 1, inner = n.
  *   last: x is (outer, C) and λ[c] applies to column c.
  * gλ is accumulated in double, one row of C partial sums per thread; the caller adds the rows.
+ * Each kernel exists for float32 (suffix _f32) and bfloat16 (_bf16): see _kernels_body.h.
  */
 #include <math.h>
 #include <stdint.h>
@@ -66,35 +67,6 @@ static inline float bwd1(float g, float x, float lam, float *xu) {
     return g * (gate(z, e) + lam * u);
 }
 
-static void fwd_run(const float *restrict x, float *restrict y, int64_t n, float lam) {
-    for (int64_t i = 0; i < n; i++) y[i] = fwd1(x[i], lam);
-}
-
-static double bwd_run(const float *restrict g, const float *restrict x, float *restrict gx, int64_t n,
-                      float lam, int need_lam) {
-    double total = 0.0;
-    for (int64_t start = 0; start < n; start += 1024) { /* float sums over short blocks, then double */
-        int64_t end = start + 1024 < n ? start + 1024 : n;
-        float s = 0.0f;
-        if (need_lam) {
-#pragma omp simd reduction(+ : s)
-            for (int64_t i = start; i < end; i++) {
-                float xu;
-                gx[i] = bwd1(g[i], x[i], lam, &xu);
-                s += g[i] * xu;
-            }
-        } else {
-#pragma omp simd
-            for (int64_t i = start; i < end; i++) {
-                float xu;
-                gx[i] = bwd1(g[i], x[i], lam, &xu);
-            }
-        }
-        total += s;
-    }
-    return total;
-}
-
 /* The element range [lo, hi) of thread `tid` among `nt`, in whole multiples of `align`. */
 static void split(int64_t n, int64_t align, int tid, int nt, int64_t *lo, int64_t *hi) {
     int64_t blocks = (n + align - 1) / align;
@@ -117,59 +89,40 @@ static void split(int64_t n, int64_t align, int tid, int nt, int64_t *lo, int64_
         }                                                                                    \
     } while (0)
 
-void lg_forward_runs(const float *x, float *y, const float *lam, int64_t outer, int64_t C, int64_t inner,
-                     int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        int tid = omp_get_thread_num(), n_threads = omp_get_num_threads();
-        FOR_EACH_RUN(outer, C, inner, tid, n_threads, fwd_run(x + off, y + off, len, lam[c]));
-    }
-}
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define NAME(f) CAT(f, SUFFIX)
 
-void lg_backward_runs(const float *g, const float *x, float *gx, const float *lam, double *glam,
-                      int64_t outer, int64_t C, int64_t inner, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        int tid = omp_get_thread_num(), n_threads = omp_get_num_threads();
-        FOR_EACH_RUN(outer, C, inner, tid, n_threads, {
-            double s = bwd_run(g + off, x + off, gx + off, len, lam[c], glam != 0);
-            if (glam) glam[(int64_t)tid * C + c] += s;
-        });
-    }
-}
+/* float32 */
+#define T float
+#define SUFFIX _f32
+#define LD(v) (v)
+#define ST(f) (f)
+#include "_kernels_body.h"
+#undef T
+#undef SUFFIX
+#undef LD
+#undef ST
 
-void lg_forward_last(const float *x, float *y, const float *lam, int64_t outer, int64_t C, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        int64_t lo, hi;
-        split(outer, 1, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-        for (int64_t o = lo; o < hi; o++) {
-            const float *restrict xr = x + o * C;
-            float *restrict yr = y + o * C;
-            for (int64_t c = 0; c < C; c++) yr[c] = fwd1(xr[c], lam[c]);
-        }
-    }
+/* bfloat16: the upper half of a float32; stores round to nearest even, as torch's conversion */
+static inline float bf16_load(uint16_t v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
-
-void lg_backward_last(const float *g, const float *x, float *gx, const float *lam, double *glam,
-                      int64_t outer, int64_t C, int nt) {
-#pragma omp parallel num_threads(nt)
-    {
-        int tid = omp_get_thread_num();
-        int64_t lo, hi;
-        split(outer, 1, tid, omp_get_num_threads(), &lo, &hi);
-        double *restrict acc = glam ? glam + (int64_t)tid * C : 0;
-        for (int64_t o = lo; o < hi; o++) {
-            const float *restrict gr = g + o * C, *restrict xr = x + o * C;
-            float *restrict gxr = gx + o * C;
-            float xu;
-            if (acc)
-                for (int64_t c = 0; c < C; c++) {
-                    gxr[c] = bwd1(gr[c], xr[c], lam[c], &xu);
-                    acc[c] += (double)(gr[c] * xu);
-                }
-            else
-                for (int64_t c = 0; c < C; c++) gxr[c] = bwd1(gr[c], xr[c], lam[c], &xu);
-        }
-    }
+static inline uint16_t bf16_store(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    return (uint16_t)(f != f ? 0x7FC0u : rounded); /* NaN → the quiet NaN torch's conversion gives */
 }
+#define T uint16_t
+#define SUFFIX _bf16
+#define LD(v) bf16_load(v)
+#define ST(f) bf16_store(f)
+#include "_kernels_body.h"
+#undef T
+#undef SUFFIX
+#undef LD
+#undef ST

@@ -1,4 +1,4 @@
-"""The float32 CPU kernels of ``_kernels.c``, built on first use with the system C compiler.
+"""The float32 and bfloat16 CPU kernels of ``_kernels.c``, built on first use with the system C compiler.
 
 Why a C kernel: Inductor fuses λ-GELU into one loop per direction, but on CPU its loop still ran
 1.2-1.3x slower than ``F.gelu`` (whose kernel comes from oneDNN) on the shapes that matter, and a
@@ -28,6 +28,8 @@ import torch
 from torch import Tensor
 
 SOURCE = Path(__file__).with_name("_kernels.c")
+SOURCES = (SOURCE, SOURCE.with_name("_kernels_body.h"))  # everything the build reads
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 GRAIN = 1 << 15  # elements per thread below which another thread is not worth waking (ATen's grain)
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
@@ -70,7 +72,8 @@ def library() -> ctypes.CDLL | None:
     try:
         cc = os.environ.get("CC", "cc")
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(_flags()), version, _cpu_identity()])
+        key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), " ".join(_flags()), version,
+                                         _cpu_identity()])
                              .encode()).hexdigest()[:16]
         cache = Path(os.environ.get("LAMBDA_GELU_CACHE_DIR") or Path.home() / ".cache" / "lambda_gelu")
         path = cache / f"kernels-{key}.so"
@@ -78,10 +81,11 @@ def library() -> ctypes.CDLL | None:
             _build(cc, path)
         lib = ctypes.CDLL(str(path))
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.lg_forward_runs.argtypes = [p, p, p, i64, i64, i64, i32]
-        lib.lg_backward_runs.argtypes = [p, p, p, p, p, i64, i64, i64, i32]
-        lib.lg_forward_last.argtypes = [p, p, p, i64, i64, i32]
-        lib.lg_backward_last.argtypes = [p, p, p, p, p, i64, i64, i32]
+        for sfx in _SUFFIX.values():
+            getattr(lib, f"lg_forward_runs_{sfx}").argtypes = [p, p, p, i64, i64, i64, i32]
+            getattr(lib, f"lg_backward_runs_{sfx}").argtypes = [p, p, p, p, p, i64, i64, i64, i32]
+            getattr(lib, f"lg_forward_last_{sfx}").argtypes = [p, p, p, i64, i64, i32]
+            getattr(lib, f"lg_backward_last_{sfx}").argtypes = [p, p, p, p, p, i64, i64, i32]
         _lib = lib
     except Exception as e:  # no compiler, no OpenMP, a read-only home...: the caller falls back
         _error = f"{type(e).__name__}: {e}"
@@ -102,7 +106,7 @@ def error() -> str | None:
 
 
 def supports(x: Tensor) -> bool:
-    return x.dtype == torch.float32 and x.device.type == "cpu"
+    return x.dtype in _SUFFIX and x.device.type == "cpu"
 
 
 def _layout(x: Tensor, lam: Tensor) -> tuple[bool, int, int, int]:
@@ -125,28 +129,30 @@ def forward(x: Tensor, lam: Tensor) -> Tensor:
     lamf = lam.detach().to(torch.float32).contiguous()
     y = torch.empty_like(x)
     last, outer, c, inner = _layout(x, lam)
-    nt = _threads(x.numel())
+    nt, sfx = _threads(x.numel()), _SUFFIX[x.dtype]
     if last:
-        lib.lg_forward_last(x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, nt)
+        getattr(lib, f"lg_forward_last_{sfx}")(x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, nt)
     else:
-        lib.lg_forward_runs(x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, inner, nt)
+        getattr(lib, f"lg_forward_runs_{sfx}")(x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, inner, nt)
     return y
 
 
 def backward(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor, Tensor | None]:
     lib = library()
     x = x.detach().contiguous()
-    g = g.detach().to(torch.float32).contiguous()
+    g = g.detach().to(x.dtype).contiguous()
     lamf = lam.detach().to(torch.float32).contiguous()
     gx = torch.empty_like(x)
     last, outer, c, inner = _layout(x, lam)
-    nt = _threads(x.numel())
+    nt, sfx = _threads(x.numel()), _SUFFIX[x.dtype]
     partial = torch.zeros(nt, c, dtype=torch.float64) if need_lam else None
     pp = partial.data_ptr() if need_lam else None
     if last:
-        lib.lg_backward_last(g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp, outer, c, nt)
+        getattr(lib, f"lg_backward_last_{sfx}")(g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
+                                                outer, c, nt)
     else:
-        lib.lg_backward_runs(g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp, outer, c, inner, nt)
+        getattr(lib, f"lg_backward_runs_{sfx}")(g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
+                                                outer, c, inner, nt)
     grad_lam = partial.sum(0).to(lam.dtype).reshape(lam.shape) if need_lam else None
     return gx, grad_lam
 

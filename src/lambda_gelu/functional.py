@@ -30,9 +30,9 @@ are computed in float32 and the result is cast back.
 Backends. The formulas below (``_forward``/``_backward``) are the eager implementation, a few
 passes over memory each. By default (backend ``"auto"``) tensors of at least
 ``COMPILED_MIN_NUMEL`` elements go through fused kernels of the same mathematics, one loop each
-way: for float32 on CPU, small C kernels built on first use (:mod:`lambda_gelu._native`), also
-inside a user's ``torch.compile`` as custom operators; otherwise (bfloat16/float16, other devices,
-no C compiler) Inductor's (:mod:`lambda_gelu._compiled`, backend ``"inductor"``). Both agree with
+way: for float32 and bfloat16 on CPU, small C kernels built on first use
+(:mod:`lambda_gelu._native`), also inside a user's ``torch.compile`` as custom operators;
+otherwise (float16, other devices, no C compiler) Inductor's (:mod:`lambda_gelu._compiled`, backend ``"inductor"``). Both agree with
 the eager formulas to float rounding (the C kernels' Φ is within 1.5e-7 of the exact one), not bit
 for bit. ``set_backend("eager")`` or the environment variable ``LAMBDA_GELU_BACKEND=eager`` turns
 them off. For double backward, and inside a compiled model where the C kernels do not apply, the
@@ -60,8 +60,8 @@ COMPILED_MIN_NUMEL = 1 << 16  # below this, launch overhead rather than memory t
 
 
 def set_backend(name: str) -> str:
-    """Choose ``"auto"`` (fused kernels for large tensors: C for float32 on CPU, Inductor otherwise),
-    ``"inductor"`` (Inductor's kernels for every dtype) or ``"eager"``; returns the previous choice."""
+    """Choose ``"auto"`` (fused kernels for large tensors: C for float32/bfloat16 on CPU, Inductor
+    otherwise), ``"inductor"`` (Inductor's kernels for every dtype) or ``"eager"``; returns the previous choice."""
     global _backend
     if name not in BACKENDS:
         raise ValueError(f"unknown λ-GELU backend {name!r}; choose one of {', '.join(BACKENDS)}")
