@@ -334,7 +334,8 @@ def _drift_grid(task, base, by_variant, img_dir: Path, root: Path) -> list[str]:
     for i in range(len(ts)):
         for j in range(len(cs)):
             if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:+.2f}", ha="center", va="center", color="w", fontsize=8)
+                bright = grid[i, j] > np.nanmin(grid) + 0.6 * (np.nanmax(grid) - np.nanmin(grid))
+                ax.text(j, i, f"{grid[i, j]:+.2f}", ha="center", va="center", color="k" if bright else "w", fontsize=8)
     fig.colorbar(im, label="Δλ")
     ax.set_title(f"{task}: hardness drift", fontsize=9)
     fig.tight_layout()
