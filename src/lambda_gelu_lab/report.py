@@ -307,7 +307,7 @@ def _drift_grid(task, base, by_variant, img_dir: Path, root: Path) -> list[str]:
     ts, cs = sorted({t for t, _ in cells}), sorted({c for _, c in cells})
     lines = [f"Hardness drift Δλ = mean over layers of (λ_end − λ_init), learned arm from λ₀ = {init:g}, over "
              "temperature t (rows) and learning-rate multiplier c (columns); test accuracy of the λ-GELU network "
-             "in brackets. Mean ± std over seeds.", "",
+             "in brackets. Mean ± std over seeds (a cell without ± has one seed).", "",
              "| t \\ c | " + " | ".join(f"{c:g}" for c in cs) + " |", "|---" * (len(cs) + 1) + "|"]
     grid = np.full((len(ts), len(cs)), np.nan)
     for i, t in enumerate(ts):
@@ -320,7 +320,8 @@ def _drift_grid(task, base, by_variant, img_dir: Path, root: Path) -> list[str]:
             d = np.array([drift(init, r["metrics"]["lambda_end"]) for r in runs])
             grid[i, j] = d.mean()
             acc = mean_std(r["test_acc"] for r in runs)
-            row.append(f"{d.mean():+.2f} ± {d.std(ddof=1) if len(d) > 1 else 0:.2f} ({acc})")
+            spread = f" ± {d.std(ddof=1):.2f}" if len(d) > 1 else ""  # one seed: no spread to show
+            row.append(f"{d.mean():+.2f}{spread} ({acc})")
         lines.append(f"| {t:g} | " + " | ".join(row) + " |")
     import matplotlib
     matplotlib.use("Agg")
