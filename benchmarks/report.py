@@ -85,7 +85,8 @@ def goals() -> list[str]:
             ("op (8192, 3072) float32, default path: fwd+bwd ≤ 1.15× F.gelu", f"{ours['fwdbwd_ratio']:.2f}×",
              ours["fwdbwd_ratio"] <= 1.15),
             ("saved for backward = F.gelu's (one tensor; + 4 bytes of λ)",
-             f"{ours['saved_bytes'] - native['saved_bytes']:+d} bytes", ours["saved_bytes"] - native["saved_bytes"] <= 4)]
+             f"{ours['saved_bytes'] - native['saved_bytes']:+d} bytes",
+             ours["saved_bytes"] - native["saved_bytes"] <= 4)]
     for r in json.loads(model.read_text())["results"]:
         rows.append((f"training step ≤ 1.05× GELU's: {r['model']}", f"{r['ratio']:.3f}×", r["ratio"] <= 1.05))
     for mode in ("fwd", "fwdbwd"):

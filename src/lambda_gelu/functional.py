@@ -32,11 +32,12 @@ passes over memory each. By default (backend ``"auto"``) tensors of at least
 ``COMPILED_MIN_NUMEL`` elements go through fused kernels of the same mathematics, one loop each
 way: for float32 and bfloat16 on CPU, small C kernels built on first use
 (:mod:`lambda_gelu._native`), also inside a user's ``torch.compile`` as custom operators;
-otherwise (float16, other devices, no C compiler) Inductor's (:mod:`lambda_gelu._compiled`, backend ``"inductor"``). Both agree with
-the eager formulas to float rounding (the C kernels' Φ is within 1.5e-7 of the exact one), not bit
-for bit. ``set_backend("eager")`` or the environment variable ``LAMBDA_GELU_BACKEND=eager`` turns
-them off. For double backward, and inside a compiled model where the C kernels do not apply, the
-eager formulas are used (and fused by the outer compiler where there is one).
+otherwise (float16, other devices, no C compiler) Inductor's (:mod:`lambda_gelu._compiled`,
+backend ``"inductor"``). Both agree with the eager formulas to float rounding (the C kernels' Φ is
+within 1.5e-7 of the exact one), not bit for bit. ``set_backend("eager")`` or the environment
+variable ``LAMBDA_GELU_BACKEND=eager`` turns them off. For double backward, and inside a compiled
+model where the C kernels do not apply, the eager formulas are used (and fused by the outer
+compiler where there is one).
 """
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ COMPILED_MIN_NUMEL = 1 << 16  # below this, launch overhead rather than memory t
 
 def set_backend(name: str) -> str:
     """Choose ``"auto"`` (fused kernels for large tensors: C for float32/bfloat16 on CPU, Inductor
-    otherwise), ``"inductor"`` (Inductor's kernels for every dtype) or ``"eager"``; returns the previous choice."""
+    otherwise), ``"inductor"`` (Inductor's kernels for every dtype) or ``"eager"``; returns the
+    previous choice."""
     global _backend
     if name not in BACKENDS:
         raise ValueError(f"unknown λ-GELU backend {name!r}; choose one of {', '.join(BACKENDS)}")
@@ -200,7 +202,8 @@ class _LambdaGELUFunction(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         x, lam = ctx.saved_tensors
         need_x, need_lam = ctx.needs_input_grad
-        kernels = _fused_kernels(x) if need_x and not torch.is_grad_enabled() else None  # not for double backward
+        # the fused kernels are not differentiable: double backward takes the eager formulas
+        kernels = _fused_kernels(x) if need_x and not torch.is_grad_enabled() else None
         if kernels is _native and torch.compiler.is_compiling():
             grad_x, grad_lam = _native.backward_op(g, x, lam, need_lam)
             return grad_x, grad_lam if need_lam else None
