@@ -49,19 +49,26 @@ def _bwd(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool, reduce_dims: tuple[i
     return grad_x, grad_lam
 
 
+def layout(x: Tensor, lam: Tensor) -> tuple[int, int, int]:
+    """(outer, C, inner) such that x viewed as (outer, C, inner) has λ[c] along its dim 1 — for a
+    λ that broadcasts against x (see ``functional._broadcastable_lambda``); (1, 1, N) for one λ."""
+    if lam.dim() == 0:
+        return 1, 1, x.numel()
+    trailing = lam.dim() - 1  # λ is (C, 1, ..., 1) against x's dims from the channel dim on
+    d = x.dim() - 1 - trailing
+    return math.prod(x.shape[:d]), x.shape[d], math.prod(x.shape[d + 1:])
+
+
 def _canonical(x: Tensor, lam: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
     """x as (N,) with 0-dim λ; or (outer, C[, inner]) with λ shaped to broadcast; and λ's reduction dims."""
     x = x.detach()
     lam = lam.detach()
     if lam.dim() == 0:
         return x.reshape(-1), lam, (0,)
-    trailing = lam.dim() - 1  # λ is (C, 1, ..., 1) against x's dims from the channel dim on
-    d = x.dim() - 1 - trailing
-    outer = math.prod(x.shape[:d])
-    inner = math.prod(x.shape[d + 1:])
+    outer, c, inner = layout(x, lam)
     if inner == 1:
-        return x.reshape(outer, x.shape[d]), lam.reshape(1, -1), (0,)
-    return x.reshape(outer, x.shape[d], inner), lam.reshape(1, -1, 1), (0, 2)
+        return x.reshape(outer, c), lam.reshape(1, -1), (0,)
+    return x.reshape(outer, c, inner), lam.reshape(1, -1, 1), (0, 2)
 
 
 def _kernel(key: tuple, fn):

@@ -75,7 +75,7 @@ static void split(int64_t n, int64_t align, int tid, int nt, int64_t *lo, int64_
     *hi = b1 * align < n ? b1 * align : n;
 }
 
-/* Walk thread tid's share of a `runs` tensor: calls visit(offset, length, c) on each piece. */
+/* Walk thread tid's share of a `runs` tensor: runs BODY on each piece, with off, len and c set. */
 #define FOR_EACH_RUN(outer, C, inner, tid, nt, BODY)                                          \
     do {                                                                                     \
         int64_t lo_, hi_;                                                                    \

@@ -16,22 +16,32 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import math
 import os
 import platform
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from ._compiled import layout
+
 SOURCE = Path(__file__).with_name("_kernels.c")
 SOURCES = (SOURCE, SOURCE.with_name("_kernels_body.h"))  # everything the build reads
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES = {  # entry point (without the dtype suffix) → argument types; see _kernels_body.h
+    "forward_runs": [_P, _P, _P, _I64, _I64, _I64, _I32],
+    "backward_runs": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I32],
+    "forward_last": [_P, _P, _P, _I64, _I64, _I32],
+    "backward_last": [_P, _P, _P, _P, _P, _I64, _I64, _I32],
+}
 GRAIN = 1 << 15  # elements per thread below which another thread is not worth waking (ATen's grain)
 _lib: ctypes.CDLL | None = None
+_fns: dict[tuple[str, torch.dtype], Callable] = {}  # (entry point, dtype) → function, once loaded
 _error: str | None = None
 
 
@@ -80,12 +90,11 @@ def library() -> ctypes.CDLL | None:
         if not path.exists():
             _build(cc, path)
         lib = ctypes.CDLL(str(path))
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        for sfx in _SUFFIX.values():
-            getattr(lib, f"lg_forward_runs_{sfx}").argtypes = [p, p, p, i64, i64, i64, i32]
-            getattr(lib, f"lg_backward_runs_{sfx}").argtypes = [p, p, p, p, p, i64, i64, i64, i32]
-            getattr(lib, f"lg_forward_last_{sfx}").argtypes = [p, p, p, i64, i64, i32]
-            getattr(lib, f"lg_backward_last_{sfx}").argtypes = [p, p, p, p, p, i64, i64, i32]
+        for dtype, sfx in _SUFFIX.items():
+            for name, argtypes in _SIGNATURES.items():
+                fn = getattr(lib, f"lg_{name}_{sfx}")
+                fn.argtypes = argtypes
+                _fns[name, dtype] = fn
         _lib = lib
     except Exception as e:  # no compiler, no OpenMP, a read-only home...: the caller falls back
         _error = f"{type(e).__name__}: {e}"
@@ -109,50 +118,39 @@ def supports(x: Tensor) -> bool:
     return x.dtype in _SUFFIX and x.device.type == "cpu"
 
 
-def _layout(x: Tensor, lam: Tensor) -> tuple[bool, int, int, int]:
-    """(λ varies along the last dim?, outer, C, inner) for x and a λ that broadcasts against it."""
-    if lam.dim() == 0:
-        return False, 1, 1, x.numel()
-    trailing = lam.dim() - 1  # λ is (C, 1, ..., 1) against x's dims from the channel dim on
-    d = x.dim() - 1 - trailing
-    outer, inner = math.prod(x.shape[:d]), math.prod(x.shape[d + 1:])
-    return inner == 1, outer, x.shape[d], inner
-
-
 def _threads(n: int) -> int:
     return max(1, min(torch.get_num_threads(), n // GRAIN))
 
 
 def forward(x: Tensor, lam: Tensor) -> Tensor:
-    lib = library()
+    library()  # loaded already when called through lambda_gelu; direct callers get it built here
     x = x.detach().contiguous()
     lamf = lam.detach().to(torch.float32).contiguous()
     y = torch.empty_like(x)
-    last, outer, c, inner = _layout(x, lam)
-    nt, sfx = _threads(x.numel()), _SUFFIX[x.dtype]
-    if last:
-        getattr(lib, f"lg_forward_last_{sfx}")(x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, nt)
+    outer, c, inner = layout(x, lam)
+    nt = _threads(x.numel())
+    if inner == 1:  # λ varies along the contiguous dimension
+        _fns["forward_last", x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, nt)
     else:
-        getattr(lib, f"lg_forward_runs_{sfx}")(x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, inner, nt)
+        _fns["forward_runs", x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, inner, nt)
     return y
 
 
 def backward(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor, Tensor | None]:
-    lib = library()
+    library()
     x = x.detach().contiguous()
     g = g.detach().to(x.dtype).contiguous()
     lamf = lam.detach().to(torch.float32).contiguous()
     gx = torch.empty_like(x)
-    last, outer, c, inner = _layout(x, lam)
-    nt, sfx = _threads(x.numel()), _SUFFIX[x.dtype]
-    partial = torch.zeros(nt, c, dtype=torch.float64) if need_lam else None
+    outer, c, inner = layout(x, lam)
+    nt = _threads(x.numel())
+    partial = torch.zeros(nt, c, dtype=torch.float64) if need_lam else None  # a row of sums per thread
     pp = partial.data_ptr() if need_lam else None
-    if last:
-        getattr(lib, f"lg_backward_last_{sfx}")(g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
-                                                outer, c, nt)
+    if inner == 1:
+        _fns["backward_last", x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp, outer, c, nt)
     else:
-        getattr(lib, f"lg_backward_runs_{sfx}")(g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
-                                                outer, c, inner, nt)
+        _fns["backward_runs", x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
+                                       outer, c, inner, nt)
     grad_lam = partial.sum(0).to(lam.dtype).reshape(lam.shape) if need_lam else None
     return gx, grad_lam
 
