@@ -131,18 +131,49 @@ def build_report(out_dir: str | os.PathLike, output: str | os.PathLike | None = 
 STABLE_RHO = 0.8  # a layerwise profile counts as stable across seeds when the mean Spearman ρ reaches this
 
 
+def _by_variant(rs) -> dict[str, list[dict]]:
+    out = defaultdict(list)
+    for r in rs:
+        out[r["variant"]].append(r)
+    return out
+
+
+def _by_seed(runs) -> dict[int, dict]:
+    return {r["seed"]: r for r in runs}
+
+
+def _paired_by_seed(a: dict[int, dict], a_key: str, b: dict[int, dict], b_key: str) -> tuple[dict, list[int]]:
+    """:func:`paired` over the seeds both sides have (same initialisation and data order); and those seeds."""
+    seeds = sorted(set(a) & set(b))
+    return paired([a[s][a_key] for s in seeds], [b[s][b_key] for s in seeds]), seeds
+
+
+def _drift_cells(by_variant) -> tuple[float | None, dict[tuple[float, float], list[dict]]]:
+    """The learned arm's runs by (temperature, multiplier), at its most common init_lambda; and that init."""
+    learned = [g for g in by_variant.values() if g[0]["arm"] == "lambda"]
+    if not learned:
+        return None, {}
+    inits = defaultdict(int)
+    for g in learned:
+        inits[g[0]["config"]["init_lambda"]] += len(g)
+    init = max(inits, key=inits.get)
+    cells = defaultdict(list)
+    for g in learned:
+        c = g[0]["config"]
+        if c["init_lambda"] == init:
+            cells[(c["temperature"], c["multiplier"])] += g
+    return init, cells
+
+
 def _findings(experiments) -> list[str]:
     """The paper's findings, one row per task where the runs can test them, with the verdict they give."""
     rows = []
     for (task, _), rs in experiments.items():
-        by_variant = defaultdict(list)
-        for r in rs:
-            by_variant[r["variant"]].append(r)
-        seeds = {v: {r["seed"]: r for r in g} for v, g in by_variant.items()}
+        by_variant = _by_variant(rs)
+        seeds = {v: _by_seed(g) for v, g in by_variant.items()}
 
         def compare(a, a_key, b, b_key):
-            common = sorted(set(seeds.get(a, {})) & set(seeds.get(b, {})))
-            return paired([seeds[a][k][a_key] for k in common], [seeds[b][k][b_key] for k in common])
+            return _paired_by_seed(seeds[a], a_key, seeds[b], b_key)[0]
 
         def pts(c):
             ci = "" if math.isnan(c["lo"]) else f", CI [{100 * c['lo']:+.2f}, {100 * c['hi']:+.2f}]"
@@ -165,14 +196,10 @@ def _findings(experiments) -> list[str]:
                 rows.append(("layerwise hardness profiles are stable across seeds", task,
                              f"mean Spearman ρ {r['mean']:.2f} (min {r['min']:.2f}) over {r['pairs']} pairs",
                              "yes" if r["mean"] >= STABLE_RHO else "no"))
-        cells = defaultdict(list)
-        for g in by_variant.values():
-            c = g[0]["config"]
-            if g[0]["arm"] == "lambda" and c["init_lambda"] == 1.5:
-                cells[(c["temperature"], c["multiplier"])] += [drift(1.5, r["metrics"]["lambda_end"]) for r in g]
+        init, cells = _drift_cells(by_variant)
         if len({t for t, _ in cells}) >= 3 and len({c for _, c in cells}) >= 3:
             keys = sorted(cells)
-            means = [float(np.mean(cells[k])) for k in keys]
+            means = [float(np.mean([drift(init, r["metrics"]["lambda_end"]) for r in cells[k]])) for k in keys]
             rho_c = stats.spearmanr([c for _, c in keys], means)[0]
             rho_t = stats.spearmanr([t for t, _ in keys], means)[0]
             rows.append(("hardness drift Δλ grows with the effective step c·σ(s/t)²/t² (with c, and as t falls)", task,
@@ -188,9 +215,7 @@ def _findings(experiments) -> list[str]:
 
 
 def _experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, summary: list[str]) -> list[str]:
-    by_variant = defaultdict(list)
-    for r in rs:
-        by_variant[r["variant"]].append(r)
+    by_variant = _by_variant(rs)
     order = sorted(by_variant, key=lambda v: (list(ARM_LABEL).index(by_variant[v][0]["arm"])
                                               if by_variant[v][0]["arm"] in ARM_LABEL else 99, v))
     lines = [f"## {task}", "", f"Experiment `{base}`: {_settings(rs[0]['config'])}.", "",
@@ -214,14 +239,13 @@ def _experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, 
     # paired comparisons over seeds, for every annealed variant against the shared baselines
     rows = []
     for v in order:
-        a_runs = {r["seed"]: r for r in by_variant[v]}
+        a_runs = _by_seed(by_variant[v])
         arm = by_variant[v][0]["arm"]
         for a_arm, a_key, b_arm, b_key, what in COMPARISONS:
             if arm != a_arm or b_arm not in by_variant:
                 continue
-            b_runs = {r["seed"]: r for r in by_variant[b_arm]}
-            seeds = sorted(set(a_runs) & set(b_runs))
-            c = paired([a_runs[s][a_key] for s in seeds], [b_runs[s][b_key] for s in seeds])
+            b_runs = _by_seed(by_variant[b_arm])
+            c, seeds = _paired_by_seed(a_runs, a_key, b_runs, b_key)
             name = what if v == arm else what.replace("annealed", f"annealed `{v[len(arm):]}`")
             if v == a_arm == "lambda-harden" and b_arm == "gelu" and b_key == "sub_test_acc" and c["n"]:
                 a_mean = np.mean([a_runs[s][a_key] for s in seeds])
@@ -290,18 +314,7 @@ def _robustness(by_variant, order) -> list[str]:
 
 
 def _drift_grid(task, base, by_variant, img_dir: Path, root: Path) -> list[str]:
-    cells = defaultdict(list)  # (t, c) → runs, for the learned arm at its most common init
-    learned = [g for g in by_variant.values() if g[0]["arm"] == "lambda"]
-    if not learned:
-        return []
-    inits = defaultdict(int)
-    for g in learned:
-        inits[g[0]["config"]["init_lambda"]] += len(g)
-    init = max(inits, key=inits.get)
-    for g in learned:
-        c = g[0]["config"]
-        if c["init_lambda"] == init:
-            cells[(c["temperature"], c["multiplier"])] += g
+    init, cells = _drift_cells(by_variant)
     if len(cells) < 2:
         return []
     ts, cs = sorted({t for t, _ in cells}), sorted({c for _, c in cells})
