@@ -73,15 +73,17 @@ def test_sweep_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path):
     out = str(tmp_path / "k")
     cmd = [sys.executable, "-m", "lambda_gelu_lab", "run", "breast-cancer-mlp", "--seeds", "4", "--epochs", "15",
            "--arms", "gelu", "lambda-harden", "--out", out, "--quiet", "--no-report"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     db = os.path.join(out, "results.sqlite")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:  # wait for the first stored run
         if os.path.exists(db) and len(_rows(out)) >= 1:
             break
         time.sleep(0.05)
+    assert proc.poll() is None, f"the sweep ended before the kill: {proc.stderr.read().decode()[-2000:]}"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    proc.stderr.close()
     before = _rows(out)
     assert 1 <= len(before) < 8, "the kill must land mid-sweep for this test to mean anything"
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
