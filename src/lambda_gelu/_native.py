@@ -6,8 +6,14 @@ call through ``torch.compile`` costs ~0.1-0.3 ms of guards. A plain C loop, auto
 this CPU (``-march=native``) and parallelized with the OpenMP runtime PyTorch has already loaded,
 does the same memory traffic as ``F.gelu`` and is called through ``ctypes`` in microseconds.
 
+The instruction set is explicit: ``LAMBDA_GELU_CPU=native`` (the default) or ``baseline`` (the
+architecture's baseline ISA, for a cache or an image shared by different CPUs). The two builds round
+differently (fused multiply-adds, vector widths, summation order): both are tested against the
+reference with tolerances derived from the arithmetic, never against one CPU's bits.
+
 The build needs what ``torch.compile`` on CPU needs anyway: a C compiler with OpenMP (``$CC``,
 default ``cc``). The library is cached by a hash of the source, the flags, the compiler and the CPU
+(for a native build)
 in ``$LAMBDA_GELU_CACHE_DIR`` (default ``~/.cache/lambda_gelu``), so a process after the first
 loads it in milliseconds. If the build or the load fails, :func:`library` returns None with the
 reason in :func:`error`, and the caller uses the Inductor kernels instead.
@@ -40,19 +46,35 @@ _SIGNATURES = {  # entry point (without the dtype suffix) → argument types; se
     "backward_last": [_P, _P, _P, _P, _P, _I64, _I64, _I32],
 }
 GRAIN = 1 << 15  # elements per thread below which another thread is not worth waking (ATen's grain)
-_lib: ctypes.CDLL | None = None
-_fns: dict[tuple[str, torch.dtype], Callable] = {}  # (entry point, dtype) → function, once loaded
-_error: str | None = None
+ISAS = ("native", "baseline")
+_ARCH = platform.machine().lower()
+_BASELINE_MARCH = {"x86_64": "x86-64", "amd64": "x86-64", "aarch64": "armv8-a", "arm64": "armv8-a"}
 
 
-def _flags() -> list[str]:
-    flags = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math"]
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        flags.append("-mprefer-vector-width=512")  # the loops are compute-bound: use AVX-512 where it exists
+def isa() -> str:
+    """The instruction set the kernels are built for: ``LAMBDA_GELU_CPU`` = ``native`` (the default:
+    ``-march=native``, every vector unit of this CPU) or ``baseline`` (the architecture's baseline,
+    ``-march=x86-64`` / ``armv8-a``: slower, but the library runs on any CPU of the architecture)."""
+    choice = os.environ.get("LAMBDA_GELU_CPU", "native")
+    if choice not in ISAS:
+        raise ValueError(f"LAMBDA_GELU_CPU={choice!r} is not one of {', '.join(ISAS)}")
+    return choice
+
+
+def _flags(target: str) -> list[str]:
+    flags = ["-O3", "-fopenmp", "-fPIC", "-shared", "-fno-math-errno", "-fno-trapping-math"]
+    if target == "native":
+        flags.append("-march=native")
+        if _ARCH in ("x86_64", "amd64"):
+            flags.append("-mprefer-vector-width=512")  # the loops are compute-bound: use AVX-512 where it exists
+    elif _ARCH in _BASELINE_MARCH:
+        flags.append(f"-march={_BASELINE_MARCH[_ARCH]}")
     return flags
 
 
-def _cpu_identity() -> str:
+def _cpu_identity(target: str) -> str:
+    if target != "native":  # a baseline build runs on any CPU of the architecture
+        return _ARCH
     try:  # -march=native: a library built on one CPU may not run on another sharing the cache
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         return "\n".join(sorted({ln for ln in lines if ln.startswith(("model name", "flags"))}))
@@ -60,12 +82,12 @@ def _cpu_identity() -> str:
         return platform.processor()
 
 
-def _build(cc: str, out: Path) -> None:
+def _build(cc: str, target: str, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *_flags(), str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        proc = subprocess.run([cc, *_flags(target), str(SOURCE), "-o", tmp], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-800:]}")
         os.replace(tmp, out)  # atomic: concurrent first uses never load a half-written file
@@ -74,34 +96,76 @@ def _build(cc: str, out: Path) -> None:
             os.remove(tmp)
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded kernel library, building it if needed; None if that is impossible here."""
-    global _lib, _error
-    if _lib is not None or _error is not None:
-        return _lib
-    try:
+class Kernels:
+    """One build of ``_kernels.c`` for one instruction set, loaded; ``forward``/``backward`` call it."""
+
+    def __init__(self, target: str):
+        if target not in ISAS:
+            raise ValueError(f"unknown instruction set {target!r}; choose one of {', '.join(ISAS)}")
         cc = os.environ.get("CC", "cc")
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-        key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), " ".join(_flags()), version,
-                                         _cpu_identity()])
-                             .encode()).hexdigest()[:16]
+        key = hashlib.sha256("\0".join([*(f.read_text() for f in SOURCES), " ".join(_flags(target)), version,
+                                         _cpu_identity(target)]).encode()).hexdigest()[:16]
         cache = Path(os.environ.get("LAMBDA_GELU_CACHE_DIR") or Path.home() / ".cache" / "lambda_gelu")
-        path = cache / f"kernels-{key}.so"
+        path = cache / f"kernels-{target}-{key}.so"
         if not path.exists():
-            _build(cc, path)
-        lib = ctypes.CDLL(str(path))
+            _build(cc, target, path)
+        self.target, self.path, self.lib = target, path, ctypes.CDLL(str(path))
+        self.fns: dict[tuple[str, torch.dtype], Callable] = {}  # (entry point, dtype) → function
         for dtype, sfx in _SUFFIX.items():
             for name, argtypes in _SIGNATURES.items():
-                fn = getattr(lib, f"lg_{name}_{sfx}")
+                fn = getattr(self.lib, f"lg_{name}_{sfx}")
                 fn.argtypes = argtypes
-                _fns[name, dtype] = fn
-        _lib = lib
+                self.fns[name, dtype] = fn
+
+    def forward(self, x: Tensor, lam: Tensor) -> Tensor:
+        x = x.detach().contiguous()
+        lamf = lam.detach().to(torch.float32).contiguous()
+        y = torch.empty_like(x)
+        outer, c, inner = layout(x, lam)
+        nt = _threads(x.numel())
+        if inner == 1:  # λ varies along the contiguous dimension
+            self.fns["forward_last", x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, nt)
+        else:
+            self.fns["forward_runs", x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, inner, nt)
+        return y
+
+    def backward(self, g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor, Tensor | None]:
+        x = x.detach().contiguous()
+        g = g.detach().to(x.dtype).contiguous()
+        lamf = lam.detach().to(torch.float32).contiguous()
+        gx = torch.empty_like(x)
+        outer, c, inner = layout(x, lam)
+        nt = _threads(x.numel())
+        partial = torch.zeros(nt, c, dtype=torch.float64) if need_lam else None  # a row of sums per thread
+        pp = partial.data_ptr() if need_lam else None
+        if inner == 1:
+            self.fns["backward_last", x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
+                                               outer, c, nt)
+        else:
+            self.fns["backward_runs", x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
+                                               outer, c, inner, nt)
+        grad_lam = partial.sum(0).to(lam.dtype).reshape(lam.shape) if need_lam else None
+        return gx, grad_lam
+
+
+_kernels: Kernels | None = None
+_error: str | None = None
+
+
+def library() -> Kernels | None:
+    """The kernels for :func:`isa`, building them if needed; None if that is impossible here."""
+    global _kernels, _error
+    if _kernels is not None or _error is not None:
+        return _kernels
+    try:
+        _kernels = Kernels(isa())
     except Exception as e:  # no compiler, no OpenMP, a read-only home...: the caller falls back
         _error = f"{type(e).__name__}: {e}"
         warnings.warn(f"lambda_gelu: building the C kernels failed ({_error}); using Inductor's kernels "
                       "instead (slower on CPU; LAMBDA_GELU_BACKEND=inductor silences this)", RuntimeWarning,
                       stacklevel=5)
-    return _lib
+    return _kernels
 
 
 @torch.compiler.assume_constant_result  # traced code asks once, at compile time
@@ -123,36 +187,11 @@ def _threads(n: int) -> int:
 
 
 def forward(x: Tensor, lam: Tensor) -> Tensor:
-    library()  # loaded already when called through lambda_gelu; direct callers get it built here
-    x = x.detach().contiguous()
-    lamf = lam.detach().to(torch.float32).contiguous()
-    y = torch.empty_like(x)
-    outer, c, inner = layout(x, lam)
-    nt = _threads(x.numel())
-    if inner == 1:  # λ varies along the contiguous dimension
-        _fns["forward_last", x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, nt)
-    else:
-        _fns["forward_runs", x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, inner, nt)
-    return y
+    return library().forward(x, lam)  # loaded already when called through lambda_gelu
 
 
 def backward(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor, Tensor | None]:
-    library()
-    x = x.detach().contiguous()
-    g = g.detach().to(x.dtype).contiguous()
-    lamf = lam.detach().to(torch.float32).contiguous()
-    gx = torch.empty_like(x)
-    outer, c, inner = layout(x, lam)
-    nt = _threads(x.numel())
-    partial = torch.zeros(nt, c, dtype=torch.float64) if need_lam else None  # a row of sums per thread
-    pp = partial.data_ptr() if need_lam else None
-    if inner == 1:
-        _fns["backward_last", x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp, outer, c, nt)
-    else:
-        _fns["backward_runs", x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
-                                       outer, c, inner, nt)
-    grad_lam = partial.sum(0).to(lam.dtype).reshape(lam.shape) if need_lam else None
-    return gx, grad_lam
+    return library().backward(g, x, lam, need_lam)
 
 
 # The same kernels as custom operators, so that inside a user's torch.compile'd model Inductor calls

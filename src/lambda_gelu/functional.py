@@ -19,10 +19,11 @@ million inputs, growing with their number, against ~1e-7 for the direct form; se
 is computed directly as Σ g · x² · φ(λx), written as (x·φ(λx))·x so that it stays finite for any
 finite x.
 
-Non-finite input behaves as in ``F.gelu``: NaN and −inf give NaN, and +inf gives NaN in eager mode
-(as ``F.gelu`` does) and +inf in the compiled kernels (as ``torch.compile(F.gelu)`` does). Finite
-input gives finite output and gradients as long as λx itself is finite in the compute dtype
-(|x| < 3.4e38/λ in float32).
+Finite input gives finite output and gradients at every λ, on every path: where |λx| ≥ 2⁶⁴ the gate
+is exactly 0 or 1 and the eager path returns that limit (x or −0, gradient g or 0) instead of
+asking ``F.gelu``, which overflows near the float range and returns NaN for ±inf on some CPUs. Non-finite input follows ``F.gelu``: NaN gives NaN;
+±inf gives what this platform's ``F.gelu`` gives in eager mode (NaN on some CPUs, ±inf or 0 on
+others) and the limits in the fused kernels (+inf → +inf, −inf → NaN, as x·Φ(λx) = −inf·0).
 
 Only ``x`` (and λ) are saved for backward, as ``F.gelu`` saves only its input. Half-precision inputs
 are computed in float32 and the result is cast back.
@@ -168,8 +169,24 @@ def _compute_dtype(x: Tensor, lam: Tensor) -> torch.dtype:
 
 def _forward(x: Tensor, lam: Tensor) -> Tensor:
     dtype = _compute_dtype(x, lam)
-    lam = lam.to(dtype)
-    return (F.gelu(x.to(dtype) * lam) / lam).to(x.dtype)
+    xc, lam = x.to(dtype), lam.to(dtype)
+    z = xc * lam
+    return torch.where(_saturated(z, xc), _step_limit(xc), F.gelu(z) / lam).to(x.dtype)
+
+
+_SATURATED = 2.0 ** 64  # |λx| beyond which Φ(λx) is exactly 0 or 1 in every float type, φ(λx) exactly 0
+
+
+def _saturated(z: Tensor, x: Tensor) -> Tensor:
+    """Where the gate is exactly 0 or 1 and x is finite. There the result is the limit itself: F.gelu
+    would overflow an intermediate near the float range, and given ±inf (λx overflowed) it returns
+    NaN on some CPUs. Elsewhere F.gelu's own kernel is used, so λ = 1 stays bit-identical to it."""
+    return (z.abs() >= _SATURATED) & torch.isfinite(x)
+
+
+def _step_limit(v: Tensor) -> Tensor:
+    """v where x > 0, else 0 (−0 for negative x, as x·Φ(λx) underflows): the λ → ∞ limit."""
+    return torch.where(v > 0, v, v * 0)
 
 
 def _backward(g: Tensor, x: Tensor, lam: Tensor, need_x: bool, need_lam: bool):
@@ -177,8 +194,9 @@ def _backward(g: Tensor, x: Tensor, lam: Tensor, need_x: bool, need_lam: bool):
     xc, gc, lamc = x.to(dtype), g.to(dtype), lam.to(dtype)
     z = xc * lamc
     grad_x = grad_lam = None
-    if need_x:  # g · (Φ(z) + z φ(z)), PyTorch's own fused GELU derivative
-        grad_x = torch.ops.aten.gelu_backward(gc, z).to(x.dtype)
+    if need_x:  # g · (Φ(z) + z φ(z)), PyTorch's own fused GELU derivative; g · H(x) where saturated
+        grad_x = torch.where(_saturated(z, xc), gc * (xc > 0), torch.ops.aten.gelu_backward(gc, z))
+        grad_x = grad_x.to(x.dtype)
     if need_lam:  # Σ g · x² φ(λx), finite for any finite x
         x_phi = xc * torch.exp(-0.5 * z * z) * _INV_SQRT_2PI
         grad_lam = (gc * x_phi * xc).sum_to_size(lam.shape).to(lam.dtype)
