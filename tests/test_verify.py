@@ -1,8 +1,12 @@
 """The verifier against ground truth on tiny networks: dense grids, PGD, and soundness of the bounds."""
+import itertools
+
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+
+import lambda_gelu as lg
 
 from lambda_gelu.verify import _margin_spec, _milp_min, affine_layers, crown_bounds, interval_bounds, pgd_attack, verify_point
 
@@ -97,8 +101,106 @@ def test_bounds_are_sound(act):
         assert np.mean(crown[-1][1] - crown[-1][0]) < np.mean(ibp[-1][1] - ibp[-1][0])
 
 
+def _enumerated_min(c_out, layers, lo, hi):
+    """min c_out·logits over the box by brute force: one linear program per activation pattern of the
+    hidden units (each unit fixed on, z ≥ 0, or off, z ≤ 0), the least optimum over all patterns."""
+    from scipy.optimize import linprog
+    hidden = [W.shape[0] for W, _ in layers[:-1]]
+    best = np.inf
+    for pattern in itertools.product((0.0, 1.0), repeat=sum(hidden)):
+        A, c = np.eye(len(lo)), np.zeros(len(lo))  # the current layer's input as A·x + c
+        rows, rhs, at = [], [], 0
+        for (W, b), n in zip(layers[:-1], hidden):
+            zA, zc = W @ A, W @ c + b
+            on = np.array(pattern[at:at + n])
+            at += n
+            sign = np.where(on == 1, -1.0, 1.0)    # on: −z ≤ 0; off: z ≤ 0
+            rows.append(sign[:, None] * zA), rhs.append(-sign * zc)
+            A, c = on[:, None] * zA, on * zc
+        WL, bL = layers[-1]
+        res = linprog(c_out @ WL @ A, A_ub=np.vstack(rows), b_ub=np.concatenate(rhs),
+                      bounds=list(zip(lo, hi)), method="highs")
+        if res.status == 0:
+            best = min(best, res.fun + c_out @ (WL @ c + bL))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_milp_equals_exhaustive_enumeration_of_activation_patterns(seed):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 3)).eval()
+    layers, _ = affine_layers(model)
+    lo, hi = np.array([-0.8, -0.3, 0.1]), np.array([0.4, 0.6, 0.9])
+    bounds, _ = crown_bounds(layers, lo, hi)
+    for c_out in _margin_spec(0, 3):
+        value, _, status, _ = _milp_min(c_out, layers, bounds, lo, hi, 30)
+        assert status == 0
+        assert value == pytest.approx(_enumerated_min(c_out, layers, lo, hi), abs=1e-6)
+
+
+class _Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp, self.hidden, self.out = nn.Linear(2, 8), nn.Linear(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.inp(x))
+        return self.out(torch.relu(self.hidden(h)) + h)
+
+
+class _FunctionalRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(2, 12))
+        self.head = nn.Linear(12, 3)
+
+    def forward(self, x):
+        return self.head(nn.functional.relu(self.body(x)))
+
+
+@pytest.mark.parametrize("build, why", [
+    (lambda: nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 3)), "another Linear"),
+    (_Residual, "residual"),
+    (lambda: nn.Sequential(nn.Linear(2, 8), nn.Dropout(0.5), nn.ReLU(), nn.Linear(8, 3)), r"model\.eval\(\)"),
+    (lambda: nn.Sequential(nn.Linear(2, 8), lg.LambdaGELU(), nn.Linear(8, 3)), "to_relu_"),
+    (lambda: nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 3)), "one kind"),
+    (lambda: nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 3)), "'1' is a Tanh"),
+])
+def test_structures_it_does_not_model_are_refused_not_verified(build, why):
+    """Each of these has points the verifier would misjudge if it read the Linear layers in
+    registration order, as it once did; where the box holds a misclassified point, a verdict of
+    "verified" would be a false certificate."""
+    torch.manual_seed(0)
+    model = build()
+    with pytest.raises(ValueError, match=why):
+        verify_point(model, torch.zeros(2), 0, -np.ones(2), np.ones(2), attack=False)
+
+
+def test_residual_box_with_a_counterexample_is_not_certified():
+    torch.manual_seed(1)
+    model = _Residual().eval()
+    lo, hi = -3 * np.ones(2), 3 * np.ones(2)
+    label = int(model(torch.zeros(1, 2)).argmax())
+    _, margins = _grid_margins(model, lo, hi, label)
+    assert margins.min() < 0  # the box contains misclassified points
+    with pytest.raises(ValueError, match="residual"):
+        verify_point(model, torch.zeros(2), label, lo, hi, attack=False)
+
+
+@pytest.mark.parametrize("radius", [0.05, 0.5])
+def test_functional_relu_and_nested_modules_are_read_in_forward_order(radius):
+    torch.manual_seed(2)
+    model = _FunctionalRelu().eval()
+    x0 = torch.tensor([0.2, -0.1])
+    label = int(model(x0.unsqueeze(0)).argmax())
+    lo, hi = (x0 - radius).numpy(), (x0 + radius).numpy()
+    result = verify_point(model, x0, label, lo, hi, attack=False)
+    _, margins = _grid_margins(model, lo, hi, label)
+    assert (result.status == "verified") == (margins.min() > 0)
+
+
 def test_unsupported_models_are_a_clear_error():
-    with pytest.raises(ValueError, match="'1' is a Tanh"):
-        affine_layers(nn.Sequential(nn.Linear(2, 2), nn.Tanh(), nn.Linear(2, 2)))
+    with pytest.raises(ValueError, match="the first Linear layer takes 2"):
+        verify_point(_tiny(0), torch.zeros(2, 2), 0, -np.ones(4), np.ones(4))
     with pytest.raises(ValueError, match="needs a ReLU network"):
         verify_point(_tiny(0, nn.GELU), torch.zeros(2), 0, -np.ones(2), np.ones(2))

@@ -1,8 +1,9 @@
 """Robustness verification of ReLU MLPs: interval and CROWN bounds (fast, incomplete) and an exact
 mixed-integer program (complete), with scipy's HiGHS. Depends on numpy and scipy only.
 
-The network is a sequence of ``nn.Flatten``/``nn.Linear``/``nn.ReLU`` (``nn.GELU`` for the interval
-bounds only). A property is: for every input x in the box [lo, hi] (an L∞ ball intersected with the
+The network is a chain Flatten → Linear → ReLU → ... → Linear (exact GELU for the interval bounds
+only), read from its traced forward (see :func:`affine_layers`: anything else is refused, never
+approximated). A property is: for every input x in the box [lo, hi] (an L∞ ball intersected with the
 data domain), logit[label] > logit[k] for every other class k.
 
 Exact MILP (big-M, the standard encoding): for a hidden unit with pre-activation bounds l < 0 < u,
@@ -25,24 +26,103 @@ import torch.nn as nn
 __all__ = ["affine_layers", "interval_bounds", "crown_bounds", "verify_point", "VerifyResult", "pgd_attack"]
 
 
-def affine_layers(model: nn.Module) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
-    """The (W, b) of each Linear, in float64, and the activation between them ('relu' or 'gelu')."""
-    layers, acts = [], set()
-    for name, m in model.named_modules():
-        if len(list(m.children())) > 0:
-            continue
+class _Tracer(torch.fx.Tracer):
+    """torch.fx's tracer, with λ-GELU layers kept whole so that they can be named in the refusal."""
+
+    def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
+        return type(m).__module__.startswith("lambda_gelu") or super().is_leaf_module(m, qualname)
+
+
+def _kind(node: torch.fx.Node, modules: dict[str, nn.Module]) -> str | None:
+    """What a traced operation is to the verifier: linear, relu, gelu, flatten, identity, or None."""
+    F = nn.functional
+    if node.op == "call_module":
+        m = modules[node.target]
         if isinstance(m, nn.Linear):
+            return "linear"
+        if isinstance(m, nn.ReLU):
+            return "relu"
+        if isinstance(m, nn.GELU) and m.approximate == "none":
+            return "gelu"
+        if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
+            return "flatten"
+        if isinstance(m, nn.Identity) or (isinstance(m, nn.Dropout) and not m.training):
+            return "identity"
+        return None
+    if node.op == "call_function":
+        if node.target in (F.relu, torch.relu) and not node.kwargs.get("inplace", False):
+            return "relu"
+        if node.target is F.gelu and node.kwargs.get("approximate", "none") == "none":
+            return "gelu"
+        if node.target is torch.flatten and tuple(node.args[1:]) + tuple(node.kwargs.values()) in ((1,), (1, -1)):
+            return "flatten"
+    if node.op == "call_method":
+        if node.target == "relu":
+            return "relu"
+        if node.target == "flatten" and tuple(node.args[1:]) + tuple(node.kwargs.values()) in ((1,), (1, -1)):
+            return "flatten"
+    return None
+
+
+def affine_layers(model: nn.Module) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
+    """The (W, b) of each Linear, in float64, and the activation between them ('relu' or 'gelu').
+
+    Sound by construction: the forward is traced (torch.fx) and must be one strict chain — input,
+    optionally a flatten of all but the batch dimension, then Linear, activation, Linear, ...,
+    Linear, output — each operation consuming only the previous one's result, which nothing else
+    uses. Identity and eval-mode Dropout are passed over. Anything else (a residual connection, two
+    Linears in a row, a module or function the verifier does not model, a mix of activations) is
+    refused with a ValueError naming it, rather than verified as something it is not.
+    """
+    def refuse(why: str):
+        raise ValueError(f"cannot verify this model: {why}. The verifier handles a chain input → [Flatten] → Linear "
+                         "→ activation → ... → Linear with one kind of activation (ReLU; exact GELU for interval "
+                         "bounds only)")
+
+    try:
+        graph = _Tracer().trace(model)
+    except Exception as e:
+        refuse(f"its forward cannot be traced with torch.fx ({type(e).__name__}: {e})")
+    modules = dict(model.named_modules())
+    layers, acts, prev, expect = [], set(), None, "linear"
+    for node in graph.nodes:
+        what = f"'{node.target}'" if node.op == "call_module" else f"{node.op} {getattr(node.target, '__name__', node.target)}"
+        if node.op == "placeholder":
+            if prev is not None:
+                refuse("its forward takes more than one input")
+            prev = node
+            continue
+        if node.op != "output" and (node.all_input_nodes != [prev] or len(prev.users) != 1):
+            refuse(f"{what} is not the sole consumer of the previous operation (a branch or a residual connection)")
+        if node.op == "output":
+            if node.args[0] is not prev or len(prev.users) != 1:
+                refuse("its output is not the last operation of the chain")
+            if expect != "activation":
+                refuse("it does not end with a Linear layer")
+            break
+        kind = _kind(node, modules)
+        if kind is None:
+            m = modules.get(node.target) if node.op == "call_module" else None
+            hint = " (ReLU-ize it first: lambda_gelu.to_relu_)" if m is not None and "lambda_gelu" in type(m).__module__ else ""
+            hint = " (call model.eval() first)" if isinstance(m, nn.Dropout) else hint
+            refuse(f"{what}{f' is a {type(m).__name__}' if m is not None else ''} that it does not model{hint}")
+        if kind == "flatten" and (layers or expect != "linear"):
+            refuse(f"{what} flattens after the first Linear layer")
+        if kind == "linear":
+            if expect != "linear":
+                refuse(f"{what} follows another Linear layer with no activation between them")
+            m = modules[node.target]
             b = m.bias.detach() if m.bias is not None else torch.zeros(m.out_features)
             layers.append((m.weight.detach().double().numpy(), b.double().numpy()))
-        elif isinstance(m, nn.ReLU):
-            acts.add("relu")
-        elif isinstance(m, nn.GELU) and m.approximate == "none":
-            acts.add("gelu")
-        elif not isinstance(m, (nn.Flatten, nn.Identity, nn.Dropout)):
-            raise ValueError(f"verification handles Flatten/Linear/ReLU (or exact GELU) sequences; "
-                             f"'{name}' is a {type(m).__name__}")
-    if len(acts) != 1 or not layers:
-        raise ValueError(f"expected Linear layers with one kind of activation between them, found {sorted(acts)}")
+            expect = "activation"
+        elif kind in ("relu", "gelu"):
+            if expect != "activation":
+                refuse(f"{what} is an activation that does not follow a Linear layer")
+            acts.add(kind)
+            expect = "linear"
+        prev = node
+    if len(acts) != 1:
+        refuse(f"found activations {sorted(acts)}; exactly one kind is needed")
     return layers, acts.pop()
 
 
@@ -236,6 +316,9 @@ def verify_point(model: nn.Module, x: torch.Tensor, label: int, lo, hi, time_lim
     if act != "relu":
         raise ValueError("exact verification needs a ReLU network: ReLU-ize it first (lambda_gelu.to_relu_)")
     lo, hi = np.asarray(lo, float).ravel(), np.asarray(hi, float).ravel()
+    if not (lo.shape == hi.shape == (x.numel(),) == (layers[0][0].shape[1],)):
+        raise ValueError(f"the input has {x.numel()} values, the box {lo.size}/{hi.size} and the first Linear layer "
+                         f"takes {layers[0][0].shape[1]}: they must agree (flatten the input in the model)")
     num_classes = layers[-1][0].shape[0]
 
     def falsified(cand, method, detail=None):
