@@ -8,7 +8,6 @@ is measured for one seed, all models side by side. Results go to the store's ``d
 """
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -33,15 +32,6 @@ MODELS = (  # (name, arm it comes from, ReLU-ize it)
     ("ReLU scratch", "relu", False),
 )
 EPSILONS = (0.005, 0.01, 0.02)
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS deploy (
-    task TEXT NOT NULL, base_hash TEXT NOT NULL, seed INTEGER NOT NULL, model TEXT NOT NULL,
-    section TEXT NOT NULL, data TEXT NOT NULL,
-    UNIQUE (task, base_hash, seed, model, section)
-);
-"""
-
 
 def load_model(store: Store, run: dict, task: Task, splits) -> torch.nn.Module:
     from safetensors.torch import load_file
@@ -135,9 +125,11 @@ def measure_latency(paths: dict[str, tuple[str, str]], sample: np.ndarray, reps:
 
 
 def run_deploy(out_dir, task_names: list[str], seeds: int, points: int, time_limit: float, progress=True) -> None:
-    store = Store(out_dir)
-    with store.db:
-        store.db.executescript(SCHEMA)
+    with Store(out_dir) as store:
+        _deploy(store, task_names, seeds, points, time_limit, progress)
+
+
+def _deploy(store: Store, task_names, seeds, points, time_limit, progress) -> None:
     runs = store.runs()
     for name in task_names:
         task = TASKS[name]
@@ -154,8 +146,7 @@ def run_deploy(out_dir, task_names: list[str], seeds: int, points: int, time_lim
             for seed in complete:
                 for model_name, arm, relu_ize in MODELS:
                     key = (name, base, seed, model_name)
-                    done = {row[0] for row in store.db.execute(
-                        "SELECT section FROM deploy WHERE task=? AND base_hash=? AND seed=? AND model=?", key)}
+                    done = store.deploy_sections(*key)
                     model = load_model(store, by[(arm, seed)], task, splits)
                     if relu_ize:
                         lg.to_relu_(model, include_gelu=True)
@@ -175,17 +166,8 @@ def run_deploy(out_dir, task_names: list[str], seeds: int, points: int, time_lim
                         if progress:
                             print(f"{name} seed {seed} {model_name}: verified in {time.perf_counter() - t0:.0f}s",
                                   file=sys.stderr)
-                    with store.db:
-                        for section, data in sections.items():
-                            if section in done:
-                                continue
-                            store.db.execute("INSERT INTO deploy VALUES (?,?,?,?,?,?)",
-                                             (*key, section, json.dumps({**(data or {}), "points": points,
-                                                                          "time_limit": time_limit})))
+                    store.add_deploy(*key, {section: {**(data or {}), "points": points, "time_limit": time_limit}
+                                            for section, data in sections.items() if section not in done})
             if latency_paths:
                 rows = measure_latency(latency_paths, splits.x_test.numpy())
-                with store.db:
-                    store.db.execute("DELETE FROM deploy WHERE task=? AND base_hash=? AND section='latency'", (name, base))
-                    store.db.execute("INSERT INTO deploy VALUES (?,?,?,?,?,?)",
-                                     (name, base, complete[0], "*", "latency", json.dumps(rows)))
-    store.close()
+                store.replace_deploy_section(name, base, "latency", complete[0], "*", rows)

@@ -7,6 +7,7 @@ and p-values, the layerwise hardness profile, and λ over training.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 from collections import defaultdict
@@ -459,18 +460,14 @@ def export_csv(out_dir: str | os.PathLike, dest: str | os.PathLike | None = None
 
 
 def _deployment_section(store: Store) -> list[str]:
-    import json
-    has = store.db.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='deploy'").fetchone()
-    if not has:
-        return []
-    rows = store.db.execute("SELECT task, base_hash, seed, model, section, data FROM deploy ORDER BY task, seed").fetchall()
+    rows = store.deploy_rows()
     if not rows:
         return []
     from .deploy_eval import EPSILONS, MODELS
     order = [m for m, _, _ in MODELS]
     data = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))  # task → section → model → seed → data
     for task, _base, seed, model, section, d in rows:  # one experiment per task: deploy picks it
-        data[task][section][model][seed] = json.loads(d)
+        data[task][section][model][seed] = d
     lines = ["# Deployment", "",
              "Produced by `lambda-gelu deploy` on the stored models above: the GELU original, its direct swap to "
              "ReLU, the annealed λ-GELU → ReLU, and ReLU from scratch, same seeds. Mean ± std over seeds.", ""]

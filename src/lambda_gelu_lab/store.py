@@ -2,14 +2,21 @@
 
 A run is keyed by (task, arm, seed, run_hash). Nothing is written until a run has finished, and then
 everything about it is written at once, so a sweep killed at any moment loses only the run that was
-in flight, and a rerun skips every run already stored.
+in flight, and a rerun skips every run already stored. Several processes may share a store: each
+run's weights go to a file of its own (a unique name, written under a temporary name and renamed),
+and its row is inserted only if no other process stored the run first — so a row always points to
+the weights of the run it describes, and a weights file without a row is an orphan, never a lie.
+
+The store owns every table, the deployment results included; use it as a context manager.
 """
 from __future__ import annotations
 
 import json
 import os
 import sqlite3
+import tempfile
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,6 +45,11 @@ CREATE TABLE IF NOT EXISTS epochs (
 CREATE TABLE IF NOT EXISTS sweeps (
     id INTEGER PRIMARY KEY, command TEXT NOT NULL, started_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS deploy (
+    task TEXT NOT NULL, base_hash TEXT NOT NULL, seed INTEGER NOT NULL, model TEXT NOT NULL,
+    section TEXT NOT NULL, data TEXT NOT NULL,
+    UNIQUE (task, base_hash, seed, model, section)
+);
 CREATE INDEX IF NOT EXISTS lambdas_run ON lambdas(run_id);
 CREATE INDEX IF NOT EXISTS epochs_run ON epochs(run_id);
 """
@@ -45,23 +57,52 @@ CREATE INDEX IF NOT EXISTS epochs_run ON epochs(run_id);
 DB_NAME = "results.sqlite"
 
 
+class StoreError(Exception):
+    """The results file is not a store (not SQLite, or another program's database)."""
+
+
 class Store:
     def __init__(self, out_dir: str | os.PathLike):
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / DB_NAME
-        self.db = sqlite3.connect(self.path, timeout=30)
-        self.db.execute("PRAGMA foreign_keys = ON")
-        with self.db:
-            self.db.executescript(SCHEMA)
+        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)  # transactions by hand
+        try:
+            self.db.execute("PRAGMA foreign_keys = ON")
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if tables and "runs" not in tables:
+                raise StoreError(f"{self.path} is an SQLite database of something else (tables: "
+                                 f"{', '.join(sorted(tables))}); choose another --out")
+            with self._tx() as db:  # executescript would commit on its own: one statement at a time
+                for statement in filter(str.strip, SCHEMA.split(";")):
+                    db.execute(statement)
+        except sqlite3.DatabaseError as e:
+            self.db.close()
+            raise StoreError(f"{self.path} is not a results store ({e}); choose another --out or move the file") from None
+        except BaseException:
+            self.db.close()
+            raise
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         self.db.close()
 
     @contextmanager
-    def _tx(self):
-        with self.db:  # commits on success, rolls back on any exception
+    def _tx(self, immediate: bool = False):
+        """One transaction: committed on success, rolled back on any exception. ``immediate`` takes
+        the write lock at once, so a check-then-insert cannot interleave with another process's."""
+        self.db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        try:
             yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
 
     def record_sweep(self, command: str) -> None:
         with self._tx() as db:
@@ -72,34 +113,75 @@ class Store:
                               (cfg.task, cfg.arm, cfg.seed, cfg.run_hash)).fetchone()
         return row is not None
 
-    def add(self, cfg: RunConfig, result) -> int:
-        """Store a finished run: weights file first (atomic rename), then every row in one transaction."""
-        weights = None
-        if result.state_dict is not None:
-            from safetensors.torch import save_file
-            rel = Path("weights") / f"{cfg.task}__{cfg.arm}__{cfg.run_hash}__seed{cfg.seed}.safetensors"
-            (self.dir / rel).parent.mkdir(exist_ok=True)
-            tmp = self.dir / (str(rel) + ".tmp")
-            save_file({k: v.contiguous() for k, v in result.state_dict.items()}, str(tmp))
+    def _write_weights(self, cfg: RunConfig, state_dict: dict) -> str:
+        """The weights in a file no other run or process uses; its path relative to the store."""
+        from safetensors.torch import save_file
+        folder = self.dir / "weights"
+        folder.mkdir(exist_ok=True)
+        rel = Path("weights") / f"{cfg.task}__{cfg.arm}__{cfg.run_hash}__seed{cfg.seed}__{uuid.uuid4().hex[:12]}.safetensors"
+        fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=folder)
+        os.close(fd)
+        try:
+            save_file({k: v.contiguous() for k, v in state_dict.items()}, tmp)
             os.replace(tmp, self.dir / rel)
-            weights = str(rel)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return str(rel)
+
+    def add(self, cfg: RunConfig, result) -> int:
+        """Store a finished run: its weights file, then every row in one transaction. If another
+        process stored the same run meanwhile, nothing is kept and ``sqlite3.IntegrityError`` is raised."""
+        weights = None if result.state_dict is None else self._write_weights(cfg, result.state_dict)
         m = result.metrics
-        with self._tx() as db:
-            cur = db.execute(
-                "INSERT INTO runs (task, arm, seed, run_hash, base_hash, variant, config, metrics, val_acc, "
-                "test_acc, sub_val_acc, sub_test_acc, test_loss, sub_test_loss, wall_time, weights, finished_at) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (cfg.task, cfg.arm, cfg.seed, cfg.run_hash, cfg.base_hash, cfg.variant,
-                 json.dumps(cfg.relevant(), sort_keys=True), json.dumps(m, sort_keys=True),
-                 m.get("val_acc"), m.get("test_acc"), m.get("sub_val_acc"), m.get("sub_test_acc"),
-                 m.get("test_loss"), m.get("sub_test_loss"), m.get("wall_time"), weights, time.time()))
-            run_id = cur.lastrowid
-            db.executemany("INSERT INTO lambdas VALUES (?,?,?,?)",
-                           [(run_id, s, layer, v) for s, layer, v in result.lambdas])
-            db.executemany("INSERT INTO epochs VALUES (?,?,?,?,?,?)",
-                           [(run_id, e["epoch"], e["step"], e["train_loss"], e["val_acc"], e["val_loss"])
-                            for e in result.epochs])
+        try:
+            with self._tx(immediate=True) as db:
+                cur = db.execute(
+                    "INSERT INTO runs (task, arm, seed, run_hash, base_hash, variant, config, metrics, val_acc, "
+                    "test_acc, sub_val_acc, sub_test_acc, test_loss, sub_test_loss, wall_time, weights, finished_at) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (cfg.task, cfg.arm, cfg.seed, cfg.run_hash, cfg.base_hash, cfg.variant,
+                     json.dumps(cfg.relevant(), sort_keys=True), json.dumps(m, sort_keys=True),
+                     m.get("val_acc"), m.get("test_acc"), m.get("sub_val_acc"), m.get("sub_test_acc"),
+                     m.get("test_loss"), m.get("sub_test_loss"), m.get("wall_time"), weights, time.time()))
+                run_id = cur.lastrowid
+                db.executemany("INSERT INTO lambdas VALUES (?,?,?,?)",
+                               [(run_id, s, layer, v) for s, layer, v in result.lambdas])
+                db.executemany("INSERT INTO epochs VALUES (?,?,?,?,?,?)",
+                               [(run_id, e["epoch"], e["step"], e["train_loss"], e["val_acc"], e["val_loss"])
+                                for e in result.epochs])
+        except BaseException:
+            if weights is not None:  # this run's own file: no row will ever point to it
+                (self.dir / weights).unlink(missing_ok=True)
+            raise
         return run_id
+
+    # deployment results (``lambda-gelu deploy``): one row per (task, experiment, seed, model, section)
+
+    def deploy_sections(self, task: str, base_hash: str, seed: int, model: str) -> set[str]:
+        return {r[0] for r in self.db.execute(
+            "SELECT section FROM deploy WHERE task=? AND base_hash=? AND seed=? AND model=?",
+            (task, base_hash, seed, model))}
+
+    def add_deploy(self, task: str, base_hash: str, seed: int, model: str, sections: dict[str, object],
+                   replace: bool = False) -> None:
+        """Store deployment sections (JSON-able) in one transaction; ``replace`` overwrites existing ones."""
+        verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
+        with self._tx() as db:
+            for section, data in sections.items():
+                db.execute(f"{verb} INTO deploy VALUES (?,?,?,?,?,?)",
+                           (task, base_hash, seed, model, section, json.dumps(data)))
+
+    def replace_deploy_section(self, task: str, base_hash: str, section: str, seed: int, model: str, data) -> None:
+        """Replace every row of ``section`` for the experiment by one (e.g. a fresh latency table)."""
+        with self._tx() as db:
+            db.execute("DELETE FROM deploy WHERE task=? AND base_hash=? AND section=?", (task, base_hash, section))
+            db.execute("INSERT INTO deploy VALUES (?,?,?,?,?,?)",
+                       (task, base_hash, seed, model, section, json.dumps(data)))
+
+    def deploy_rows(self) -> list[tuple[str, str, int, str, str, object]]:
+        return [(*r[:5], json.loads(r[5])) for r in self.db.execute(
+            "SELECT task, base_hash, seed, model, section, data FROM deploy ORDER BY task, seed")]
 
     def runs(self) -> list[dict]:
         cur = self.db.execute("SELECT * FROM runs ORDER BY task, base_hash, variant, seed")

@@ -141,7 +141,7 @@ def test_report_and_export(tmp_path):
     assert len(rows) == 12 and json.loads(rows[0]["config"])["task"] == "wine-mlp"
 
 
-def test_two_processes_sharing_a_store_neither_crash_nor_duplicate(tmp_path):
+def test_two_processes_sharing_a_store_neither_crash_nor_duplicate_nor_mix_weights(tmp_path):
     out = str(tmp_path / "shared")
     cmd = [sys.executable, "-m", "lambda_gelu_lab", "run", "wine-mlp", "--seeds", "3", "--epochs", "10",
            "--arms", "gelu", "relu", "--out", out, "--quiet", "--no-report"]
@@ -151,3 +151,13 @@ def test_two_processes_sharing_a_store_neither_crash_nor_duplicate(tmp_path):
         assert p.returncode == 0, err.decode()
     keys = [r[:4] for r in _rows(out)]
     assert len(keys) == 6 and len(set(keys)) == 6
+    # both processes trained every run: each row must point to weights that reproduce its own metrics
+    from lambda_gelu_lab.deploy_eval import load_model
+    from lambda_gelu_lab.train import evaluate
+    task = TASKS["wine-mlp"]
+    splits = task.load(None)
+    with Store(out) as store:
+        runs = store.runs()
+        for run in runs:
+            assert evaluate(load_model(store, run, task, splits), splits.x_test, splits.y_test)[0] == run["test_acc"]
+    assert sorted(os.listdir(os.path.join(out, "weights"))) == sorted(r["weights"].split("/")[-1] for r in runs)
