@@ -86,3 +86,39 @@ def test_registry():
     assert get_act_layer(torch.nn.Tanh) is torch.nn.Tanh
     with pytest.raises(ValueError, match="unknown activation 'gleu'; known: .*gelu"):
         get_act_layer("gleu")
+
+
+def test_lambda_one_is_a_finite_parameter_and_exact_gelu():
+    """λ = 1 once stored s = −∞: any arithmetic on parameters (norms, averages, clipping) met inf/NaN."""
+    m = LambdaGELU(init_lambda=1.0)
+    assert torch.isfinite(m.s) and m.lam.item() == 1.0
+    x = torch.randn(100, requires_grad=True)
+    assert torch.equal(m(x), F.gelu(x))
+    m(x).sum().backward()
+    assert m.s.grad.item() == 0.0  # exact GELU does not learn: ∂λ/∂s = σ(s/t)/t = 0 there
+    assert math.isfinite(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0).item())
+    ema = torch.optim.swa_utils.AveragedModel(m)
+    ema.update_parameters(m)
+    assert all(torch.isfinite(p).all() for p in ema.parameters())
+    m.set_lambda(1.0)
+    assert torch.isfinite(m.s) and torch.equal(m(x), F.gelu(x))
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):  # λ = 1 exactly in every float type
+        assert raw_to_lambda(m.s.detach().to(dtype), m.temperature).item() == 1.0
+
+
+@pytest.mark.parametrize("cast", [lambda m: m.half(), lambda m: m.bfloat16(), lambda m: m.to(torch.float16)])
+def test_lambda_keeps_its_precision_when_the_model_is_cast_to_half(cast):
+    """float16 resolves λ near λ_target only to about ±0.1; s stays float32, the output in the input's dtype."""
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), LambdaGELU())
+    net[1].set_lambda(159.7)
+    cast(net)
+    half = net[0].weight.dtype
+    assert half in (torch.float16, torch.bfloat16) and net[1].s.dtype == torch.float32
+    assert abs(net[1].lam.item() - 159.7) < 1e-4
+    x = torch.randn(4, 8).to(half)
+    h = net[0](x)
+    y = net(x)
+    assert y.dtype == half
+    assert torch.equal(y, lambda_gelu(h.float(), net[1].lam).to(half))
+    y.float().sum().backward()
+    assert net[1].s.grad.dtype == torch.float32 and torch.isfinite(net[1].s.grad)

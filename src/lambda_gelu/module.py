@@ -15,21 +15,25 @@ __all__ = ["LambdaGELU", "lambda_to_raw", "raw_to_lambda"]
 
 DEFAULT_INIT_LAMBDA = 1.5
 DEFAULT_TEMPERATURE = 0.1
+RAW_EXACT_GELU = -1000.0  # s/t at or below which λ is exactly 1: softplus(−1000) = 0 in every float type
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def raw_to_lambda(s: Tensor, temperature: float) -> Tensor:
-    """λ = 1 + softplus(s / t): every real s maps to a λ ≥ 1 (s = −∞ gives exactly 1)."""
+    """λ = 1 + softplus(s / t): every real s maps to a λ ≥ 1 (s/t ≤ −1000 gives exactly 1)."""
     return 1.0 + F.softplus(s / temperature)
 
 
 def lambda_to_raw(lam: float | Tensor, temperature: float) -> Tensor:
-    """The inverse of :func:`raw_to_lambda`, computed in float64: s = t · softplus⁻¹(λ − 1)."""
+    """The inverse of :func:`raw_to_lambda`, computed in float64: s = t · softplus⁻¹(λ − 1). λ = 1
+    maps to the finite s = −1000·t (not −∞), so that arithmetic on parameters (norms, averages,
+    clipping) never meets inf or NaN."""
     y = torch.as_tensor(lam, dtype=torch.float64) - 1.0
     if bool((y < 0).any()) or bool(torch.isnan(y).any()):
         raise ValueError(f"λ must be ≥ 1, got {lam}")
     # softplus⁻¹(y) = y + log(1 − e^{−y}); F.softplus returns its input unchanged above 20, so do we.
     inv = torch.where(y > 20.0, y, y + torch.log(-torch.expm1(-y)))
-    return temperature * inv
+    return temperature * inv.clamp(min=RAW_EXACT_GELU)
 
 
 class LambdaGELU(nn.Module):
@@ -54,8 +58,9 @@ class LambdaGELU(nn.Module):
         init_lambda: starting λ, ≥ 1. The default 1.5 starts close to GELU (gate L1 gap 0.53
             against GELU's 0.80) where λ still learns freely: ∂λ/∂s ∝ σ(s/t) = λ − 1 for λ near 1,
             so a start at λ ≈ 1 barely moves under SGD. To convert a pretrained GELU network
-            without changing its outputs use ``1.0`` (exact GELU, λ then cannot move) or
-            ``1 + 1e-6`` (outputs equal to ~1e-6, λ trainable, slowly at first).
+            without changing its outputs use ``1.0`` (exact GELU: s = −1000·t, finite, where λ's
+            gradient is 0, so it cannot move) or ``1 + 1e-6`` (outputs equal to ~1e-6, λ
+            trainable, slowly at first).
         temperature: t in λ = 1 + softplus(s/t), > 0.
         num_channels: None for one λ for the whole layer, or C for one λ per channel.
         channel_dim: the input dimension the C channels run along: -1 (features, the default) or
@@ -111,6 +116,18 @@ class LambdaGELU(nn.Module):
         if raw.dim() > 0 and raw.shape != self.s.shape:
             raise ValueError(f"set_lambda got shape {tuple(raw.shape)} for λ of shape {tuple(self.s.shape)}")
         self.s.copy_(raw.to(self.s.dtype).expand_as(self.s))
+
+    def _apply(self, fn, recurse=True):
+        """Keep ``s`` in its precision when the model is cast to float16/bfloat16 (``.half()``,
+        ``.to(torch.bfloat16)``): near λ_target float16 resolves λ only to about ±0.1. The input is
+        still computed in float32 and returned in its own dtype, as for any half-precision input."""
+        before = self.s.data
+        super()._apply(fn, recurse)
+        if self.s.dtype in _HALF and before.dtype not in _HALF:
+            self.s.data = before.to(self.s.device)
+            if self.s.grad is not None:
+                self.s.grad = self.s.grad.to(before.dtype)
+        return self
 
     def forward(self, x: Tensor) -> Tensor:
         return lambda_gelu(x, self._lambda(), self.channel_dim)
