@@ -20,9 +20,16 @@ DEMO = {"tasks": ["mnist1d-mlp", "tabular-mlp", "fmnist-mlp"], "seeds": 3,
         "epochs": {"mnist1d-mlp": 20, "breast-cancer-mlp": 40, "wine-mlp": 40, "fmnist-mlp": 1}}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what was wrong, where to look), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lambda-gelu", description="λ-GELU: learn gating hardness, then ReLU-ize.")
-    sub = p.add_subparsers(dest="command")
+    p = _Parser(prog="lambda-gelu", description="λ-GELU: learn gating hardness, then ReLU-ize.")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     run = sub.add_parser("run", help="train the protocol's arms on tasks, several seeds; resumable")
     run.add_argument("tasks", nargs="*", metavar="TASK", help="task or group names (`lambda-gelu tasks`); none: the demo")
@@ -68,22 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
     command = "lambda-gelu " + shlex.join(argv)
-    if getattr(args, "threads", None):
-        import torch
-        torch.set_num_threads(args.threads)
     try:
         from .config import ConfigError
         from .data import DataError
+        from .store import StoreError
     except ImportError as e:  # pragma: no cover - only without the [lab] extra
         print(f"error: the lab needs its extra: pip install 'lambda-gelu[lab]' ({e})", file=sys.stderr)
         return 2
     try:
+        _check_args(args)
+        if getattr(args, "threads", None):
+            import torch
+            torch.set_num_threads(args.threads)
         if args.command in ("report", "export", "deploy"):
             _require_store(args.out)
-        if args.command == "run" and not args.tasks and any(
-                v not in (None, [], False) for v in (args.seeds, args.epochs, args.arms, args.switch_at, args.overrides)):
-            raise ConfigError("these options need a task: name one (see `lambda-gelu tasks`), or run the demo "
-                              "with no options")
         if args.command in (None, "demo") or (args.command == "run" and not args.tasks):
             return _demo(args, command)
         if args.command == "run":
@@ -112,13 +117,39 @@ def main(argv: list[str] | None = None) -> int:
             for g, members in GROUPS.items():
                 print(f"{g:20s} group: {', '.join(members)}")
             return 0
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # an unwritable --out, a full disk: the environment, not a bug
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"error: {e.strerror or e}{where}; choose another --out or free the place", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: finished runs are stored; rerun the same command to resume", file=sys.stderr)
         return 130
     return 0
+
+
+# options the demo does not use, with their defaults: given with no task, they are an error, not ignored
+_DEMO_IGNORES = {"seeds": None, "epochs": None, "arms": None, "switch_at": None, "overrides": [], "first_seed": 0,
+                 "no_weights": False, "no_report": False}
+
+
+def _check_args(args) -> None:
+    """Values argparse's types cannot check: each a ConfigError naming the option."""
+    from .config import ConfigError
+    if args.command == "run" and not args.tasks:
+        given = [f"--{k.replace('_', '-')}" if k != "overrides" else "--set"
+                 for k, default in _DEMO_IGNORES.items() if getattr(args, k) != default]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: these options need a task: name one (see `lambda-gelu tasks`), "
+                              "or run the demo without them")
+    for name, low in (("threads", 1), ("seeds", 1), ("points", 1), ("epochs", 1), ("first_seed", 0)):
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            raise ConfigError(f"--{name.replace('_', '-')} must be ≥ {low}, got {value}")
+    if args.command == "deploy" and not args.time_limit > 0:
+        raise ConfigError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
 
 
 def _require_store(out: str) -> None:
@@ -131,13 +162,11 @@ def _require_store(out: str) -> None:
 
 
 def _sweep(task_names, seeds, first_seed, epochs_for, arms, overrides, out, data_dir, keep_weights, quiet, command):
-    from .config import DEFAULT_ARMS, ConfigError
+    from .config import DEFAULT_ARMS
     from .runner import plan, run_sweep
     from .store import Store
     from .tasks import resolve_tasks
 
-    if seeds is not None and seeds < 1:
-        raise ConfigError(f"--seeds must be ≥ 1, got {seeds}")
     tasks = resolve_tasks(task_names)
     runs = []
     for task in tasks:
@@ -145,12 +174,8 @@ def _sweep(task_names, seeds, first_seed, epochs_for, arms, overrides, out, data
         if epochs_for(task.name) is not None:
             task_overrides["epochs"] = epochs_for(task.name)
         runs += plan([task], arms or DEFAULT_ARMS, range(first_seed, first_seed + seeds), task_overrides)
-    store = Store(out)
-    store.record_sweep(command)
-    try:
-        run_sweep(runs, store, data_dir=data_dir, keep_weights=keep_weights, progress=not quiet)
-    finally:
-        store.close()
+    with Store(out) as store:
+        run_sweep(runs, store, data_dir=data_dir, keep_weights=keep_weights, progress=not quiet, command=command)
     return out
 
 

@@ -18,15 +18,18 @@ def plan(tasks: Iterable[Task], arms: Iterable[str], seeds: Iterable[int], overr
 
 
 def run_sweep(runs: list[tuple[Task, RunConfig]], store: Store, data_dir: str | None = None,
-              keep_weights: bool = True, progress: bool = True) -> int:
-    """Train and store every run the store does not have yet; returns how many were trained."""
+              keep_weights: bool = True, progress: bool = True, command: str | None = None) -> int:
+    """Train and store every run the store does not have yet; returns how many were trained. The
+    sweep's ``command`` is recorded in the store once its data has loaded."""
     todo = [(t, c) for t, c in runs if not store.has(c)]
-    print(f"{len(runs)} runs planned, {len(runs) - len(todo)} already in {store.path}, {len(todo)} to train",
-          file=sys.stderr)
     splits = {}
     for task, _ in todo:  # load every dataset first: a missing one fails before hours of training
         if task.name not in splits:
             splits[task.name] = task.load(data_dir)
+    if command is not None:
+        store.record_sweep(command)
+    print(f"{len(runs)} runs planned, {len(runs) - len(todo)} already in {store.path}, {len(todo)} to train",
+          file=sys.stderr)
     bar = _progress(len(todo), progress)
     for task, cfg in todo:
         bar.set_description(f"{cfg.task} {cfg.variant} seed {cfg.seed}")

@@ -1,0 +1,93 @@
+"""The command line with bad input: one clear line on stderr, exit status 2, no traceback, and the
+results directory exactly as it was."""
+import re
+import sqlite3
+
+import pytest
+
+from lambda_gelu_lab.cli import main
+from lambda_gelu_lab.store import DB_NAME, Store
+
+GARBAGE = b"these are not the results you are looking for\n" * 20
+
+
+def _store_dir(tmp_path, kind):
+    """A results directory: 'store' (a real one, with a sweep recorded), 'garbage' (a results.sqlite
+    that is not a database), 'foreign' (another program's SQLite file), 'empty', or 'under-a-file'."""
+    out = tmp_path / "out"
+    if kind == "under-a-file":
+        (tmp_path / "file").write_text("a file, not a directory")
+        return tmp_path / "file" / "out"
+    out.mkdir()
+    if kind == "store":
+        with Store(out) as store:
+            store.record_sweep("lambda-gelu run wine-mlp")
+    elif kind == "garbage":
+        (out / DB_NAME).write_bytes(GARBAGE)
+    elif kind == "foreign":
+        with sqlite3.connect(out / DB_NAME) as db:
+            db.execute("CREATE TABLE invoices (id INTEGER)")
+    return out
+
+
+def _snapshot(path):
+    return {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()} if path.is_dir() else None
+
+
+CASES = [  # (argv, results directory, message)
+    (["run", "fmnist-mpl"], "store", "unknown task 'fmnist-mpl'; known: fmnist-mlp"),
+    (["run", "wine-mlp", "--set", "lrr=0.1"], "store", "unknown config key 'lrr'; known: epochs"),
+    (["run", "wine-mlp", "--set", "lr=-1"], "store", "lr=-1.0 is invalid: must be a finite number ≥ 0"),
+    (["run", "wine-mlp", "--set", "epochs=ten"], "store", "epochs needs a int, got 'ten'"),
+    (["run", "wine-mlp", "--arms", "gelu", "swish"], "store", "arm='swish' is invalid: must be one of gelu"),
+    (["run", "wine-mlp", "--switch-at", "1.5"], "store", r"switch_at=1.5 is invalid: must be in \[0, 1\)"),
+    (["run", "wine-mlp", "--seeds", "0"], "store", "--seeds must be ≥ 1, got 0"),
+    (["run", "wine-mlp", "--epochs", "0"], "store", "--epochs must be ≥ 1, got 0"),
+    (["run", "wine-mlp", "--threads", "-1"], "store", "--threads must be ≥ 1, got -1"),
+    (["run", "wine-mlp", "--threads", "two"], "store", "argument --threads: invalid int value: 'two'"),
+    (["run", "fmnist-mlp", "--data-dir", "/nonexistent"], "store", "Fashion-MNIST not found in /nonexistent"),
+    (["run", "wine-mlp"], "garbage", "is not a results store"),
+    (["run", "wine-mlp"], "foreign", "an SQLite database of something else"),
+    (["run", "wine-mlp"], "under-a-file", "Not a directory .*choose another --out"),
+    (["run", "--seeds", "3"], "store", "--seeds: these options need a task"),
+    (["run", "--no-weights", "--first-seed", "2"], "store", "--first-seed, --no-weights: these options need a task"),
+    (["run", "--no-report"], "store", "--no-report: these options need a task"),
+    (["demo", "--seeds", "3"], "store", "unrecognized arguments: --seeds 3"),
+    (["report"], "empty", "no results in .*: run `lambda-gelu run TASK --out"),
+    (["report"], "garbage", "is not a results store"),
+    (["export", "--csv"], "garbage", "is not a results store"),
+    (["deploy"], "empty", "no results in .*: run `lambda-gelu run TASK --out"),
+    (["deploy"], "foreign", "an SQLite database of something else"),
+    (["deploy", "--points", "0"], "store", "--points must be ≥ 1, got 0"),
+    (["deploy", "--seeds", "0"], "store", "--seeds must be ≥ 1, got 0"),
+    (["deploy", "--time-limit", "0"], "store", "--time-limit must be > 0 seconds"),
+    (["deploy", "--threads", "-1"], "store", "--threads must be ≥ 1, got -1"),
+    (["deploy", "--task", "nope"], "store", "unknown task 'nope'"),
+    (["nonsense"], "store", "argument command: invalid choice: 'nonsense'"),
+]
+
+
+@pytest.mark.parametrize("argv, kind, message", CASES, ids=[" ".join(c[0]) + f" [{c[1]}]" for c in CASES])
+def test_bad_input_is_one_clear_line_and_leaves_the_results_untouched(tmp_path, capsys, argv, kind, message):
+    out = _store_dir(tmp_path, kind)
+    before = _snapshot(out)
+    with pytest.raises(SystemExit) if argv[0] in ("nonsense", "demo") or "two" in argv else _no_exit() as exited:
+        status = main(argv + ["--out", str(out)] + (["--quiet"] if argv[0] == "run" else []))
+    if exited is not None:
+        status = exited.value.code
+    err = capsys.readouterr().err
+    assert status == 2
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert re.search(message, lines[0]), lines[0]
+    assert _snapshot(out) == before
+
+
+class _no_exit:
+    value = None
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
