@@ -98,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             print(build_report(args.out, args.output, command))
             return 0
         if args.command == "export":
-            from .report import export_csv
-            for path in export_csv(args.out, args.to):
-                print(path)
+            from .store import Store
+            with Store(args.out) as store:
+                for path in store.export_csv(args.to):
+                    print(path)
             return 0
         if args.command == "deploy":
             from .deploy_eval import run_deploy

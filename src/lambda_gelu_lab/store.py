@@ -196,3 +196,21 @@ class Store:
 
     def sweeps(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT command FROM sweeps ORDER BY id")]
+
+    def export_csv(self, dest: str | os.PathLike | None = None) -> list[Path]:
+        """Write runs.csv (one row per run, config and metrics as JSON) and lambdas.csv (λ trajectories)."""
+        import csv
+        dest = Path(dest) if dest else self.dir
+        dest.mkdir(parents=True, exist_ok=True)
+        cols = ["id", "task", "arm", "variant", "seed", "run_hash", "base_hash", "val_acc", "test_acc",
+                "sub_val_acc", "sub_test_acc", "test_loss", "sub_test_loss", "wall_time", "weights", "config", "metrics"]
+        with open(dest / "runs.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(cols)
+            for r in self.runs():
+                w.writerow([json.dumps(r[c], sort_keys=True) if c in ("config", "metrics") else r[c] for c in cols])
+        with open(dest / "lambdas.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["run_id", "step", "layer", "lambda"])
+            w.writerows(self.lambda_rows())
+        return [dest / "runs.csv", dest / "lambdas.csv"]

@@ -1,0 +1,82 @@
+"""The report's figures: λ per layer over training, and the hardness-drift heatmap."""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis import layer_order
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_lambdas(task, base, by_variant, order, lambda_rows, img_dir: Path) -> Path | None:
+    # the learned and annealed arms at their defaults, and the annealed arm's switch-point variants
+    panels = [v for v in order if (v in ("lambda", "lambda-harden") or by_variant[v][0]["arm"] == "lambda-harden")
+              and any(lambda_rows.get(r["id"]) for r in by_variant[v])]
+    if not panels:
+        return None
+    plt = _pyplot()
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, v in zip(axes[0], panels):
+        runs = by_variant[v]
+        series = defaultdict(list)  # layer → list of (steps, values) per seed
+        for r in runs:
+            per_layer = defaultdict(list)
+            for step, layer, value in lambda_rows.get(r["id"], []):
+                per_layer[layer].append((step, value))
+            for layer, pts in per_layer.items():
+                series[layer].append(np.asarray(pts, float))
+        for layer in layer_order(series):
+            curves = series[layer]
+            n = min(len(c) for c in curves)
+            steps = curves[0][:n, 0]
+            vals = np.stack([c[:n, 1] for c in curves])
+            mean = vals.mean(0)
+            line, = ax.plot(steps, mean, label=f"layer {layer}")
+            if len(curves) > 1:
+                ax.fill_between(steps, vals.min(0), vals.max(0), color=line.get_color(), alpha=0.2)
+        cfg = runs[0]["config"]
+        if runs[0]["arm"] == "lambda-harden":
+            total = runs[0]["metrics"]["steps"]
+            ax.axvline(int(cfg["switch_at"] * total), color="k", ls="--", lw=1, label="switch")
+            ax.set_yscale("log")
+        ax.set_title(f"{task}: {v} (n={len(runs)})", fontsize=9)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("λ (mean over seeds, band = min–max)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = img_dir / f"lambda_{task}_{base}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_drift(task: str, base: str, ts: list[float], cs: list[float], grid: np.ndarray, img_dir: Path) -> Path:
+    """Heatmap of mean Δλ over temperature (rows) × multiplier (columns)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1.4 * len(cs) + 2, 1.0 * len(ts) + 1.5))
+    im = ax.imshow(grid, cmap="viridis")
+    ax.set_xticks(range(len(cs)), [f"{c:g}" for c in cs])
+    ax.set_yticks(range(len(ts)), [f"{t:g}" for t in ts])
+    ax.set_xlabel("multiplier c")
+    ax.set_ylabel("temperature t")
+    for i in range(len(ts)):
+        for j in range(len(cs)):
+            if not np.isnan(grid[i, j]):
+                bright = grid[i, j] > np.nanmin(grid) + 0.6 * (np.nanmax(grid) - np.nanmin(grid))
+                ax.text(j, i, f"{grid[i, j]:+.2f}", ha="center", va="center", color="k" if bright else "w", fontsize=8)
+    fig.colorbar(im, label="Δλ")
+    ax.set_title(f"{task}: hardness drift", fontsize=9)
+    fig.tight_layout()
+    path = img_dir / f"drift_{task}_{base}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,24 @@
+"""The report and the CSV export, end to end from a real (small) sweep."""
+import csv
+import json
+import os
+
+from lambda_gelu_lab.cli import main
+
+
+def test_report_and_export(tmp_path):
+    out = str(tmp_path / "rep")
+    assert main(["run", "wine-mlp", "--seeds", "3", "--epochs", "2", "--out", out, "--quiet", "--no-report"]) == 0
+    doc = tmp_path / "docs" / "results.md"
+    assert main(["report", "--out", out, "--output", str(doc)]) == 0
+    text = doc.read_text()
+    for needle in ("## wine-mlp", "| GELU (→ direct swap to ReLU) | 3 |", "| ReLU from scratch | 3 |",
+                   "annealed→ReLU − direct swap | 3 |", "p (TOST)", "Layerwise hardness profile", "lambda-gelu run wine-mlp",
+                   "](results_img/lambda_wine-mlp_"):
+        assert needle in text, needle
+    pngs = list((tmp_path / "docs" / "results_img").glob("*.png"))
+    assert len(pngs) == 1 and pngs[0].read_bytes()[:4] == b"\x89PNG"
+    assert main(["export", "--csv", "--out", out]) == 0
+    with open(os.path.join(out, "runs.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and json.loads(rows[0]["config"])["task"] == "wine-mlp"

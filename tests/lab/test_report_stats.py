@@ -1,0 +1,74 @@
+"""The report's statistics as data: paired comparisons, TOST, and the findings' verdicts."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from lambda_gelu_lab.report.stats import MARGIN, findings, paired, tost_p
+
+
+def test_tost_by_hand():
+    d = np.array([0.001, -0.002, 0.003, 0.0, 0.001])
+    n, m, se = len(d), d.mean(), d.std(ddof=1) / math.sqrt(len(d))
+    # the two one-sided tests of H0: mean ≤ −0.005 and H0: mean ≥ +0.005
+    expected = max(1 - stats.t.cdf((m + MARGIN) / se, n - 1), stats.t.cdf((m - MARGIN) / se, n - 1))
+    assert tost_p(d) == pytest.approx(expected)
+    assert tost_p(d) < 0.05
+    assert tost_p(np.array([0.004, 0.006, 0.005])) > 0.05   # centred on the margin: not equivalent
+    assert tost_p(np.zeros(4)) == 0.0 and tost_p(np.full(4, 0.01)) == 1.0
+
+
+def test_a_ci_containing_zero_is_not_equivalence():
+    """Noisy seeds: no difference detected, and no equivalence either — inconclusive, not "matches"."""
+    a, b = [0.90, 0.95, 0.88, 0.97], [0.93, 0.90, 0.94, 0.91]
+    c = paired(a, b)
+    assert c.lo < 0 < c.hi and c.difference == "not detected"
+    assert c.equivalent is False
+    tight = paired([0.900, 0.901, 0.902, 0.903], [0.901, 0.900, 0.903, 0.902])
+    assert tight.difference == "not detected" and tight.equivalent is True
+
+
+def test_one_seed_is_not_a_verdict():
+    c = paired([0.9], [0.95])
+    assert c.n == 1 and c.difference == "n/a" and c.equivalent is None
+
+
+def _run(arm, seed, test, sub, variant=None, t=0.1, c=9.0, lam_end=None, task="toy"):
+    return {"task": task, "arm": arm, "variant": variant or arm, "seed": seed, "test_acc": test, "sub_test_acc": sub,
+            "config": {"temperature": t, "multiplier": c, "init_lambda": 1.5},
+            "metrics": {"lambda_end": lam_end} if lam_end else {}}
+
+
+def _verdicts(runs, task="toy"):
+    return {f.claim: f.holds for f in findings({(task, "h"): runs})}
+
+
+def test_findings_by_hand():
+    runs = []
+    for s in range(4):
+        noise = 0.0002 * s
+        runs += [_run("gelu", s, 0.90 + noise, 0.80 + noise),            # the swap loses 10 points
+                 _run("lambda-harden", s, 0.90 + noise, 0.90 - noise),   # annealing loses nothing
+                 _run("lambda", s, 0.9, 0.5, lam_end={"a.0": 1.6 + s, "a.1": 3.0 + s, "a.2": 9.0 + s})]
+    for t in (0.03, 0.3, 1.0):  # Δλ = c / t: grows with c, falls with t
+        for c in (1.0, 3.0, 27.0):
+            runs.append(_run("lambda", 0, 0.9, 0.5, f"lambda[t={t},c={c}]", t, c,
+                             lam_end={"a.0": 1.5 + c / t, "a.1": 1.5 + c / t, "a.2": 1.5 + c / t}))
+    v = _verdicts(runs)
+    assert v["annealed→ReLU keeps more accuracy than a direct GELU→ReLU swap"] == "yes"
+    assert v["the annealed ReLU network matches the GELU original"] == "yes (equivalent)"
+    assert v["layerwise hardness profiles are stable across seeds"] == "yes"
+    assert v["hardness drift Δλ grows with the effective step c·σ(s/t)²/t² (with c, and as t falls)"] == "yes"
+
+
+def test_matching_needs_equivalence_and_one_seed_is_na():
+    noisy = []
+    for s, (orig, annealed) in enumerate([(0.90, 0.93), (0.95, 0.89), (0.88, 0.94), (0.97, 0.91)]):
+        noisy += [_run("gelu", s, orig, orig - 0.1), _run("lambda-harden", s, annealed, annealed)]
+    assert _verdicts(noisy)["the annealed ReLU network matches the GELU original"] == "inconclusive"
+    one = [_run("gelu", 0, 0.90, 0.80), _run("lambda-harden", 0, 0.85, 0.85)]
+    v = _verdicts(one)
+    assert set(v.values()) == {"n/a (one seed)"}
+    gpt = [r | {"task": "stdlib-gpt"} for r in one]
+    assert _verdicts(gpt, "stdlib-gpt")["GPT-2: annealing to ReLU deteriorates the model severely"] == "n/a (one seed)"
