@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lambda_gelu import LambdaGELU, create_act, get_act_layer, lambda_gelu, lambda_to_raw, raw_to_lambda
+from lambda_gelu import LambdaGELU, lambda_gelu, lambda_to_raw, raw_to_lambda
 
 
 @pytest.mark.parametrize("lam", [1.0, 1.0 + 1e-6, 1.5, 7.0, 159.577, 1e4])
@@ -77,15 +77,6 @@ def test_freeze_and_set_lambda():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LambdaGELU(**kwargs)
-
-
-def test_registry():
-    assert get_act_layer("Lambda-GELU") is LambdaGELU
-    assert get_act_layer(None) is None
-    assert isinstance(create_act("relu"), torch.nn.ReLU)
-    assert get_act_layer(torch.nn.Tanh) is torch.nn.Tanh
-    with pytest.raises(ValueError, match="unknown activation 'gleu'; known: .*gelu"):
-        get_act_layer("gleu")
 
 
 def test_lambda_one_is_a_finite_parameter_and_exact_gelu():

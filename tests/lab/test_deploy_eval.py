@@ -12,6 +12,7 @@ from lambda_gelu_lab.tasks import TASKS  # noqa: E402
 from lambda_gelu_lab.train import evaluate  # noqa: E402
 
 
+@pytest.mark.slow
 def test_deploy_on_stored_runs(tmp_path):
     out = str(tmp_path / "d")
     assert main(["run", "wine-mlp", "--seeds", "1", "--epochs", "20", "--out", out, "--quiet", "--no-report"]) == 0

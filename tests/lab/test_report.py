@@ -3,9 +3,12 @@ import csv
 import json
 import os
 
+import pytest
+
 from lambda_gelu_lab.cli import main
 
 
+@pytest.mark.slow
 def test_report_and_export(tmp_path):
     out = str(tmp_path / "rep")
     assert main(["run", "wine-mlp", "--seeds", "3", "--epochs", "2", "--out", out, "--quiet", "--no-report"]) == 0

@@ -10,16 +10,17 @@ import time
 import pytest
 
 from lambda_gelu_lab.cli import main
-from lambda_gelu_lab.config import ConfigError, RunConfig, parse_overrides
+from lambda_gelu_lab.config import RunConfig
 from lambda_gelu_lab.store import Store
-from lambda_gelu_lab.tasks import TASKS, resolve_tasks
+from lambda_gelu_lab.tasks import TASKS
 from lambda_gelu_lab.train import train_run
 
 # accuracy floors after one short run on the real data, ReLU-ized (chance: 10%, 10%, 63%, 40%)
 FLOORS = {"fmnist-mlp": (1, 0.80), "mnist1d-mlp": (5, 0.30), "breast-cancer-mlp": (5, 0.85), "wine-mlp": (20, 0.80)}
 
 
-@pytest.mark.parametrize("name", list(FLOORS))  # the CNN/ViT/GPT tasks: test_more_tasks.py
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FLOORS))  # the CNN/ViT/GPT tasks: test_tasks.py
 def test_each_task_trains_and_relu_izes_above_a_floor(name):
     epochs, floor = FLOORS[name]
     task = TASKS[name]
@@ -37,6 +38,7 @@ def _rows(out):
         return db.execute("SELECT task, arm, seed, run_hash, finished_at FROM runs ORDER BY id").fetchall()
 
 
+@pytest.mark.slow
 def test_arms_produce_rows_and_same_init_across_arms(tmp_path):
     out = str(tmp_path / "r")
     assert main(["run", "wine-mlp", "--seeds", "2", "--epochs", "3", "--out", out, "--quiet"]) == 0
@@ -68,6 +70,7 @@ def test_same_initial_weights_for_every_arm():
         assert all((a == b).all() for a, b in zip(linear[arm], linear["gelu"]))
 
 
+@pytest.mark.slow
 def test_sweep_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path):
     out = str(tmp_path / "k")
     cmd = [sys.executable, "-m", "lambda_gelu_lab", "run", "breast-cancer-mlp", "--seeds", "4", "--epochs", "15",
@@ -93,13 +96,7 @@ def test_sweep_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path):
     assert len([f for f in os.listdir(os.path.join(out, "weights")) if f.endswith(".safetensors")]) == 8
 
 
-def test_overrides_are_typed():
-    assert parse_overrides(["lr=0.1", "optimizer=adamw", "epochs=3"]) == {"lr": 0.1, "optimizer": "adamw", "epochs": 3}
-    with pytest.raises(ConfigError, match="key=value"):
-        parse_overrides(["lr"])
-    assert [t.name for t in resolve_tasks(["tabular-mlp", "wine-mlp"])] == ["breast-cancer-mlp", "wine-mlp"]
-
-
+@pytest.mark.slow
 def test_two_processes_sharing_a_store_neither_crash_nor_duplicate_nor_mix_weights(tmp_path):
     out = str(tmp_path / "shared")
     cmd = [sys.executable, "-m", "lambda_gelu_lab", "run", "wine-mlp", "--seeds", "3", "--epochs", "10",

@@ -1,0 +1,43 @@
+"""The learnable-β Swish baseline: its gate gap, its start and its target, and that the library
+treats it as a λ layer; every baseline arm ends as an exact ReLU network."""
+import pytest
+import torch
+import torch.nn as nn
+
+import lambda_gelu as lg
+from lambda_gelu_lab.baselines import LearnableSwish, swish_init, swish_target
+from lambda_gelu_lab.config import RunConfig
+from lambda_gelu_lab.tasks import TASKS
+from lambda_gelu_lab.train import train_run
+
+
+def test_swish_gate_gap_matches_its_target():
+    """∫|σ(βx) − H(x)| dx = 2·ln2/β, so β_target(ε) closes the gap to ε; and β₀ matches λ₀'s gap."""
+    xs = torch.linspace(-60, 60, 2_000_001, dtype=torch.float64)
+    beta = swish_target(0.05)
+    gap = torch.trapezoid((torch.sigmoid(beta * xs) - (xs > 0).double()).abs(), xs).item()
+    assert abs(gap - 0.05) < 1e-6
+    b0 = swish_init(1.5)
+    gap0 = torch.trapezoid((torch.sigmoid(b0 * xs) - (xs > 0).double()).abs(), xs).item()
+    assert abs(gap0 - lg.l1_gap(1.5)) < 1e-6
+    m = LearnableSwish(init_lambda=b0)
+    x = torch.randn(100)
+    torch.testing.assert_close(m(x), x * torch.sigmoid(b0 * x))
+    model = nn.Sequential(nn.Linear(4, 4), m)  # the library sees it as a λ layer: groups, schedule, surgery
+    assert [name for name, _ in lg.lambda_modules(model)] == ["1"]
+    groups = lg.lambda_param_groups(model, lr=0.1)
+    assert any(m.s is p for g in groups if g.get("name") == "lambda" for p in g["params"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arm", ["prelu", "swish-harden", "gelu-finetune"])
+def test_baseline_arms_end_as_exact_relu(arm):
+    task = TASKS["breast-cancer-mlp"]
+    splits = task.load(None)
+    r = train_run(task, splits, RunConfig(task=task.name, arm=arm, **{**task.defaults, "epochs": 20}))
+    m = r.metrics
+    assert m["sub_test_acc"] > 0.85
+    if arm == "gelu-finetune":
+        assert m["sub_test_acc"] == m["test_acc"] and "swap_val_acc_before" in m
+    if arm == "swish-harden":
+        assert all(abs(v - swish_target(0.005)) < 1e-2 for v in m["lambda_end"].values())

@@ -1,0 +1,29 @@
+"""Run configurations: typed overrides, validation when built, hashes that ignore what an arm does not use."""
+import pytest
+
+from lambda_gelu_lab.config import ConfigError, RunConfig, parse_overrides
+from lambda_gelu_lab.tasks import resolve_tasks
+
+
+def test_overrides_are_typed():
+    assert parse_overrides(["lr=0.1", "optimizer=adamw", "epochs=3"]) == {"lr": 0.1, "optimizer": "adamw", "epochs": 3}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["lr"])
+    assert [t.name for t in resolve_tasks(["tabular-mlp", "wine-mlp"])] == ["breast-cancer-mlp", "wine-mlp"]
+
+
+def test_hash_ignores_settings_an_arm_does_not_use():
+    gelu = RunConfig(task="wine-mlp", arm="gelu")
+    assert gelu.run_hash == gelu.replace(switch_at=0.5, temperature=0.3).run_hash
+    harden = RunConfig(task="wine-mlp", arm="lambda-harden")
+    assert harden.run_hash != harden.replace(switch_at=0.5).run_hash
+    assert harden.base_hash == harden.replace(switch_at=0.5).base_hash == gelu.base_hash
+    assert harden.replace(switch_at=0.5).variant == "lambda-harden[switch_at=0.5]"
+
+
+@pytest.mark.parametrize("change, message", [({"arm": "swish"}, "arm='swish'"), ({"epochs": 0}, "epochs=0"),
+                                             ({"init_lambda": 0.5}, "init_lambda=0.5"),
+                                             ({"lr": float("nan")}, "lr=nan")])
+def test_bad_values_fail_when_built(change, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig(**{"task": "wine-mlp", "arm": "gelu", **change})
