@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lambda_gelu import LambdaGELU, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, to_relu_
+from lambda_gelu import LambdaGELU, LambdaGELUConfig, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, to_relu_
 
 
 def _mlp():
@@ -116,3 +116,61 @@ def test_high_lambda_approaches_the_relu_model():
     y = model(x)
     to_relu_(model)
     assert (y - model(x)).abs().max() < 1e-4
+
+
+def test_config_and_keyword_overrides():
+    model = _mlp()
+    convert_to_lambda_gelu_(model, config=LambdaGELUConfig(init_lambda=2.0, temperature=0.5), temperature=0.2)
+    assert model[1].lam.item() == pytest.approx(2.0) and model[1].temperature == 0.2
+    with pytest.raises(ValueError, match="LambdaGELUConfig.epsilon=0.9 is invalid"):
+        LambdaGELUConfig(epsilon=0.9)
+
+
+def test_filter_fn_replaces_the_default_match():
+    model = nn.Sequential(nn.Linear(4, 8), nn.SiLU(), nn.Linear(8, 8), nn.GELU())
+    names = convert_to_lambda_gelu_(model, filter_fn=lambda m, fqn: isinstance(m, nn.SiLU))
+    assert names == ["1"] and isinstance(model[1], LambdaGELU) and isinstance(model[3], nn.GELU)
+    with pytest.raises(ValueError, match="found no module that filter_fn accepts"):
+        convert_to_lambda_gelu_(_mlp(), filter_fn=lambda m, fqn: False)
+
+
+def test_new_lambdas_go_to_the_device_of_their_neighbours_or_the_one_given():
+    model = nn.Sequential(nn.Sequential(nn.Linear(4, 8, device="meta"), nn.GELU()), nn.Linear(8, 8), nn.GELU())
+    convert_to_lambda_gelu_(model)
+    assert model[0][1].s.device.type == "meta" and model[2].s.device.type == "cpu"
+    model = _mlp()
+    convert_to_lambda_gelu_(model, device="meta")
+    assert model[1].s.device.type == "meta"
+
+
+def test_per_channel_learns_the_channel_counts_from_an_example():
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 5), nn.GELU())
+    with pytest.raises(ValueError, match="needs example_input"):
+        convert_to_lambda_gelu_(model, config=LambdaGELUConfig(per_channel=True))
+    convert_to_lambda_gelu_(model, config=LambdaGELUConfig(per_channel=True), example_input=torch.randn(2, 4))
+    assert model[1].lam.shape == (8,) and model[3].lam.shape == (5,)
+    assert model(torch.randn(3, 4)).shape == (3, 5)
+
+
+def test_timm_activations_are_recognised_and_lambda_gelu_is_a_timm_act_layer():
+    """timm's own GELU modules (ConvNeXt and others use them) and its act_layer convention (every
+    activation takes `inplace`). timm itself needs torchvision at import, which does not load beside
+    every torch build; then the classes are checked by their qualified names, as the library does."""
+    assert type(LambdaGELU(inplace=True)(torch.ones(1))) is torch.Tensor
+    try:
+        import timm
+        from timm.layers import GELU, GELUTanh
+    except Exception:  # noqa: BLE001 - ImportError, or torchvision's RuntimeError on a mismatched build
+        timm = None
+        GELU = type("GELU", (nn.Module,), {"__module__": "timm.layers.activations", "forward": lambda s, x: F.gelu(x)})
+        GELUTanh = type("GELUTanh", (nn.Module,), {"__module__": "timm.layers.activations",
+                                                   "forward": lambda s, x: F.gelu(x, approximate="tanh")})
+    model = nn.Sequential(nn.Linear(4, 4), GELU(), nn.Linear(4, 4), GELUTanh())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # timm's F.gelu inside GELU.forward is not "functional gelu" to warn about
+        assert convert_to_lambda_gelu_(model) == ["1", "3"]
+    if timm is not None:
+        for name in ("vit_tiny_patch16_224", "convnext_atto"):
+            m = timm.create_model(name, pretrained=False, num_classes=3)
+            assert convert_to_lambda_gelu_(m) and not any(is_gelu_like(x) for x in m.modules())
+            assert timm.create_model("vit_tiny_patch16_224", pretrained=False, act_layer=LambdaGELU) is not None

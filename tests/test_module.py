@@ -56,18 +56,30 @@ def test_per_channel_conv_layout():
         m(torch.randn(2, 3, 4, 4))
 
 
-def test_freeze_and_set_lambda():
+def test_freeze_keeps_s_in_the_graph_with_a_zero_gradient_and_set_lambda():
+    """Frozen: s still receives a gradient (zero), so the set of parameters with gradients never
+    changes; λ is the fixed buffer, whatever s does."""
     m = LambdaGELU()
-    m(torch.randn(5)).sum().backward()
     m.freeze()
-    assert m.frozen and m.s.grad is None
+    assert m.frozen and m.s.requires_grad and m.lambda_start.item() == pytest.approx(1.5)
     m(torch.randn(5, requires_grad=True)).sum().backward()
-    assert m.s.grad is None
+    assert m.s.grad is not None and m.s.grad.item() == 0.0
     m.set_lambda(160.0)
+    assert m.lam.item() == pytest.approx(160.0, rel=1e-7)
+    with torch.no_grad():
+        m.s.add_(3.0)  # an optimizer's momentum or weight decay moving s
     assert m.lam.item() == pytest.approx(160.0, rel=1e-7)
     assert "frozen" in repr(m) and "lam=160" in repr(m)
     with pytest.raises(ValueError, match="λ must be ≥ 1"):
         m.set_lambda(0.5)
+    m.unfreeze()  # learning resumes from the fixed value
+    assert not m.frozen and m.lam.item() == pytest.approx(160.0, rel=1e-5)
+
+
+def test_old_checkpoints_without_the_hardening_buffers_load_as_learning():
+    m = LambdaGELU(init_lambda=3.0)
+    m.load_state_dict({"s": LambdaGELU(init_lambda=2.0).s.detach()})
+    assert not m.frozen and m.lam.item() == pytest.approx(2.0, rel=1e-6)
 
 
 @pytest.mark.parametrize("kwargs, match", [

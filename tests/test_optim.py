@@ -55,3 +55,28 @@ def test_no_lambda_in_model_is_a_clear_error():
         lambda_param_groups(nn.Linear(2, 2), lr=0.1)
     with pytest.raises(ValueError, match="lr must be"):
         lambda_param_groups(_model(), lr=-1)
+
+
+def test_biases_and_norms_can_stay_out_of_weight_decay():
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), LambdaGELU(), nn.Linear(16, 1))
+    by_name = {g["name"]: g for g in lambda_param_groups(model, lr=0.1, weight_decay=0.05, no_decay_1d=True)}
+    assert {id(p) for p in by_name["default"]["params"]} == {id(model[0].weight), id(model[3].weight)}
+    assert by_name["no_decay"]["weight_decay"] == 0.0 and len(by_name["no_decay"]["params"]) == 4
+    assert by_name["lambda"]["params"] == [model[2].s]
+
+
+def test_composes_with_existing_groups():
+    """Layer-wise learning rates: each group's λ gets c times that group's rate and no decay; groups
+    built before conversion (without λ) get a λ group at c·lr; the rest is kept as given."""
+    model = _model()
+    groups = [{"params": list(model[0].parameters()) + [model[1].s], "lr": 0.01, "weight_decay": 0.1},
+              {"params": list(model[2].parameters()) + list(model[4].parameters()) + [model[3].s], "lr": 0.1}]
+    out = lambda_param_groups(model, lr=0.5, multiplier=9, groups=groups)
+    assert [(len(g["params"]), g["lr"], g.get("weight_decay")) for g in out] == [
+        (2, 0.01, 0.1), (1, pytest.approx(0.09), 0.0), (4, 0.1, None), (1, pytest.approx(0.9), 0.0)]
+    torch.optim.AdamW(out)  # a valid optimizer: every parameter once
+    before = [{"params": [p for n, p in model.named_parameters() if not n.endswith(".s")], "lr": 0.02}]
+    out = lambda_param_groups(model, lr=0.02, groups=before)
+    assert out[-1]["name"] == "lambda" and len(out[-1]["params"]) == 2 and out[-1]["lr"] == pytest.approx(0.18)
+    with pytest.raises(ValueError, match="groups hold no entry for 4 parameters .* .2.weight."):
+        lambda_param_groups(model, lr=0.1, groups=[{"params": list(model[0].parameters())}])

@@ -2,12 +2,15 @@
 
     f(x; λ) = x · Φ(λx),   λ = 1: GELU,   λ → ∞: ReLU.
 
-The pieces, one per file: ``functional`` (the op and its math; ``_compiled`` its fused kernels),
+The pieces, one per file: ``config`` (``LambdaGELUConfig``, the paper's settings in one place),
+``functional`` (the op and its math; ``_compiled`` and ``_native`` its fused kernels),
 ``module`` (``LambdaGELU``), ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``),
 ``convert`` (model surgery), ``registry`` (activations by name). For deployment, imported on
 demand: ``deploy`` (ONNX export, int8 with ONNX Runtime, sparsity; the ``[deploy]`` extra) and
-``verify`` (interval/CROWN bounds and exact MILP verification of ReLU networks; scipy only).
+``verify`` (interval/CROWN bounds and exact MILP verification of ReLU networks; scipy only);
+``integrations.transformers`` and ``integrations.lightning`` (hardening callbacks for those trainers).
 """
+from .config import DEFAULTS, LambdaGELUConfig
 from .convert import GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, replace_modules_, to_relu_
 from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target, set_backend
 from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
@@ -18,6 +21,7 @@ from .schedule import HardeningSchedule
 __version__ = "0.1.0"
 
 __all__ = [
+    "LambdaGELUConfig", "DEFAULTS",
     "lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "backend", "set_backend", "get_backend",
     "LambdaGELU", "lambda_to_raw", "raw_to_lambda",
     "lambda_param_groups", "HardeningSchedule",

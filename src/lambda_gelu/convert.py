@@ -5,7 +5,8 @@ Which modules count as GELU (``GELU_LIKE``):
 - ``torch.nn.GELU`` with ``approximate="none"`` (exact) or ``"tanh"``;
 - Hugging Face transformers' activation modules, recognised by class name and module without
   importing transformers: exact ``GELUActivation``; the tanh family ``NewGELUActivation``,
-  ``GELUTanh``, ``PytorchGELUTanh``, ``FastGELUActivation``, ``AccurateGELUActivation``.
+  ``GELUTanh``, ``PytorchGELUTanh``, ``FastGELUActivation``, ``AccurateGELUActivation``;
+- timm's ``GELU`` and ``GELUTanh`` (``timm.layers``, used by ConvNeXt and others), likewise by name.
 
 λ-GELU uses the exact Φ; the tanh approximation differs from it by at most 4.7e-4 (at |x| ≈ 2.3),
 so converting a tanh-GELU model changes its outputs by that much per activation. Not converted:
@@ -20,16 +21,21 @@ import re
 import warnings
 from collections.abc import Callable, Iterator
 
+import torch
 import torch.nn as nn
 
+from .config import DEFAULTS, LambdaGELUConfig
 from .module import LambdaGELU
 
 __all__ = ["convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE"]
 
 GELU_LIKE = ("torch.nn.GELU", "transformers.*.GELUActivation", "transformers.*.NewGELUActivation",
              "transformers.*.GELUTanh", "transformers.*.PytorchGELUTanh",
-             "transformers.*.FastGELUActivation", "transformers.*.AccurateGELUActivation")
-_HF_GELU_NAMES = {name.rsplit(".", 1)[1] for name in GELU_LIKE if name.startswith("transformers")}
+             "transformers.*.FastGELUActivation", "transformers.*.AccurateGELUActivation",
+             "timm.*.GELU", "timm.*.GELUTanh")
+_GELU_NAMES: dict[str, set[str]] = {}  # package → class names
+for _name in GELU_LIKE[1:]:
+    _GELU_NAMES.setdefault(_name.split(".")[0], set()).add(_name.rsplit(".", 1)[1])
 # F.gelu(, functional.gelu(, a bare gelu( or gelu_new( — but not self.gelu( (a module attribute)
 _FUNCTIONAL_GELU = re.compile(r"(?:\bF\.|\bfunctional\.|(?<![\w.]))gelu\w*\s*\(")
 
@@ -41,7 +47,7 @@ def is_gelu_like(module: nn.Module) -> bool:
     if isinstance(module, nn.GELU):
         return True
     cls = type(module)
-    return cls.__name__ in _HF_GELU_NAMES and cls.__module__.split(".")[0] == "transformers"
+    return cls.__name__ in _GELU_NAMES.get(cls.__module__.split(".")[0], ())
 
 
 def lambda_modules(model: nn.Module) -> Iterator[tuple[str, LambdaGELU]]:
@@ -94,21 +100,96 @@ def _warn_functional_gelu(model: nn.Module) -> None:
                           stacklevel=3)
 
 
-def convert_to_lambda_gelu_(model: nn.Module, filter_fn: FilterFn | None = None, **module_kwargs) -> list[str]:
-    """Replace, in place, every GELU-like module (see ``GELU_LIKE``) by ``LambdaGELU(**module_kwargs)``.
+def convert_to_lambda_gelu_(model: nn.Module, config: LambdaGELUConfig | None = None,
+                            filter_fn: FilterFn | None = None, device: torch.device | str | None = None,
+                            example_input=None, **module_kwargs) -> list[str]:
+    """Replace, in place, every GELU-like module (see ``GELU_LIKE``) by a ``LambdaGELU``.
 
-    ``filter_fn(module, fqn)`` may narrow the choice. Returns the qualified names replaced; raises
-    ``ValueError`` if there was nothing to replace. The new λ parameters are float32 on the model's
-    device (λ needs the precision even in a bf16 model); build the optimizer after converting.
+    Args:
+        config: λ₀, t and per-channel from a :class:`LambdaGELUConfig` (default
+            :data:`lambda_gelu.DEFAULTS`); ``module_kwargs`` (``init_lambda=``, ``temperature=``,
+            ``channel_dim=``) override single settings.
+        filter_fn: ``filter_fn(module, fqn) -> bool`` chooses which modules to replace, *instead of*
+            the GELU match (as torchao's ``quantize_``): it may convert other activations too.
+        device: where the new λ parameters live; default: the device of the replaced module's
+            nearest parent that has parameters or buffers (so a model split across devices works).
+        example_input: with ``config.per_channel``, one batch (a tensor, a tuple of positional
+            arguments or a dict of keyword arguments), run once to learn each layer's channel
+            count along ``channel_dim``.
+
+    Returns the qualified names replaced; raises ``ValueError`` if there was nothing to replace. The
+    new λ parameters are float32 (λ needs the precision even in a bf16 model); build the optimizer
+    after converting.
     """
-    LambdaGELU(**module_kwargs)  # validate the arguments once, before touching the model
-    match = (lambda m, fqn: is_gelu_like(m) and filter_fn(m, fqn)) if filter_fn else (lambda m, fqn: is_gelu_like(m))
-    _warn_functional_gelu(model)
-    replaced = replace_modules_(model, match, lambda old: LambdaGELU(**module_kwargs).to(_device_of(model)), "GELU")
+    config = config or DEFAULTS
+    kwargs = {"init_lambda": config.init_lambda, "temperature": config.temperature, **module_kwargs}
+    LambdaGELU(**kwargs)  # validate the arguments once, before touching the model
+    match = filter_fn or (lambda m, fqn: is_gelu_like(m))
+    if filter_fn is None:
+        _warn_functional_gelu(model)
+    channels = _channel_counts(model, match, example_input, kwargs.get("channel_dim", -1)) if config.per_channel else {}
+    devices = _devices(model)
+
+    def make(old: nn.Module) -> nn.Module:
+        extra = {"num_channels": channels[id(old)]} if config.per_channel else {}
+        return LambdaGELU(**kwargs, **extra).to(device if device is not None else devices[id(old)])
+
+    replaced = replace_modules_(model, match, make, "GELU")
     if not replaced:
-        raise ValueError("convert_to_lambda_gelu_ found no GELU module to replace (looked for: "
-                         + ", ".join(GELU_LIKE) + ("; filter_fn rejected all" if filter_fn else "") + ")")
+        raise ValueError("convert_to_lambda_gelu_ found no " + ("module that filter_fn accepts" if filter_fn else
+                                                                 "GELU module to replace (looked for: "
+                                                                 + ", ".join(GELU_LIKE) + ")"))
     return replaced
+
+
+def _devices(model: nn.Module) -> dict[int, torch.device]:
+    """Each submodule (by id) → a device: that of its own tensors, else of the sibling before it
+    (a GELU follows the Linear that feeds it), else of the sibling after it, else its parent's."""
+    out: dict[int, torch.device] = {}
+
+    def own(m: nn.Module):
+        t = next(m.parameters(), None)
+        t = t if t is not None else next(m.buffers(), None)
+        return None if t is None else t.device
+
+    def visit(m: nn.Module, here: torch.device) -> None:
+        out.setdefault(id(m), here)
+        children = list(m.children())
+        devices = [own(c) for c in children]
+        for i, child in enumerate(children):
+            before = next((d for d in reversed(devices[:i]) if d is not None), None)
+            after = next((d for d in devices[i + 1:] if d is not None), None)
+            visit(child, devices[i] or before or after or here)
+
+    visit(model, own(model) or torch.device("cpu"))
+    return out
+
+
+def _channel_counts(model: nn.Module, match: FilterFn, example_input, channel_dim: int) -> dict[int, int]:
+    """Run ``example_input`` through ``model`` once; the size of each matched module's input along ``channel_dim``."""
+    if example_input is None:
+        raise ValueError("per-channel conversion needs example_input= (one batch) to learn each layer's "
+                         "channel count")
+    found, handles = {}, []
+
+    def record(mod, args):
+        found.setdefault(id(mod), args[0].shape[channel_dim])  # returns None: the input is left alone
+
+    for fqn, m in model.named_modules():
+        if fqn and match(m, fqn):
+            handles.append(m.register_forward_pre_hook(record))
+    try:
+        with torch.no_grad():
+            if isinstance(example_input, dict):
+                model(**example_input)
+            elif isinstance(example_input, tuple):
+                model(*example_input)
+            else:
+                model(example_input)
+    finally:
+        for h in handles:
+            h.remove()
+    return found
 
 
 def to_relu_(model: nn.Module, filter_fn: FilterFn | None = None, include_gelu: bool = False) -> list[str]:
@@ -126,8 +207,3 @@ def to_relu_(model: nn.Module, filter_fn: FilterFn | None = None, include_gelu: 
         looked_for = "LambdaGELU" + (", " + ", ".join(GELU_LIKE) if include_gelu else "")
         raise ValueError(f"to_relu_ found nothing to replace (looked for: {looked_for})")
     return replaced
-
-
-def _device_of(model: nn.Module):
-    p = next(model.parameters(), None)
-    return p.device if p is not None else "cpu"

@@ -9,14 +9,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .config import DEFAULTS
 from .functional import lambda_gelu
 
 __all__ = ["LambdaGELU", "lambda_to_raw", "raw_to_lambda"]
 
-DEFAULT_INIT_LAMBDA = 1.5
-DEFAULT_TEMPERATURE = 0.1
+DEFAULT_INIT_LAMBDA = DEFAULTS.init_lambda
+DEFAULT_TEMPERATURE = DEFAULTS.temperature
 RAW_EXACT_GELU = -1000.0  # s/t at or below which λ is exactly 1: softplus(−1000) = 0 in every float type
 _HALF = (torch.float16, torch.bfloat16)
+# The hardening state, as buffers: name → (dtype, default, one per channel?). Default: learning.
+_STATE = {
+    "lambda_frozen": (torch.bool, False, False),
+    "lambda_fixed": (torch.float32, 1.0, True),     # λ while frozen
+    "lambda_start": (torch.float32, 1.0, True),     # λ when it was frozen
+    "hardening_step": (torch.int64, 0, False),      # steps the hardening schedule has taken
+}
 
 
 def raw_to_lambda(s: Tensor, temperature: float) -> Tensor:
@@ -54,6 +62,14 @@ class LambdaGELU(nn.Module):
     The temperature amplifies λ's step by 1/t²; :func:`lambda_gelu.lambda_param_groups` gives ``s``
     its own learning rate (c·η) and no weight decay, which would otherwise pull λ towards 1 + ln 2.
 
+    Frozen λ (hardening). :meth:`freeze` makes λ the buffer ``lambda_fixed`` (set by
+    :meth:`set_lambda`, e.g. by :class:`lambda_gelu.HardeningSchedule`) while ``s`` stays in the graph
+    with a zero gradient. So freezing never changes which parameters receive gradients (as
+    DistributedDataParallel and FSDP require), no optimizer state (momentum, Adam's moments, weight
+    decay) can move a frozen λ, and everything the schedule needs — ``lambda_frozen``,
+    ``lambda_fixed``, ``lambda_start`` (λ when frozen) and ``hardening_step`` — is in the module's
+    buffers: ``model.state_dict()`` is a complete checkpoint under any framework.
+
     Args:
         init_lambda: starting λ, ≥ 1. The default 1.5 starts close to GELU (gate L1 gap 0.53
             against GELU's 0.80) where λ still learns freely: ∂λ/∂s ∝ σ(s/t) = λ − 1 for λ near 1,
@@ -65,6 +81,8 @@ class LambdaGELU(nn.Module):
         num_channels: None for one λ for the whole layer, or C for one λ per channel.
         channel_dim: the input dimension the C channels run along: -1 (features, the default) or
             1 for NCHW convolution maps.
+        inplace: ignored (the output is always a new tensor); accepted so that timm's
+            ``create_model(..., act_layer=LambdaGELU)`` can pass it, as to any of its activations.
     """
 
     def __init__(
@@ -73,8 +91,9 @@ class LambdaGELU(nn.Module):
         temperature: float = DEFAULT_TEMPERATURE,
         num_channels: int | None = None,
         channel_dim: int = -1,
+        inplace: bool = False,
     ):
-        super().__init__()
+        super().__init__()  # inplace: accepted as every timm activation accepts it; λ-GELU is never in place
         if not isinstance(init_lambda, numbers.Real) or not init_lambda >= 1.0 or math.isinf(init_lambda):
             raise ValueError(f"init_lambda must be a finite number ≥ 1 (1 is exact GELU), got {init_lambda!r}")
         if not isinstance(temperature, numbers.Real) or not temperature > 0:
@@ -87,9 +106,13 @@ class LambdaGELU(nn.Module):
         shape = () if num_channels is None else (num_channels,)
         raw = lambda_to_raw(float(init_lambda), self.temperature).item()
         self.s = nn.Parameter(torch.full(shape, raw, dtype=torch.float32))
+        for name, (dtype, default, per_channel) in _STATE.items():
+            self.register_buffer(name, torch.full(shape if per_channel else (), default, dtype=dtype))
 
     def _lambda(self) -> Tensor:
-        return raw_to_lambda(self.s, self.temperature)
+        learned = raw_to_lambda(self.s, self.temperature)
+        # frozen: the fixed λ, and s in the graph with a zero gradient (never unused, never moved)
+        return torch.where(self.lambda_frozen, self.lambda_fixed.to(learned.dtype), learned)
 
     @property
     def lam(self) -> Tensor:
@@ -99,34 +122,64 @@ class LambdaGELU(nn.Module):
 
     @property
     def frozen(self) -> bool:
-        return not self.s.requires_grad
+        return bool(self.lambda_frozen)
 
+    @torch.no_grad()
     def freeze(self) -> None:
-        """Stop learning λ: no gradient reaches ``s``, so no optimizer (momentum included) moves it."""
-        self.s.requires_grad_(False)
-        self.s.grad = None
+        """Stop learning λ: from now on λ is ``lambda_fixed`` (the current λ until :meth:`set_lambda`
+        changes it) and ``s`` receives a zero gradient. The λ at this moment is kept in
+        ``lambda_start``. Freezing a frozen module changes nothing."""
+        if self.frozen:
+            return
+        lam = raw_to_lambda(self.s, self.temperature)
+        self.lambda_start.copy_(lam)
+        self.lambda_fixed.copy_(lam)
+        self.lambda_frozen.fill_(True)
 
+    @torch.no_grad()
     def unfreeze(self) -> None:
-        self.s.requires_grad_(True)
+        """Learn λ again, from its current (fixed) value."""
+        if self.frozen:
+            self.s.copy_(lambda_to_raw(self.lambda_fixed.double(), self.temperature).to(self.s.dtype))
+            self.lambda_frozen.fill_(False)
 
     @torch.no_grad()
     def set_lambda(self, value: float | Tensor) -> None:
-        """Set λ (a number, or one value per channel) by writing the matching ``s``."""
-        raw = lambda_to_raw(value, self.temperature)
+        """Set λ (a number, or one value per channel): the fixed λ if frozen, else through ``s``."""
+        raw = lambda_to_raw(value, self.temperature)  # validates λ ≥ 1
         if raw.dim() > 0 and raw.shape != self.s.shape:
             raise ValueError(f"set_lambda got shape {tuple(raw.shape)} for λ of shape {tuple(self.s.shape)}")
-        self.s.copy_(raw.to(self.s.dtype).expand_as(self.s))
+        if self.frozen:
+            value = torch.as_tensor(value, dtype=torch.float64)
+            self.lambda_fixed.copy_(value.to(self.lambda_fixed.dtype).expand_as(self.lambda_fixed))
+        else:
+            self.s.copy_(raw.to(self.s.dtype).expand_as(self.s))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # checkpoints from before the hardening state lived in buffers: a learning (unfrozen) module
+        for name, (_, default, _) in _STATE.items():
+            if prefix + "s" in state_dict and prefix + name not in state_dict:
+                state_dict[prefix + name] = getattr(self, name).clone().fill_(default)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def _apply(self, fn, recurse=True):
         """Keep ``s`` in its precision when the model is cast to float16/bfloat16 (``.half()``,
         ``.to(torch.bfloat16)``): near λ_target float16 resolves λ only to about ±0.1. The input is
         still computed in float32 and returned in its own dtype, as for any half-precision input."""
-        before = self.s.data
+        before = {name: t.data for name, t in (("s", self.s), ("lambda_fixed", self.lambda_fixed),
+                                               ("lambda_start", self.lambda_start))}
         super()._apply(fn, recurse)
-        if self.s.dtype in _HALF and before.dtype not in _HALF:
-            self.s.data = before.to(self.s.device)
-            if self.s.grad is not None:
-                self.s.grad = self.s.grad.to(before.dtype)
+        for name, old in before.items():
+            t = getattr(self, name)
+            if t.dtype in _HALF and old.dtype not in _HALF:
+                if name == "s":
+                    t.data = old.to(t.device)
+                    if t.grad is not None:
+                        t.grad = t.grad.to(old.dtype)
+                else:
+                    setattr(self, name, old.to(t.device))
         return self
 
     def forward(self, x: Tensor) -> Tensor:

@@ -7,6 +7,8 @@ import json
 import math
 from dataclasses import dataclass, fields
 
+from lambda_gelu import DEFAULTS
+
 # Which λ/hardening settings matter to which arm. Fields not listed for an arm do not enter its hash,
 # so e.g. the GELU baseline is computed once and shared by every switch-point ablation.
 LAMBDA_FIELDS = ("init_lambda", "temperature", "multiplier")
@@ -41,11 +43,12 @@ class RunConfig:
     momentum: float = 0.9           # SGD only
     weight_decay: float = 5e-4      # on weights, never on λ
     warmup: float = 0.0             # fraction of steps with linear LR warm-up, then cosine to 0
-    init_lambda: float = 1.5        # λ at initialisation
-    temperature: float = 0.1        # t in λ = 1 + softplus(s/t)
-    multiplier: float = 9.0         # λ's learning rate = multiplier · lr
-    switch_at: float = 0.25         # fraction of training after which λ is frozen and annealed
-    epsilon: float = 0.005          # target L1 gap between gate and step → λ_target ≈ 159.6
+    # the λ settings default to the library's (lambda_gelu.DEFAULTS, the paper's values)
+    init_lambda: float = DEFAULTS.init_lambda   # λ at initialisation
+    temperature: float = DEFAULTS.temperature   # t in λ = 1 + softplus(s/t)
+    multiplier: float = DEFAULTS.multiplier     # λ's learning rate = multiplier · lr
+    switch_at: float = DEFAULTS.switch_at       # fraction of training after which λ is frozen and annealed
+    epsilon: float = DEFAULTS.epsilon           # target L1 gap between gate and step → λ_target ≈ 159.6
     train_limit: int = 0            # use only the first N training examples (0: all) — for smoke tests
 
     def __post_init__(self):
