@@ -99,3 +99,16 @@ def test_bad_arguments(kwargs, match):
         HardeningSchedule(model, **kwargs)
     with pytest.raises(ValueError, match="found no LambdaGELU"):
         HardeningSchedule(nn.Linear(2, 2), total_steps=10)
+
+
+def test_wrapped_models_and_a_trainers_global_step():
+    """torch.compile's '_orig_mod.' and DDP's 'module.' do not change the layer names; a trainer's
+    global step may drive the schedule instead of counting calls."""
+    model, opt = _setup()
+    sched = HardeningSchedule(torch.compile(model), total_steps=40)
+    assert set(sched.modules) == {"1", "3"}
+    sched.step(25)  # jump: frozen at step 10's λ (the current one), then a = 15/30
+    assert sched.step_count == 25 and model[1].frozen
+    assert model[1].lam.item() == pytest.approx(0.5 * 1.5 + 0.5 * lambda_target(0.005), rel=1e-6)
+    with pytest.raises(ValueError, match="global_step must be ≥ 0"):
+        sched.step(-1)

@@ -1,0 +1,80 @@
+"""Hardening under DistributedDataParallel: two gloo ranks on this machine, through the switch and the
+anneal, with DDP's default find_unused_parameters=False (freezing once broke it at the switch)."""
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+import lambda_gelu as lg
+
+STEPS, WORLD = 40, 2
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), lg.LambdaGELU(), nn.Linear(32, 32), lg.LambdaGELU(num_channels=32),
+                         nn.Linear(32, 1))
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(STEPS, 64, 8, generator=g), torch.randn(STEPS, 64, 1, generator=g)
+
+
+def _train(model, step_model, rank=0, world=1):
+    """SGD with momentum on λ groups, the schedule stepped after each optimizer step; each rank takes
+    its equal share of the same global batch, so DDP's averaged gradient is the full batch's."""
+    opt = torch.optim.SGD(lg.lambda_param_groups(model, lr=0.05, weight_decay=1e-3), momentum=0.9)
+    sched = lg.HardeningSchedule(step_model, total_steps=STEPS)
+    xs, ys = _data()
+    for x, y in zip(xs, ys):
+        loss = nn.functional.mse_loss(step_model(x[rank::world]), y[rank::world])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return sched
+
+
+def _rank(rank, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        model = _model()
+        ddp = DistributedDataParallel(model)  # find_unused_parameters=False
+        sched = _train(model, ddp, rank, WORLD)
+        torch.save({"state": model.state_dict(), "lambdas": sched.current_lambdas(), "step": sched.step_count},
+                   os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ddp_through_switch_and_anneal_matches_a_single_process(tmp_path):
+    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    for key, value in ranks[0]["state"].items():  # every rank holds the same model, λ state included
+        assert torch.equal(value, ranks[1]["state"][key]), key
+    assert ranks[0]["step"] == STEPS and set(ranks[0]["lambdas"]) == {"1", "3"}  # names without DDP's "module."
+
+    single = _model()
+    sched = _train(single, single)
+    for key, value in single.state_dict().items():  # the same global batch: equal up to float rounding
+        torch.testing.assert_close(ranks[0]["state"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    target = lg.lambda_target(0.005)
+    assert all(abs(v - target) < 1e-3 for lam in sched.current_lambdas().values()
+               for v in (lam if isinstance(lam, list) else [lam]))
+    assert ranks[0]["state"]["1.lambda_frozen"] and not torch.equal(ranks[0]["state"]["1.lambda_start"],
+                                                                    torch.tensor(1.5))  # λ learned, then annealed
