@@ -2,6 +2,7 @@
 
     lambda-gelu                      the demo: a small sweep on offline data and its report (≈ 2 min)
     lambda-gelu run TASK... [--seeds N] [--epochs E] [--arms A...] [--switch-at F] [--set k=v...] [--out DIR]
+                     [--workers N] [--executor local|ray [--address ADDR]] [--threads T]
     lambda-gelu report [--out DIR] [--output FILE]
     lambda-gelu export --csv [--out DIR]
     lambda-gelu deploy [--out DIR] [--task T...]   int8 ONNX, verification, sparsity of stored models
@@ -45,7 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-weights", action="store_true", help="do not store trained weights")
     run.add_argument("--no-report", action="store_true", help="do not write report.md after the sweep")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    run.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    run.add_argument("--threads", type=int, default=None,
+                     help="torch threads (in this process: torch's choice; per worker: 1)")
+    run.add_argument("--workers", type=int, default=None,
+                     help="train this many runs at once in local processes (or Ray's local cluster size)")
+    run.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="where runs train: here (local, with --workers: local processes) or as Ray tasks")
+    run.add_argument("--address", default=None, help="an existing Ray cluster (with --executor ray)")
 
     sub.add_parser("demo", help="the default sweep (same as `lambda-gelu run` with no task)").add_argument(
         "--out", default=DEMO_OUT)
@@ -78,13 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from .config import ConfigError
         from .data import DataError
+        from .runner import SweepError
         from .store import StoreError
     except ImportError as e:  # pragma: no cover - only without the [lab] extra
         print(f"error: the lab needs its extra: pip install 'lambda-gelu[lab]' ({e})", file=sys.stderr)
         return 2
     try:
         _check_args(args)
-        if getattr(args, "threads", None):
+        if getattr(args, "threads", None) and getattr(args, "executor", "local") == "local" and (
+                getattr(args, "workers", None) or 1) == 1:  # otherwise each worker takes --threads
             import torch
             torch.set_num_threads(args.threads)
         if args.command in ("report", "export", "deploy"):
@@ -121,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except OSError as e:  # an unwritable --out, a full disk: the environment, not a bug
         where = f" ({e.filename})" if e.filename else ""
         print(f"error: {e.strerror or e}{where}; choose another --out or free the place", file=sys.stderr)
@@ -133,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # options the demo does not use, with their defaults: given with no task, they are an error, not ignored
 _DEMO_IGNORES = {"seeds": None, "epochs": None, "arms": None, "switch_at": None, "overrides": [], "first_seed": 0,
-                 "no_weights": False, "no_report": False}
+                 "no_weights": False, "no_report": False, "workers": None, "executor": "local", "address": None}
 
 
 def _check_args(args) -> None:
@@ -145,7 +157,9 @@ def _check_args(args) -> None:
         if given:
             raise ConfigError(f"{', '.join(given)}: these options need a task: name one (see `lambda-gelu tasks`), "
                               "or run the demo without them")
-    for name, low in (("threads", 1), ("seeds", 1), ("points", 1), ("epochs", 1), ("first_seed", 0)):
+    if getattr(args, "address", None) and args.executor != "ray":
+        raise ConfigError("--address names a Ray cluster: use it with --executor ray")
+    for name, low in (("threads", 1), ("seeds", 1), ("points", 1), ("epochs", 1), ("first_seed", 0), ("workers", 1)):
         value = getattr(args, name, None)
         if value is not None and value < low:
             raise ConfigError(f"--{name.replace('_', '-')} must be ≥ {low}, got {value}")
@@ -162,7 +176,8 @@ def _require_store(out: str) -> None:
         raise ConfigError(f"no results in {out} (no {DB_NAME}): run `lambda-gelu run TASK --out {out}` first")
 
 
-def _sweep(task_names, seeds, first_seed, epochs_for, arms, overrides, out, data_dir, keep_weights, quiet, command):
+def _sweep(task_names, seeds, first_seed, epochs_for, arms, overrides, out, data_dir, keep_weights, quiet, command,
+           execution=None):
     from .config import DEFAULT_ARMS
     from .runner import plan, run_sweep
     from .store import Store
@@ -176,8 +191,21 @@ def _sweep(task_names, seeds, first_seed, epochs_for, arms, overrides, out, data
             task_overrides["epochs"] = epochs_for(task.name)
         runs += plan([task], arms or DEFAULT_ARMS, range(first_seed, first_seed + seeds), task_overrides)
     with Store(out) as store:
-        run_sweep(runs, store, data_dir=data_dir, keep_weights=keep_weights, progress=not quiet, command=command)
+        run_sweep(runs, store, data_dir=data_dir, keep_weights=keep_weights, progress=not quiet, command=command,
+                  **(execution or {}))
     return out
+
+
+def _execution(args) -> dict:
+    """--executor / --workers / --threads / --address as run_sweep's arguments."""
+    import os
+    if args.executor == "ray":
+        threads = args.threads or 1
+        return {"executor": "ray", "threads": threads, "address": args.address,
+                "workers": args.workers or max(1, (os.cpu_count() or 1) // threads)}
+    if args.workers and args.workers > 1:
+        return {"executor": "processes", "workers": args.workers, "threads": args.threads or 1}
+    return {}
 
 
 def _run(args, command) -> int:
@@ -186,7 +214,7 @@ def _run(args, command) -> int:
     if args.switch_at is not None:
         overrides["switch_at"] = args.switch_at
     out = _sweep(args.tasks, 10 if args.seeds is None else args.seeds, args.first_seed, lambda name: args.epochs, args.arms, overrides,
-                 args.out or DEFAULT_OUT, args.data_dir, not args.no_weights, args.quiet, command)
+                 args.out or DEFAULT_OUT, args.data_dir, not args.no_weights, args.quiet, command, _execution(args))
     if not args.no_report:
         from .report import build_report
         print(f"report: {build_report(out)}")

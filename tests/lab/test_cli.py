@@ -45,6 +45,11 @@ CASES = [  # (argv, results directory, message)
     (["run", "wine-mlp", "--epochs", "0"], "store", "--epochs must be ≥ 1, got 0"),
     (["run", "wine-mlp", "--threads", "-1"], "store", "--threads must be ≥ 1, got -1"),
     (["run", "wine-mlp", "--threads", "two"], "store", "argument --threads: invalid int value: 'two'"),
+    (["run", "wine-mlp", "--workers", "0"], "store", "--workers must be ≥ 1, got 0"),
+    (["run", "wine-mlp", "--executor", "dask"], "store", "argument --executor: invalid choice: 'dask'"),
+    (["run", "wine-mlp", "--address", "10.0.0.1:6379"], "store", "--address names a Ray cluster: use it with --executor ray"),
+    (["run", "wine-mlp", "--executor", "ray", "--address", "head"], "store", "--address must be auto, HOST:PORT or ray://"),
+    (["run", "--workers", "2"], "store", "--workers: these options need a task"),
     (["run", "fmnist-mlp", "--data-dir", "/nonexistent"], "store", "Fashion-MNIST not found in /nonexistent"),
     (["run", "wine-mlp"], "garbage", "is not a results store"),
     (["run", "wine-mlp"], "foreign", "an SQLite database of something else"),
@@ -71,7 +76,7 @@ CASES = [  # (argv, results directory, message)
 def test_bad_input_is_one_clear_line_and_leaves_the_results_untouched(tmp_path, capsys, argv, kind, message):
     out = _store_dir(tmp_path, kind)
     before = _snapshot(out)
-    with pytest.raises(SystemExit) if argv[0] in ("nonsense", "demo") or "two" in argv else _no_exit() as exited:
+    with pytest.raises(SystemExit) if argv[0] in ("nonsense", "demo") or "two" in argv or "dask" in argv else _no_exit() as exited:
         status = main(argv + ["--out", str(out)] + (["--quiet"] if argv[0] == "run" else []))
     if exited is not None:
         status = exited.value.code
