@@ -78,3 +78,33 @@ def test_ddp_through_switch_and_anneal_matches_a_single_process(tmp_path):
                for v in (lam if isinstance(lam, list) else [lam]))
     assert ranks[0]["state"]["1.lambda_frozen"] and not torch.equal(ranks[0]["state"]["1.lambda_start"],
                                                                     torch.tensor(1.5))  # λ learned, then annealed
+
+
+def _fsdp_rank(rank, port, out):
+    from torch.distributed.fsdp import fully_shard
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        model = nn.Sequential(nn.Linear(8, 32), lg.LambdaGELU(num_channels=32), nn.Linear(32, 1))
+        fully_shard(model)
+        try:
+            lg.HardeningSchedule(model, total_steps=STEPS)
+            message = "no error"
+        except NotImplementedError as e:
+            message = str(e)
+        with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
+            f.write(message)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_fsdp_sharded_lambdas_are_refused_clearly(tmp_path):
+    """FSDP shards λ's raw parameter, and freezing would read a shard as λ: refused with one message,
+    on every rank, rather than annealing from wrong values."""
+    pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP")
+    mp.spawn(_fsdp_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    for r in range(WORLD):
+        message = (tmp_path / f"rank{r}.txt").read_text()
+        assert "sharded (FSDP's fully_shard)" in message and "DistributedDataParallel" in message, message

@@ -65,7 +65,7 @@ class LambdaGELU(nn.Module):
     Frozen λ (hardening). :meth:`freeze` makes λ the buffer ``lambda_fixed`` (set by
     :meth:`set_lambda`, e.g. by :class:`lambda_gelu.HardeningSchedule`) while ``s`` stays in the graph
     with a zero gradient. So freezing never changes which parameters receive gradients (as
-    DistributedDataParallel and FSDP require), no optimizer state (momentum, Adam's moments, weight
+    DistributedDataParallel requires), no optimizer state (momentum, Adam's moments, weight
     decay) can move a frozen λ, and everything the schedule needs — ``lambda_frozen``,
     ``lambda_fixed``, ``lambda_start`` (λ when frozen) and ``hardening_step`` — is in the module's
     buffers: ``model.state_dict()`` is a complete checkpoint under any framework.

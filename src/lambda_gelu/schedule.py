@@ -22,12 +22,20 @@ def canonical_name(name: str) -> str:
     return name.replace("._orig_mod.", ".")
 
 
+def _is_sharded(p: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed support
+        return False
+    return isinstance(p, DTensor)
+
+
 class HardeningSchedule:
     """Call ``.step()`` after every optimizer step (or ``.step(global_step)`` with a trainer's count).
 
     Steps ``k = 0 … switch_step`` leave λ to the optimizer. At ``switch_step = floor(switch_at ·
     total_steps)`` every λ-GELU is frozen (see :meth:`LambdaGELU.freeze`: λ becomes a buffer, ``s``
-    keeps a zero gradient, so no optimizer moves it and DDP/FSDP see the same parameters as before)
+    keeps a zero gradient, so no optimizer moves it and DDP sees the same parameters as before)
     and its learned λ is recorded. From there λ follows the straight line
 
         λ_k = (1 − a) · λ_learned + a · λ_target,     a = (k − switch_step) / (total_steps − switch_step),
@@ -61,6 +69,11 @@ class HardeningSchedule:
         if not self.modules:
             raise ValueError("HardeningSchedule found no LambdaGELU in the model; "
                              "call lambda_gelu.convert_to_lambda_gelu_(model) first")
+        sharded = [name for name, m in self.modules.items() if _is_sharded(m.s)]
+        if sharded:  # freeze() would read a shard of s as if it were λ's raw value
+            raise NotImplementedError(
+                f"the λ parameters of {sharded[0]!r} are sharded (FSDP's fully_shard), which the hardening "
+                "schedule does not support yet; wrap the model with DistributedDataParallel instead")
         self.total_steps = int(total_steps)
         self.switch_at = float(switch_at)
         self.switch_step = int(self.switch_at * self.total_steps)
