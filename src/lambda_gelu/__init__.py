@@ -5,7 +5,8 @@
 The pieces, one per file: ``config`` (``LambdaGELUConfig``, the paper's settings in one place),
 ``functional`` (the op and its math; ``_compiled`` and ``_native`` its fused kernels),
 ``module`` (``LambdaGELU``), ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``),
-``convert`` (model surgery), ``registry`` (activations by name). For deployment, imported on
+``convert`` (model surgery), ``registry`` (activations by name), ``reluize`` (a pretrained GELU
+network → exact ReLU: annealed distillation from its frozen original). For deployment, imported on
 demand: ``deploy`` (ONNX export, int8 with ONNX Runtime, sparsity; the ``[deploy]`` extra) and
 ``verify`` (interval/CROWN bounds and exact MILP verification of ReLU networks; scipy only);
 ``integrations.transformers`` and ``integrations.lightning`` (hardening callbacks for those trainers).
@@ -16,6 +17,7 @@ from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_r
 from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
 from .optim import lambda_param_groups
 from .registry import create_act, get_act_layer
+from .reluize import ReluizeResult, reluize
 from .schedule import HardeningSchedule
 
 __version__ = "0.1.0"
@@ -27,4 +29,5 @@ __all__ = [
     "lambda_param_groups", "HardeningSchedule",
     "convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
     "get_act_layer", "create_act",
+    "reluize", "ReluizeResult",
 ]

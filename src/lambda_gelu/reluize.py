@@ -1,0 +1,337 @@
+r"""ReLU-ize a pretrained GELU network: anneal its gates to the step while it distils from its original.
+
+    result = lambda_gelu.reluize(model, batches, steps=300)     # model is now an exact-ReLU network
+
+Every GELU-like module ``g`` (see :data:`lambda_gelu.GELU_LIKE`) becomes ``x ↦ g(λx)/λ`` for a
+hardness λ set by the schedule, not learned. At λ = 1 that *is* the original module, called as it
+is, so step 0 reproduces the network bit for bit whatever its GELU form (exact, tanh as GPT-2's
+``gelu_new``); as λ grows the gate g(λx)/(λx) tends to the step, and once it is within ``epsilon``
+(L1 gap E(λ) = 2/(λ√(2π)), λ_target ≈ 160 for ε = 0.005) the module is replaced by an exact
+``nn.ReLU``. The remaining steps repair what is left with the ReLU network itself.
+
+Pacing. Damage to a pretrained network is not linear in λ: on all-MiniLM-L6-v2, without any
+training, λ = 1.5 already moves the sentence embeddings to cosine 0.92 of the original, λ = 4 to
+0.63, λ = 10 to 0.56 — as far as ReLU itself (0.55). A schedule linear in λ crosses that whole range
+in its first few percent of steps. The schedule here is linear in the gate's distance to the step,
+E(λ) ∝ 1/λ: 1/λ falls linearly from 1 to 1/λ_target over the first ``anneal`` fraction of steps.
+
+Loss (default :func:`distillation_loss`): the model learns to match a frozen copy of itself taken
+before conversion (the teacher) on the same batches — the pooled output for encoders (1 − cosine),
+the output distribution for models with logits (KL), the relative error of every hidden state, of
+plain tensor outputs otherwise. ``schedule="swap"`` is the baseline that all published conversions
+use: exact ReLU from step 0, then the same loss for the same steps.
+
+Batches are tensors (one positional argument), tuples (positional arguments) or dicts (keyword
+arguments, as a Hugging Face tokenizer returns them); they are cycled if there are fewer than
+``steps``. The model is converted in place; when it carries a Hugging Face ``config``, its activation
+field is set to ``"relu"`` so that ``save_pretrained`` writes a checkpoint that plain
+``transformers`` loads as the ReLU network.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from .config import DEFAULTS
+from .convert import GELU_LIKE, is_gelu_like, replace_modules_
+from .functional import lambda_target as _lambda_target
+
+__all__ = ["reluize", "distillation_loss", "AnnealedGELU", "ReluizeResult", "SCHEDULES"]
+
+SCHEDULES = ("anneal", "swap")
+_ACT_FIELDS = ("hidden_act", "activation_function", "hidden_activation")  # Hugging Face config names
+
+
+class AnnealedGELU(nn.Module):
+    """``gelu(λx)/λ`` for the original GELU module ``gelu`` and a λ set from outside (``.lam``, a
+    number, not learned). λ = 1 calls the original unchanged."""
+
+    def __init__(self, gelu: nn.Module):
+        super().__init__()
+        self.gelu = gelu
+        self.lam = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lam = self.lam
+        return self.gelu(x) if lam == 1.0 else self.gelu(x * lam) / lam
+
+    def extra_repr(self) -> str:
+        return f"lam={self.lam:.4g}"
+
+
+@dataclass
+class ReluizeResult:
+    """What :func:`reluize` did: the modules it replaced, one log entry per step, the time it took."""
+    replaced: list[str]
+    log: list[dict] = field(default_factory=list)  # {"step", "lam", "loss", "seconds"}
+    seconds: float = 0.0
+
+    @property
+    def final_loss(self) -> float:
+        return self.log[-1]["loss"] if self.log else float("nan")
+
+
+def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Module | None = None,
+            loss: Callable | None = None, schedule: str = "anneal", anneal: float = 0.5,
+            epsilon: float | None = None, lr: float = 5e-5, weight_decay: float = 0.0,
+            optimizer: torch.optim.Optimizer | None = None, progress: bool = False,
+            callback: Callable[[dict], None] | None = None) -> ReluizeResult:
+    """Turn ``model``'s GELU-like activations into exact ``nn.ReLU``, in place, training it for
+    ``steps`` optimizer steps to keep its function.
+
+    Args:
+        model: any module whose activations are GELU-like modules.
+        batches: an iterable of inputs (tensors, tuples of positional arguments, dicts of keyword
+            arguments); cycled if shorter than ``steps``. A single tensor is one batch, used at
+            every step. Nothing else is needed: the targets are the teacher's outputs.
+        steps: optimizer steps in all (anneal and repair).
+        teacher: the network to match; default: a frozen copy of ``model`` before conversion.
+        loss: ``loss(student_output, teacher_output, batch) -> scalar``; default
+            :func:`distillation_loss`.
+        schedule: ``"anneal"`` (1/λ linear from 1 to 1/λ_target over the first ``anneal`` fraction
+            of the steps, then exact ReLU) or ``"swap"`` (exact ReLU from the start).
+        anneal: the fraction of ``steps`` spent annealing, in (0, 1].
+        epsilon: the gate's L1 distance to the step at which λ-GELU becomes ReLU
+            (default :data:`lambda_gelu.DEFAULTS`'s 0.005, λ_target ≈ 160).
+        lr, weight_decay: for the default optimizer, AdamW over every trainable parameter.
+        optimizer: your own, built over ``model``'s parameters (``lr``/``weight_decay`` then unused).
+        progress: a progress bar (needs ``tqdm``).
+        callback: called after every step with its log entry.
+
+    The model is put in eval mode (no dropout, normalisation statistics kept) and trained in it.
+    Raises ``ValueError`` before changing anything if the model has no GELU-like module, or applies
+    gelu as a function somewhere in its forward (that GELU would survive the conversion).
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not 0.0 < anneal <= 1.0:
+        raise ValueError(f"anneal is the fraction of steps spent annealing, in (0, 1]; got {anneal!r}")
+    lam_target = _lambda_target(DEFAULTS.epsilon if epsilon is None else epsilon)
+    stream = itertools.cycle(batches) if not isinstance(batches, torch.Tensor) else itertools.repeat(batches)
+    try:
+        first = next(stream)
+    except StopIteration:
+        raise ValueError("reluize got no batches") from None
+    stream = itertools.chain([first], stream)
+    if not any(is_gelu_like(m) for m in model.modules()):
+        raise ValueError("reluize found no GELU module to replace (looked for: " + ", ".join(GELU_LIKE) + ")")
+    functional = _functional_gelu_calls(model, first)
+    if functional:
+        raise ValueError(f"{functional[0]} applies gelu as a function, which no module replacement can make "
+                         "ReLU; make it an nn.GELU module (or give reluize a model without it)")
+
+    if teacher is None:
+        teacher = copy.deepcopy(model)
+    teacher.eval().requires_grad_(False)
+    if schedule == "swap":
+        replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
+    else:
+        replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), AnnealedGELU, "GELU")
+    annealed = [m for m in model.modules() if isinstance(m, AnnealedGELU)]
+    model.eval()
+    loss = loss or distillation_loss
+    if optimizer is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    anneal_steps = max(1, round(anneal * steps))
+    result = ReluizeResult(replaced)
+    bar = _progress(steps, progress)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        if annealed and step >= anneal_steps:  # within ε of the step: the exact ReLU from here on
+            _swap_to_relu(model)
+            annealed = []
+        lam = _paced_lambda(step / anneal_steps, lam_target) if annealed else float("inf")
+        for m in annealed:
+            m.lam = lam
+        batch = next(stream)
+        with torch.no_grad():
+            target = _call(teacher, batch)
+        value = loss(_call(model, batch), target, batch)
+        optimizer.zero_grad(set_to_none=True)
+        value.backward()
+        optimizer.step()
+        entry = {"step": step + 1, "lam": lam, "loss": value.item(),
+                 "seconds": time.perf_counter() - t0}
+        result.log.append(entry)
+        if callback is not None:
+            callback(entry)
+        bar.set_postfix_str(f"λ {entry['lam']:.3g} loss {entry['loss']:.4g}")
+        bar.update()
+    bar.close()
+    if annealed:
+        _swap_to_relu(model)
+    _relu_config(model)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _paced_lambda(a: float, lam_target: float) -> float:
+    """λ at anneal progress a ∈ [0, 1]: 1/λ linear from 1 to 1/λ_target (the gap E(λ) ∝ 1/λ linear)."""
+    return 1.0 / ((1.0 - a) + a / lam_target)
+
+
+def _swap_to_relu(model: nn.Module) -> None:
+    replace_modules_(model, lambda m, fqn: isinstance(m, AnnealedGELU), lambda old: nn.ReLU(), "annealed GELU")
+
+
+def _relu_config(model: nn.Module) -> None:
+    """Name ReLU in a Hugging Face config, so that the saved checkpoint loads as the ReLU network."""
+    config = getattr(model, "config", None)
+    for name in _ACT_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, str) and "gelu" in value.lower():
+            setattr(config, name, "relu")
+
+
+def _call(model: nn.Module, batch):
+    if isinstance(batch, dict):
+        kwargs = dict(batch)
+        if "output_hidden_states" in _parameters(model):
+            kwargs.setdefault("output_hidden_states", True)
+        return model(**kwargs)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch)
+    return model(batch)
+
+
+def _parameters(model: nn.Module) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def distillation_loss(student, teacher, batch=None) -> torch.Tensor:
+    """How far the student's outputs are from the teacher's, for the usual output types.
+
+    - outputs with ``logits`` (language models, classifiers): KL(teacher ‖ student) of the softmax over
+      the last dimension, averaged over positions (the attention mask's, if the batch has one);
+    - outputs with ``last_hidden_state`` (encoders): 1 − cosine of the mean-pooled embeddings;
+    - either way, plus the mean over layers of each hidden state's relative squared error
+      ‖h_s − h_t‖² / ‖h_t‖² when the outputs carry ``hidden_states``;
+    - a plain tensor: its relative squared error.
+    """
+    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+    if isinstance(student, torch.Tensor):
+        return _relative_error(student, teacher, None)
+    logits = _field(student, "logits")
+    if logits is not None:
+        log_p_s = F.log_softmax(logits.float(), -1)
+        log_p_t = F.log_softmax(_field(teacher, "logits").float(), -1)
+        kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)
+        value = _masked_mean(kl, mask)
+    else:
+        h_s, h_t = _field(student, "last_hidden_state"), _field(teacher, "last_hidden_state")
+        if h_s is None:
+            raise TypeError(f"distillation_loss does not know outputs of type {type(student).__name__}: "
+                            "give reluize a loss=(student_output, teacher_output, batch) callable")
+        value = 1.0 - F.cosine_similarity(_pool(h_s, mask), _pool(h_t, mask), dim=-1).mean()
+    hidden_s, hidden_t = _field(student, "hidden_states"), _field(teacher, "hidden_states")
+    if hidden_s:
+        value = value + sum(_relative_error(s, t, mask) for s, t in zip(hidden_s, hidden_t)) / len(hidden_s)
+    return value
+
+
+def _field(output, name: str):
+    if isinstance(output, dict):
+        return output.get(name)
+    return getattr(output, name, None)
+
+
+def _masked_mean(v: torch.Tensor, mask) -> torch.Tensor:
+    if mask is None or mask.shape != v.shape:
+        return v.mean()
+    mask = mask.to(v.dtype)
+    return (v * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _pool(h: torch.Tensor, mask) -> torch.Tensor:
+    """Mean over positions (the sentence-transformers pooling), padding left out."""
+    if mask is None or mask.shape != h.shape[:-1]:
+        return h.float().mean(-2)
+    m = mask.unsqueeze(-1).to(torch.float32)
+    return (h.float() * m).sum(-2) / m.sum(-2).clamp(min=1)
+
+
+def _relative_error(s: torch.Tensor, t: torch.Tensor, mask) -> torch.Tensor:
+    se, norm = (s.float() - t.float()).pow(2), t.float().pow(2)
+    if mask is not None and mask.shape == s.shape[:-1]:
+        m = mask.unsqueeze(-1).to(torch.float32)
+        se, norm = se * m, norm * m
+    return se.sum() / norm.sum().clamp(min=torch.finfo(torch.float32).tiny)
+
+
+class _GeluCallsOutsideModules(TorchFunctionMode):
+    """Records calls of ``F.gelu`` made while no GELU-like module is running."""
+
+    def __init__(self):
+        super().__init__()
+        self.depth, self.calls = 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.gelu and self.depth == 0:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _functional_gelu_calls(model: nn.Module, batch) -> list[str]:
+    """The modules whose forward applies gelu as a function (found by running ``batch`` once)."""
+    mode, found, stack = _GeluCallsOutsideModules(), [], []
+
+    def enter(name, m):
+        def hook(*_):
+            if is_gelu_like(m):
+                mode.depth += 1
+            stack.append((name, mode.calls))
+        return hook
+
+    def leave(name, m):
+        def hook(*_):
+            if is_gelu_like(m):
+                mode.depth -= 1
+            _, before = stack.pop()
+            if mode.calls > before and not found:  # the innermost module that called it
+                found.append(f"{type(m).__qualname__} at {name or '<root>'!r}")
+        return hook
+
+    handles = []
+    for name, m in model.named_modules():
+        handles.append(m.register_forward_pre_hook(enter(name, m)))
+        handles.append(m.register_forward_hook(leave(name, m)))
+    training = model.training
+    try:
+        with torch.no_grad(), mode:
+            _call(model.eval(), batch)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(training)
+    return found
+
+
+def _progress(total: int, enabled: bool):
+    if enabled:
+        try:
+            from tqdm import tqdm
+            return tqdm(total=total, desc="reluize", unit="step")
+        except ImportError:
+            pass
+    return _Quiet()
+
+
+class _Quiet:
+    def set_postfix_str(self, *_): ...
+    def update(self, *_): ...
+    def close(self): ...

