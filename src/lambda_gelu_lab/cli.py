@@ -6,6 +6,8 @@
     lambda-gelu report [--out DIR] [--output FILE]
     lambda-gelu export --csv [--out DIR]
     lambda-gelu deploy [--out DIR] [--task T...]   int8 ONNX, verification, sparsity of stored models
+    lambda-gelu reluize MODEL --out DIR [--steps N | --minutes M] [--text FILE...] [--schedule anneal|swap]
+                     [--overwrite]                  a pretrained Hugging Face GELU model → exact ReLU
     lambda-gelu tasks
 """
 from __future__ import annotations
@@ -74,6 +76,21 @@ def _parser() -> argparse.ArgumentParser:
     dep.add_argument("--time-limit", type=float, default=10.0, help="seconds of MILP per point (default 10)")
     dep.add_argument("--threads", type=int, default=None)
 
+    rz = sub.add_parser("reluize", help="convert a pretrained Hugging Face GELU model into an exact-ReLU checkpoint")
+    rz.add_argument("model", metavar="MODEL", help="a local Hugging Face model directory, or all-minilm-l6-v2")
+    rz.add_argument("--out", required=True, help="where to write the ReLU checkpoint and reluize_report.md")
+    budget = rz.add_mutually_exclusive_group()
+    budget.add_argument("--steps", type=int, default=None, help="conversion steps (default: what fits --minutes)")
+    budget.add_argument("--minutes", type=float, default=None, help="time budget in minutes (default 15)")
+    rz.add_argument("--text", nargs="+", default=[], metavar="FILE", help="your own training text, one sentence a line")
+    rz.add_argument("--schedule", choices=("anneal", "swap"), default="anneal",
+                    help="anneal the gates to ReLU while distilling (default), or swap to ReLU at once")
+    rz.add_argument("--batch-size", type=int, default=32)
+    rz.add_argument("--seed", type=int, default=0)
+    rz.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    rz.add_argument("--quiet", action="store_true", help="no progress bar")
+    rz.add_argument("--threads", type=int, default=None)
+
     sub.add_parser("tasks", help="list the tasks")
     return p
 
@@ -120,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
             run_deploy(args.out, names, args.seeds, args.points, args.time_limit)
             print(f"report: {build_report(args.out)}")
             return 0
+        if args.command == "reluize":
+            from .reluize_hf import run
+            minutes = 15.0 if args.steps is None and args.minutes is None else args.minutes
+            print(run(args.model, args.out, args.steps, minutes, args.text, args.schedule, args.overwrite,
+                      args.batch_size, args.seed, progress=not args.quiet))
+            return 0
         if args.command == "tasks":
             from .tasks import GROUPS, TASKS
             for t in TASKS.values():
@@ -159,12 +182,15 @@ def _check_args(args) -> None:
                               "or run the demo without them")
     if getattr(args, "address", None) and args.executor != "ray":
         raise ConfigError("--address names a Ray cluster: use it with --executor ray")
-    for name, low in (("threads", 1), ("seeds", 1), ("points", 1), ("epochs", 1), ("first_seed", 0), ("workers", 1)):
+    for name, low in (("threads", 1), ("seeds", 1), ("points", 1), ("epochs", 1), ("first_seed", 0), ("workers", 1),
+                      ("steps", 1), ("batch_size", 1)):
         value = getattr(args, name, None)
         if value is not None and value < low:
             raise ConfigError(f"--{name.replace('_', '-')} must be ≥ {low}, got {value}")
     if args.command == "deploy" and not args.time_limit > 0:
         raise ConfigError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    if getattr(args, "minutes", None) is not None and not args.minutes > 0:
+        raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
 
 
 def _require_store(out: str) -> None:

@@ -233,3 +233,45 @@ def load_stdlib_bytes(context: int = 64, train_bytes: int = 1 << 20, eval_bytes:
 
     (x, y), (xv, yv), (xt, yt) = windows(parts[0], train_bytes), windows(parts[1], eval_bytes), windows(parts[2], eval_bytes)
     return Splits("python-stdlib-bytes", x, y, xv, yv, xt, yt, 256)
+
+
+def stdlib_sentences(held_out: float = 0.1) -> tuple[list[str], list[str]]:
+    """English text that every machine has: the sentences of the standard library's docstrings.
+
+    Every ``*.py`` file of the stdlib (site-packages excluded) is parsed, not imported; the docstrings
+    of its module, classes and functions are cut into sentences, and those of 6 to 60 words that are
+    prose (mostly letters) are kept, each once. Files are split by a hash of their relative path, so
+    the ``held_out`` share of files gives sentences never seen in training. Returns (train, held-out).
+    """
+    import ast
+    import hashlib
+    import re
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "dist-packages" not in p.parts
+                   and "test" not in p.parts and "tests" not in p.parts)
+    if not files:
+        raise DataError(f"no standard-library sources under {root}")
+    cut = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+    seen: set[str] = set()
+    train, held = [], []
+    for p in files:
+        try:
+            tree = ast.parse(p.read_bytes())
+        except (SyntaxError, ValueError):
+            continue
+        rel = p.relative_to(root).as_posix()
+        out = held if int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 1000 < held_out * 1000 else train
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node)
+            for para in (doc or "").split("\n\n"):
+                for s in cut.split(" ".join(para.split())):
+                    words = s.split()
+                    letters = sum(c.isalpha() or c == " " for c in s)
+                    if 6 <= len(words) <= 60 and letters >= 0.85 * len(s) and s not in seen:
+                        seen.add(s)
+                        out.append(s)
+    return train, held

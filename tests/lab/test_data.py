@@ -120,3 +120,11 @@ def test_real_fashion_mnist_is_installed():
     assert s.x_train.shape == (55000, 1, 28, 28) and s.x_val.shape == (5000, 1, 28, 28)
     assert s.x_test.shape == (10000, 1, 28, 28)
     assert torch.bincount(s.y_test).tolist() == [1000] * 10
+
+
+def test_stdlib_sentences_are_prose_and_held_out_by_file():
+    from lambda_gelu_lab.data import stdlib_sentences
+    train, held = stdlib_sentences()
+    assert len(train) > 5000 and len(held) > 300
+    assert not set(train) & set(held) and len(set(train)) == len(train)
+    assert all(6 <= len(s.split()) <= 60 for s in train + held)

