@@ -69,7 +69,6 @@ def prepare_out(out: str, overwrite: bool) -> Path:
         raise ConfigError(f"--out {out} is a file, not a directory")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise ConfigError(f"--out {out} exists and is not empty: choose another, or add --overwrite to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -195,6 +194,7 @@ def _steps_for(model, batch, seconds: float) -> int:
 
 
 def _write(target: Path, model, tokenizer, report: dict) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         model.save_pretrained(tmp)  # safetensors, config naming ReLU
