@@ -30,6 +30,7 @@ field is set to ``"relu"`` so that ``save_pretrained`` writes a checkpoint that 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import itertools
 import time
@@ -45,7 +46,7 @@ from .config import DEFAULTS
 from .convert import GELU_LIKE, is_gelu_like, replace_modules_
 from .functional import lambda_target as _lambda_target
 
-__all__ = ["reluize", "distillation_loss", "AnnealedGELU", "ReluizeResult", "SCHEDULES"]
+__all__ = ["reluize", "distillation_loss", "mean_pool", "AnnealedGELU", "ReluizeResult", "SCHEDULES"]
 
 SCHEDULES = ("anneal", "swap")
 _ACT_FIELDS = ("hidden_act", "activation_function", "hidden_activation")  # Hugging Face config names
@@ -198,7 +199,7 @@ def _relu_config(model: nn.Module) -> None:
 def _call(model: nn.Module, batch):
     if isinstance(batch, dict):
         kwargs = dict(batch)
-        if "output_hidden_states" in _parameters(model):
+        if "output_hidden_states" in _forward_parameters(type(model)):
             kwargs.setdefault("output_hidden_states", True)
         return model(**kwargs)
     if isinstance(batch, (tuple, list)):
@@ -206,11 +207,13 @@ def _call(model: nn.Module, batch):
     return model(batch)
 
 
-def _parameters(model: nn.Module) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _forward_parameters(cls: type) -> frozenset[str]:
+    """The argument names of a module class's forward, read once per class (``_call`` runs every step)."""
     try:
-        return set(inspect.signature(model.forward).parameters)
+        return frozenset(inspect.signature(cls.forward).parameters)
     except (TypeError, ValueError):
-        return set()
+        return frozenset()
 
 
 def distillation_loss(student, teacher, batch=None) -> torch.Tensor:
@@ -237,7 +240,7 @@ def distillation_loss(student, teacher, batch=None) -> torch.Tensor:
         if h_s is None:
             raise TypeError(f"distillation_loss does not know outputs of type {type(student).__name__}: "
                             "give reluize a loss=(student_output, teacher_output, batch) callable")
-        value = 1.0 - F.cosine_similarity(_pool(h_s, mask), _pool(h_t, mask), dim=-1).mean()
+        value = 1.0 - F.cosine_similarity(mean_pool(h_s, mask), mean_pool(h_t, mask), dim=-1).mean()
     hidden_s, hidden_t = _field(student, "hidden_states"), _field(teacher, "hidden_states")
     if hidden_s:
         value = value + sum(_relative_error(s, t, mask) for s, t in zip(hidden_s, hidden_t)) / len(hidden_s)
@@ -257,7 +260,7 @@ def _masked_mean(v: torch.Tensor, mask) -> torch.Tensor:
     return (v * mask).sum() / mask.sum().clamp(min=1)
 
 
-def _pool(h: torch.Tensor, mask) -> torch.Tensor:
+def mean_pool(h: torch.Tensor, mask) -> torch.Tensor:
     """Mean over positions (the sentence-transformers pooling), padding left out."""
     if mask is None or mask.shape != h.shape[:-1]:
         return h.float().mean(-2)

