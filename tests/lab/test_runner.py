@@ -38,6 +38,14 @@ def _rows(out):
         return db.execute("SELECT task, arm, seed, run_hash, finished_at FROM runs ORDER BY id").fetchall()
 
 
+def _stored_runs_so_far(out):
+    """How many runs a live sweep has stored: 0 while the store file exists but its schema is not yet written."""
+    try:
+        return len(_rows(out))
+    except sqlite3.OperationalError:  # "no such table" between the file's creation and its schema
+        return 0
+
+
 @pytest.mark.slow
 def test_arms_produce_rows_and_same_init_across_arms(tmp_path):
     out = str(tmp_path / "r")
@@ -79,7 +87,7 @@ def test_sweep_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path):
     db = os.path.join(out, "results.sqlite")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:  # wait for the first stored run
-        if os.path.exists(db) and len(_rows(out)) >= 1:
+        if os.path.exists(db) and _stored_runs_so_far(out) >= 1:
             break
         time.sleep(0.05)
     assert proc.poll() is None, f"the sweep ended before the kill: {proc.stderr.read().decode()[-2000:]}"
