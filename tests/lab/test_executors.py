@@ -2,7 +2,6 @@
 sequential sweep stores; a worker that dies loses only its run, which is retried, or reported."""
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ from safetensors.torch import load_file
 
 from lambda_gelu_lab.cli import main
 from lambda_gelu_lab.store import Store
+from live_store import stored_runs
 
 SWEEP = ["run", "wine-mlp", "--seeds", "2", "--epochs", "5", "--arms", "gelu", "lambda-harden",
          "--quiet", "--no-report", "--threads", "1"]
@@ -68,9 +68,6 @@ def test_an_address_where_nothing_listens_fails_in_seconds(tmp_path, capsys):
 
 # --- a worker process killed mid-sweep ---------------------------------------------------------------
 
-def _rows(out):
-    with sqlite3.connect(os.path.join(out, "results.sqlite")) as db:
-        return db.execute("SELECT task, arm, seed, run_hash, finished_at FROM runs ORDER BY id").fetchall()
 
 
 def _processes():
@@ -113,13 +110,13 @@ def _sweep_with_killer(out, executor, kill_again: bool):
     db = os.path.join(out, "results.sqlite")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        if os.path.exists(db) and _rows(out) and workers(proc.pid):
+        if os.path.exists(db) and stored_runs(out) and workers(proc.pid):
             break
         time.sleep(0.02)
     if proc.poll() is not None:
         reader.join()
         pytest.fail(f"the sweep ended before the kill: {err[0][-2000:]}")
-    before = _rows(out)
+    before = stored_runs(out)
     killed = set()
     while proc.poll() is None and time.monotonic() < deadline:
         for pid in workers(proc.pid):
@@ -143,7 +140,7 @@ def test_a_killed_worker_loses_only_its_run_which_is_retried(tmp_path, executor)
     assert status == 0, err
     if executor == "processes":
         assert "a worker process died;" in err and "are retried" in err
-    after = _rows(out)
+    after = stored_runs(out)
     assert after[:len(before)] == before
     keys = [r[:4] for r in after]
     assert len(keys) == 8 and len(set(keys)) == 8
@@ -160,11 +157,11 @@ def test_workers_that_keep_dying_are_reported_and_the_finished_runs_kept(tmp_pat
     assert status == 1, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and "runs were lost" in last and "rerun the same command" in last, err
-    kept = _rows(out)
+    kept = stored_runs(out)
     assert kept[:len(before)] == before and len(kept) < 8
     assert len(os.listdir(os.path.join(out, "weights"))) == len(kept)  # no half-written run
     # rerunning trains exactly the lost runs
     subprocess.run([sys.executable, "-m", "lambda_gelu_lab", *KILLED_SWEEP, "--out", out],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    after = _rows(out)
+    after = stored_runs(out)
     assert after[:len(kept)] == kept and len({r[:4] for r in after}) == 8

@@ -2,7 +2,6 @@
 configs fail with one clear error, and the report renders."""
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from lambda_gelu_lab.config import RunConfig
 from lambda_gelu_lab.store import Store
 from lambda_gelu_lab.tasks import TASKS
 from lambda_gelu_lab.train import train_run
+from live_store import stored_runs
 
 # accuracy floors after one short run on the real data, ReLU-ized (chance: 10%, 10%, 63%, 40%)
 FLOORS = {"fmnist-mlp": (1, 0.80), "mnist1d-mlp": (5, 0.30), "breast-cancer-mlp": (5, 0.85), "wine-mlp": (20, 0.80)}
@@ -33,24 +33,15 @@ def test_each_task_trains_and_relu_izes_above_a_floor(name):
     assert r.lambdas[0][0] == 0 and r.lambdas[-1][0] == m["steps"]
 
 
-def _rows(out):
-    with sqlite3.connect(os.path.join(out, "results.sqlite")) as db:
-        return db.execute("SELECT task, arm, seed, run_hash, finished_at FROM runs ORDER BY id").fetchall()
 
 
-def _stored_runs_so_far(out):
-    """How many runs a live sweep has stored: 0 while the store file exists but its schema is not yet written."""
-    try:
-        return len(_rows(out))
-    except sqlite3.OperationalError:  # "no such table" between the file's creation and its schema
-        return 0
 
 
 @pytest.mark.slow
 def test_arms_produce_rows_and_same_init_across_arms(tmp_path):
     out = str(tmp_path / "r")
     assert main(["run", "wine-mlp", "--seeds", "2", "--epochs", "3", "--out", out, "--quiet"]) == 0
-    rows = _rows(out)
+    rows = stored_runs(out)
     assert sorted((r[1], r[2]) for r in rows) == sorted((a, s) for a in ("gelu", "lambda", "lambda-harden", "relu") for s in (0, 1))
     store = Store(out)
     runs = store.runs()
@@ -64,7 +55,7 @@ def test_arms_produce_rows_and_same_init_across_arms(tmp_path):
     assert RunConfig(task="t", arm="lambda-harden", switch_at=0.1).run_hash != RunConfig(task="t", arm="lambda-harden").run_hash
     # rerunning is a no-op
     assert main(["run", "wine-mlp", "--seeds", "2", "--epochs", "3", "--out", out, "--quiet"]) == 0
-    assert _rows(out) == rows
+    assert stored_runs(out) == rows
     store.close()
 
 
@@ -87,17 +78,17 @@ def test_sweep_killed_with_sigkill_resumes_without_loss_or_duplicates(tmp_path):
     db = os.path.join(out, "results.sqlite")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:  # wait for the first stored run
-        if os.path.exists(db) and _stored_runs_so_far(out) >= 1:
+        if os.path.exists(db) and stored_runs(out):
             break
         time.sleep(0.05)
     assert proc.poll() is None, f"the sweep ended before the kill: {proc.stderr.read().decode()[-2000:]}"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stderr.close()
-    before = _rows(out)
+    before = stored_runs(out)
     assert 1 <= len(before) < 8, "the kill must land mid-sweep for this test to mean anything"
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    after = _rows(out)
+    after = stored_runs(out)
     assert after[:len(before)] == before  # what was stored is untouched
     keys = [r[:4] for r in after]
     assert len(keys) == 8 and len(set(keys)) == 8
@@ -113,7 +104,7 @@ def test_two_processes_sharing_a_store_neither_crash_nor_duplicate_nor_mix_weigh
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err.decode()
-    keys = [r[:4] for r in _rows(out)]
+    keys = [r[:4] for r in stored_runs(out)]
     assert len(keys) == 6 and len(set(keys)) == 6
     # both processes trained every run: each row must point to weights that reproduce its own metrics
     from lambda_gelu_lab.deploy_eval import load_model
