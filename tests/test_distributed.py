@@ -13,6 +13,8 @@ from torch.nn.parallel import DistributedDataParallel
 import lambda_gelu as lg
 
 STEPS, WORLD = 40, 2
+# switch_at="auto" under DDP: rank 0 switches when its patterns settle, rank 1 on its own never would
+AUTO = {0: lg.AutoSwitch(window=3, patience=2), 1: lg.AutoSwitch(window=3, patience=10 ** 6)}
 
 
 def _model():
@@ -26,11 +28,15 @@ def _data():
     return torch.randn(STEPS, 64, 8, generator=g), torch.randn(STEPS, 64, 1, generator=g)
 
 
-def _train(model, step_model, rank=0, world=1):
+def _probe(rank):
+    return torch.randn(32, 8, generator=torch.Generator().manual_seed(10 + rank))
+
+
+def _train(model, step_model, rank=0, world=1, switch_at=None, probe=None):
     """SGD with momentum on λ groups, the schedule stepped after each optimizer step; each rank takes
     its equal share of the same global batch, so DDP's averaged gradient is the full batch's."""
     opt = torch.optim.SGD(lg.lambda_param_groups(model, lr=0.05, weight_decay=1e-3), momentum=0.9)
-    sched = lg.HardeningSchedule(step_model, total_steps=STEPS)
+    sched = lg.HardeningSchedule(step_model, total_steps=STEPS, switch_at=switch_at, probe=probe)
     xs, ys = _data()
     for x, y in zip(xs, ys):
         loss = nn.functional.mse_loss(step_model(x[rank::world]), y[rank::world])
@@ -41,16 +47,16 @@ def _train(model, step_model, rank=0, world=1):
     return sched
 
 
-def _rank(rank, port, out):
+def _rank(rank, port, out, auto=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         model = _model()
         ddp = DistributedDataParallel(model)  # find_unused_parameters=False
-        sched = _train(model, ddp, rank, WORLD)
-        torch.save({"state": model.state_dict(), "lambdas": sched.current_lambdas(), "step": sched.step_count},
-                   os.path.join(out, f"rank{rank}.pt"))
+        sched = _train(model, ddp, rank, WORLD, *((AUTO[rank], _probe(rank)) if auto else ()))
+        torch.save({"state": model.state_dict(), "lambdas": sched.current_lambdas(), "step": sched.step_count,
+                    "switch": sched.switch_step}, os.path.join(out, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -78,6 +84,23 @@ def test_ddp_through_switch_and_anneal_matches_a_single_process(tmp_path):
                for v in (lam if isinstance(lam, list) else [lam]))
     assert ranks[0]["state"]["1.lambda_frozen"] and not torch.equal(ranks[0]["state"]["1.lambda_start"],
                                                                     torch.tensor(1.5))  # λ learned, then annealed
+
+
+@pytest.mark.slow
+def test_ddp_auto_switch_follows_rank_0(tmp_path):
+    """Ranks whose own patterns would choose different switch steps all switch at rank 0's step."""
+    alone = []
+    for rank in range(WORLD):
+        model = _model()
+        alone.append(_train(model, model, switch_at=AUTO[rank], probe=_probe(rank)).switch_step)
+    assert alone[0] < alone[1] == STEPS // 2  # rank 1 alone would wait for `latest`
+    mp.spawn(_rank, args=(_free_port(), str(tmp_path), True), nprocs=WORLD, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert ranks[0]["switch"] == ranks[1]["switch"] < STEPS // 2
+    for key, value in ranks[0]["state"].items():
+        if key.endswith(("switch_signs", "switch_best", "switch_stale")):  # each rank's own probe history
+            continue
+        assert torch.equal(value, ranks[1]["state"][key]), key
 
 
 def _fsdp_rank(rank, port, out):

@@ -18,7 +18,7 @@ from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
 from .optim import lambda_param_groups
 from .registry import create_act, get_act_layer
 from .reluize import ReluizeResult, reluize
-from .schedule import HardeningSchedule
+from .schedule import AutoSwitch, HardeningSchedule
 
 __version__ = "0.1.0"
 
@@ -26,7 +26,7 @@ __all__ = [
     "LambdaGELUConfig", "DEFAULTS",
     "lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "backend", "set_backend", "get_backend",
     "LambdaGELU", "lambda_to_raw", "raw_to_lambda",
-    "lambda_param_groups", "HardeningSchedule",
+    "lambda_param_groups", "HardeningSchedule", "AutoSwitch",
     "convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
     "get_act_layer", "create_act",
     "reluize", "ReluizeResult",

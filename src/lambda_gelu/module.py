@@ -18,12 +18,19 @@ DEFAULT_INIT_LAMBDA = DEFAULTS.init_lambda
 DEFAULT_TEMPERATURE = DEFAULTS.temperature
 RAW_EXACT_GELU = -1000.0  # s/t at or below which λ is exactly 1: softplus(−1000) = 0 in every float type
 _HALF = (torch.float16, torch.bfloat16)
-# The hardening state, as buffers: name → (dtype, default, one per channel?). Default: learning.
+# The hardening state, as buffers: name → (dtype, default, one per channel? — None: sized on first use).
+# Default: learning.
 _STATE = {
     "lambda_frozen": (torch.bool, False, False),
     "lambda_fixed": (torch.float32, 1.0, True),     # λ while frozen
     "lambda_start": (torch.float32, 1.0, True),     # λ when it was frozen
     "hardening_step": (torch.int64, 0, False),      # steps the hardening schedule has taken
+    # the automatic switch point (HardeningSchedule(switch_at="auto"), see schedule.AutoSwitch)
+    "switch_step": (torch.int64, -1, False),        # the step λ was frozen at; −1: not decided yet
+    "switch_checks": (torch.int64, 0, False),       # sign-pattern checks done on the probe batch
+    "switch_best": (torch.float64, math.inf, False),  # lowest pattern drift seen
+    "switch_stale": (torch.int64, 0, False),        # checks since the drift last fell by min_gain
+    "switch_signs": (torch.uint8, 0, None),         # the last `window` sign patterns, bit-packed: sized on use
 }
 
 
@@ -107,7 +114,8 @@ class LambdaGELU(nn.Module):
         raw = lambda_to_raw(float(init_lambda), self.temperature).item()
         self.s = nn.Parameter(torch.full(shape, raw, dtype=torch.float32))
         for name, (dtype, default, per_channel) in _STATE.items():
-            self.register_buffer(name, torch.full(shape if per_channel else (), default, dtype=dtype))
+            size = (0,) if per_channel is None else shape if per_channel else ()
+            self.register_buffer(name, torch.full(size, default, dtype=dtype))
 
     def _lambda(self) -> Tensor:
         learned = raw_to_lambda(self.s, self.temperature)
@@ -161,6 +169,9 @@ class LambdaGELU(nn.Module):
         for name, (_, default, _) in _STATE.items():
             if prefix + "s" in state_dict and prefix + name not in state_dict:
                 state_dict[prefix + name] = getattr(self, name).clone().fill_(default)
+        saved = state_dict.get(prefix + "switch_signs")  # sized by the probe batch it was taken on
+        if saved is not None and saved.shape != self.switch_signs.shape:
+            self.switch_signs = self.switch_signs.new_zeros(saved.shape)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -169,7 +180,7 @@ class LambdaGELU(nn.Module):
         ``.to(torch.bfloat16)``): near λ_target float16 resolves λ only to about ±0.1. The input is
         still computed in float32 and returned in its own dtype, as for any half-precision input."""
         before = {name: t.data for name, t in (("s", self.s), ("lambda_fixed", self.lambda_fixed),
-                                               ("lambda_start", self.lambda_start))}
+                                               ("lambda_start", self.lambda_start), ("switch_best", self.switch_best))}
         super()._apply(fn, recurse)
         for name, old in before.items():
             t = getattr(self, name)

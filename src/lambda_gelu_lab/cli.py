@@ -30,6 +30,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
+def _switch_at(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a fraction of training such as 0.25, or 'auto'; got {text!r}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="lambda-gelu", description="λ-GELU: learn gating hardness, then ReLU-ize.")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
@@ -40,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--first-seed", type=int, default=0)
     run.add_argument("--epochs", type=int, default=None, help="override every task's epochs")
     run.add_argument("--arms", nargs="+", default=None, help="arms to run (default: all four)")
-    run.add_argument("--switch-at", type=float, default=None, help="fraction of training before hardening (0.25)")
+    run.add_argument("--switch-at", type=_switch_at, default=None, metavar="F|auto",
+                     help="fraction of training before hardening (0.25), or 'auto': when the sign patterns settle")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override any run setting, e.g. --set lr=0.1 (repeatable)")
     run.add_argument("--out", default=None, help=f"results directory (default {DEFAULT_OUT}; demo {DEMO_OUT})")

@@ -47,7 +47,7 @@ class RunConfig:
     init_lambda: float = DEFAULTS.init_lambda   # λ at initialisation
     temperature: float = DEFAULTS.temperature   # t in λ = 1 + softplus(s/t)
     multiplier: float = DEFAULTS.multiplier     # λ's learning rate = multiplier · lr
-    switch_at: float = DEFAULTS.switch_at       # fraction of training after which λ is frozen and annealed
+    switch_at: float | str = DEFAULTS.switch_at  # fraction of training after which λ is frozen and annealed, or "auto"
     epsilon: float = DEFAULTS.epsilon           # target L1 gap between gate and step → λ_target ≈ 159.6
     train_limit: int = 0            # use only the first N training examples (0: all) — for smoke tests
 
@@ -72,7 +72,9 @@ class RunConfig:
         need(self.momentum < 1, "momentum", "< 1")
         need(self.warmup < 1, "warmup", "< 1")
         need(isinstance(self.init_lambda, (int, float)) and 1 <= self.init_lambda < math.inf, "init_lambda", "≥ 1")
-        need(0 <= self.switch_at < 1, "switch_at", "in [0, 1)")
+        need(self.switch_at == "auto" and self.arm != "gelu-finetune" or isinstance(self.switch_at, (int, float))
+             and not isinstance(self.switch_at, bool) and 0 <= self.switch_at < 1, "switch_at",
+             "in [0, 1), or 'auto' (when the sign patterns settle; not for gelu-finetune, which has no λ)")
         need(0 < self.epsilon < 0.79, "epsilon", "in (0, 0.79): below GELU's own gap 2/√(2π)")
 
     def replace(self, **changes) -> "RunConfig":
@@ -101,8 +103,12 @@ class RunConfig:
         """A readable label of the arm and its own settings, e.g. ``lambda-harden[switch_at=0.1]``
         (settings equal to the defaults are left out)."""
         defaults = {f.name: f.default for f in fields(RunConfig)}
-        own = [f"{k}={getattr(self, k):g}" for k in ARMS[self.arm] if getattr(self, k) != defaults[k]]
+        own = [f"{k}={_label(getattr(self, k))}" for k in ARMS[self.arm] if getattr(self, k) != defaults[k]]
         return self.arm + (f"[{','.join(own)}]" if own else "")
+
+
+def _label(v) -> str:
+    return f"{v:g}" if isinstance(v, (int, float)) else str(v)
 
 
 def _hash(d: dict) -> str:
@@ -124,7 +130,10 @@ def parse_overrides(pairs: list[str]) -> dict:
             raise ConfigError(f"unknown config key {key!r}; known: {', '.join(k for k in types if k not in ('task', 'arm', 'seed'))}")
         kind = types[key]
         try:
-            out[key] = int(raw) if kind == "int" else float(raw) if kind == "float" else raw
+            if key == "switch_at" and raw.strip() == "auto":
+                out[key] = "auto"
+                continue
+            out[key] = int(raw) if kind == "int" else float(raw) if kind.startswith("float") else raw
         except ValueError:
             raise ConfigError(f"{key} needs a {kind}, got {raw!r}") from None
     return out

@@ -19,6 +19,14 @@ from .tasks import Task
 LAMBDA_POINTS = 100  # λ is logged about this many times per run
 
 
+def probe_batch(x_train: torch.Tensor, batch_size: int, total_steps: int) -> torch.Tensor:
+    """The fixed examples whose sign patterns choose switch_at="auto": the first n of the training set,
+    n as large as keeps the checks near 1% of training time (a check is one forward pass, about a third
+    of a step per batch, every 2% of training), between 8 and 256."""
+    every = max(1, round(lg.AutoSwitch().every * total_steps))
+    return x_train[:min(256, max(8, int(0.03 * batch_size * every)))]
+
+
 @dataclass
 class RunResult:
     metrics: dict                      # final numbers, before and after substitution
@@ -108,10 +116,10 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     total = cfg.epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
     hardening = None
-    if cfg.arm == "lambda-harden":
-        hardening = lg.HardeningSchedule(model, total, cfg.switch_at, epsilon=cfg.epsilon)
-    elif cfg.arm == "swish-harden":
-        hardening = lg.HardeningSchedule(model, total, cfg.switch_at, lambda_target=swish_target(cfg.epsilon))
+    if cfg.arm in ("lambda-harden", "swish-harden"):
+        target = lg.lambda_target(cfg.epsilon) if cfg.arm == "lambda-harden" else swish_target(cfg.epsilon)
+        probe = probe_batch(x_train, cfg.batch_size, total) if cfg.switch_at == "auto" else None
+        hardening = lg.HardeningSchedule(model, total, cfg.switch_at, lambda_target=target, probe=probe)
     swap_step = int(cfg.switch_at * total) if cfg.arm == "gelu-finetune" else None
     log_every = max(1, total // LAMBDA_POINTS)
     result = RunResult(metrics={})
@@ -160,6 +168,8 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     m["lambda_end"] = _layer_lambdas(model) or None
     m["lambda_switch"] = ({k: v.mean().item() for k, v in hardening.learned.items()}
                           if hardening is not None and hardening.learned is not None else None)
+    if hardening is not None:
+        m["switch_step"] = hardening.switch_step
     if keep_weights:
         result.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
 

@@ -46,7 +46,11 @@ def plot_lambdas(task, base, by_variant, order, lambda_rows, img_dir: Path) -> P
         cfg = runs[0]["config"]
         if runs[0]["arm"] == "lambda-harden":
             total = runs[0]["metrics"]["steps"]
-            ax.axvline(int(cfg["switch_at"] * total), color="k", ls="--", lw=1, label="switch")
+            if cfg["switch_at"] == "auto":  # each seed chose its own switch step: show their range
+                chosen = [r["metrics"]["switch_step"] for r in runs]
+                ax.axvspan(min(chosen), max(chosen), color="k", alpha=0.15, label="switch (auto, range over seeds)")
+            else:
+                ax.axvline(int(cfg["switch_at"] * total), color="k", ls="--", lw=1, label="switch")
             ax.set_yscale("log")
         ax.set_title(f"{task}: {v} (n={len(runs)})", fontsize=9)
         ax.set_xlabel("optimizer step")
