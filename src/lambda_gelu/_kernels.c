@@ -134,3 +134,36 @@ static inline uint16_t bf16_store(float f) {
 #undef SUFFIX
 #undef LD
 #undef ST
+
+/* Sparse-input linear layer, float32 (lambda_gelu.sparse): y = x · Wt + b for x (n, in) with mostly
+ * zero entries, Wt the transposed weight (in, out). Only the rows of Wt whose input is non-zero in some
+ * row of x (the batch's union, `active`, listed by the caller) are read, each once for the whole batch:
+ * the memory traffic is that fraction of a dense layer's. Threads split the output columns, so each
+ * reads its own slice of those rows. Terms are added in input order: the same sum as the dense layer up
+ * to float rounding (zeros contribute exactly nothing to a sum of finite products). */
+void lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, float *y, const int64_t *active,
+                          int64_t n_active, int64_t n, int64_t in, int64_t out, int nt) {
+    #pragma omp parallel num_threads(nt) if(nt > 1)
+    {
+        int t = omp_get_thread_num(), threads = omp_get_num_threads();
+        int64_t chunk = (out + threads - 1) / threads;
+        int64_t j0 = t * chunk, j1 = j0 + chunk < out ? j0 + chunk : out;
+        for (int64_t r = 0; r < n; r++) {
+            float *yr = y + r * out;
+            for (int64_t j = j0; j < j1; j++)
+                yr[j] = bias ? bias[j] : 0.0f;
+        }
+        for (int64_t a = 0; a < n_active; a++) {
+            int64_t i = active[a];
+            const float *w = wt + i * out;
+            for (int64_t r = 0; r < n; r++) {
+                float v = x[r * in + i];
+                if (v == 0.0f)
+                    continue;
+                float *yr = y + r * out;
+                for (int64_t j = j0; j < j1; j++)
+                    yr[j] = FMA(v, w[j], yr[j]);
+            }
+        }
+    }
+}

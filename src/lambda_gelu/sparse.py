@@ -1,0 +1,142 @@
+"""Activation sparsity as speed: linear layers that read only the weights of their non-zero inputs.
+
+A ReLU network's hidden activations are mostly exact zeros, and a zero input contributes exactly
+nothing to the next layer's sums. :func:`sparsify_` finds the linear layers whose input comes straight
+from an ``nn.ReLU`` and replaces each by :class:`SparseLinear`, which, for the batch at hand, lists the
+inputs that are non-zero in some row (their union) and reads only those rows of the transposed weight:
+at 90% zeros, a tenth of the dense layer's memory traffic, which is what a linear layer at small batch
+costs. Outputs equal the dense layer's up to float rounding (the terms are added in another order).
+When the union is too dense to pay (``max_density``), the layer runs dense. Inference only.
+
+    model = lambda_gelu.to_relu_(model)           # or a network trained with ReLU
+    replaced = lambda_gelu.sparse.sparsify_(model)
+    with torch.inference_mode():
+        y = model(x)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import _native
+
+__all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "MAX_DENSITY"]
+
+MAX_DENSITY = 0.35  # above this fraction of active inputs the dense layer is as fast (benchmarks/bench_sparse.py)
+
+
+def sparse_linear_reference(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
+    """y = x · Wt + b from the active rows of Wt only, in plain torch (the C kernel's reference)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    active = (x2 != 0).any(0).nonzero().squeeze(1)
+    y = x2[:, active] @ weight_t[active]
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], weight_t.shape[1])
+
+
+class SparseLinear(nn.Module):
+    """A linear layer for inputs that are mostly exact zeros (ReLU outputs); inference only.
+
+    Keeps the original ``weight`` (and ``bias``) as they were, so ``state_dict()`` is the dense layer's,
+    plus the transposed weight as a non-persistent buffer (one more copy of the weight; for GPT-2's
+    ``Conv1D``, which stores it transposed already, none). Build it with :meth:`from_dense`.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, weight_t: Tensor, max_density: float = MAX_DENSITY,
+                 layout: str = "linear"):
+        super().__init__()
+        if not 0.0 <= max_density <= 1.0:
+            raise ValueError(f"max_density is a fraction of the inputs in [0, 1], got {max_density!r}")
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        self.bias = bias if bias is None or isinstance(bias, nn.Parameter) else nn.Parameter(bias, requires_grad=False)
+        self.register_buffer("weight_t", weight_t, persistent=False)
+        self.in_features, self.out_features = weight_t.shape
+        self.max_density = float(max_density)
+        self.layout = layout  # how `weight` is stored: "linear" (out, in) or "conv1d" (in, out)
+
+    @classmethod
+    def from_dense(cls, layer: nn.Module, max_density: float = MAX_DENSITY) -> "SparseLinear":
+        """From an ``nn.Linear`` (weight (out, in)) or a Hugging Face ``Conv1D`` (weight (in, out))."""
+        if isinstance(layer, nn.Linear):
+            return cls(layer.weight, layer.bias, layer.weight.detach().t().contiguous(), max_density)
+        if _is_conv1d(layer):
+            return cls(layer.weight, layer.bias, layer.weight.detach().contiguous(), max_density, "conv1d")
+        raise TypeError(f"SparseLinear.from_dense takes nn.Linear or transformers' Conv1D, got {type(layer).__name__}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+            raise RuntimeError("SparseLinear is for inference and has no backward: run the model under "
+                               "torch.inference_mode() or torch.no_grad() (or restore the dense layers to train)")
+        x2 = x.reshape(-1, self.in_features)
+        active = (x2 != 0).any(0).nonzero().squeeze(1)
+        if active.numel() > self.max_density * self.in_features:
+            return self._dense(x)
+        fast = x.dtype == self.weight_t.dtype == torch.float32 and x.device.type == self.weight_t.device.type == "cpu"
+        kernels = _native.library() if fast else None
+        if kernels is None:
+            return sparse_linear_reference(x, self.weight_t, self.bias)
+        x2 = x2.contiguous()
+        y = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype)
+        bias = self.bias.detach().contiguous() if self.bias is not None else None
+        work = active.numel() * self.out_features * max(1, x2.shape[0])
+        nt = max(1, min(torch.get_num_threads(), work // _native.GRAIN))
+        kernels.sparse_linear_f32(x2.data_ptr(), self.weight_t.data_ptr(), None if bias is None else bias.data_ptr(),
+                                  y.data_ptr(), active.data_ptr(), active.numel(), x2.shape[0], self.in_features,
+                                  self.out_features, nt)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def _dense(self, x: Tensor) -> Tensor:
+        if self.layout == "conv1d":
+            return F.linear(x, self.weight_t.t(), self.bias)  # a view: no copy
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"max_density={self.max_density:g}")
+
+
+def _is_conv1d(m: nn.Module) -> bool:
+    return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.") and m.weight.dim() == 2
+
+
+def _eligible(model: nn.Module):
+    """(qualified name, parent, attribute) of every linear layer fed directly by an nn.ReLU."""
+    for name, parent in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(parent, nn.Sequential):  # ... → ReLU → Linear → ...
+            children = list(parent.named_children())
+            for (_, a), (attr, b) in zip(children, children[1:]):
+                if type(a) is nn.ReLU and isinstance(b, nn.Linear):
+                    yield prefix + attr, parent, attr
+        # GPT-2's MLP: c_proj(act(c_fc(x)))
+        if (type(getattr(parent, "act", None)) is nn.ReLU and _is_conv1d(getattr(parent, "c_fc", None))
+                and _is_conv1d(getattr(parent, "c_proj", None))):
+            yield prefix + "c_proj", parent, "c_proj"
+        # BERT / MPNet / RoBERTa layers: output.dense(intermediate_act_fn(intermediate.dense(x)))
+        inter, out = getattr(parent, "intermediate", None), getattr(parent, "output", None)
+        if (type(getattr(inter, "intermediate_act_fn", None)) is nn.ReLU
+                and isinstance(getattr(out, "dense", None), nn.Linear)):
+            yield prefix + "output.dense", out, "dense"
+
+
+def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY) -> list[str]:
+    """Replace, in place, every linear layer whose input comes straight from an ``nn.ReLU`` by a
+    :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
+    ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face GPT-2 blocks
+    (``mlp.c_proj``, a ``Conv1D``) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
+    is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``). Layers whose input is not
+    guaranteed to come from a ReLU are left alone, as are layers with non-finite weights (a skipped
+    zero input would turn 0·inf = NaN into 0)."""
+    found = [(name, parent, attr) for name, parent, attr in _eligible(model)
+             if torch.isfinite(getattr(parent, attr).weight).all()]
+    if not found:
+        raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
+                         "right after nn.ReLU in an nn.Sequential, and for the second FFN projection of Hugging Face "
+                         "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation (convert GELU first, e.g. "
+                         "with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
+    for _, parent, attr in found:
+        setattr(parent, attr, SparseLinear.from_dense(getattr(parent, attr), max_density))
+    return [name for name, _, _ in found]

@@ -1,0 +1,149 @@
+"""lambda_gelu.sparse: the sparse-input linear layer equals the dense one within the rounding of its sums,
+sparsify_ finds exactly the layers fed by a ReLU (nn.Sequential, GPT-2, BERT, MPNet), and refuses clearly."""
+import pytest
+import torch
+import torch.nn as nn
+
+import lambda_gelu as lg
+from lambda_gelu import _native
+from lambda_gelu.sparse import SparseLinear, sparse_linear_reference, sparsify_
+
+EPS = torch.finfo(torch.float32).eps
+
+
+def _relu_input(n, width, zeros, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, width, generator=g).abs()
+    return torch.where(torch.rand(n, width, generator=g) < zeros, 0.0, x)
+
+
+def assert_close_to_dense(y, x, weight_t, bias):
+    """|y − exact| ≤ γ_k · (Σ|x_i w_ij| + |b_j|) in float32, exact computed in float64, k the number of
+    terms (the standard bound for a sum of products in any order, with or without fused multiply-adds)."""
+    x64, w64 = x.double().reshape(-1, x.shape[-1]), weight_t.double()
+    exact = x64 @ w64 + (0 if bias is None else bias.double())
+    k = x.shape[-1] + 1
+    bound = k * EPS / (1 - k * EPS) * (x64.abs() @ w64.abs() + (0 if bias is None else bias.double().abs()))
+    err = (y.double().reshape(exact.shape) - exact).abs()
+    assert (err <= bound + 1e-30).all(), (err - bound).max()
+
+
+@pytest.mark.parametrize("n", [1, 4, 16])
+@pytest.mark.parametrize("zeros", [0.5, 0.9, 0.99, 1.0])
+def test_sparse_linear_equals_dense_within_rounding(n, zeros):
+    torch.manual_seed(0)
+    dense = nn.Linear(384, 96)
+    x = _relu_input(n, 384, zeros)
+    layer = SparseLinear.from_dense(dense, max_density=1.0)  # always the sparse path
+    with torch.inference_mode():
+        y = layer(x)
+    assert y.shape == (n, 96)
+    assert_close_to_dense(y, x, dense.weight.t(), dense.bias)
+    assert_close_to_dense(sparse_linear_reference(x, layer.weight_t, dense.bias), x, dense.weight.t(), dense.bias)
+    if zeros == 1.0:  # nothing active: exactly the bias
+        assert torch.equal(y, dense.bias.detach().expand(n, 96))
+
+
+def test_the_c_kernel_is_what_runs():
+    if _native.library() is None:
+        pytest.skip(f"no C kernels here: {_native.error()}")
+    layer = SparseLinear.from_dense(nn.Linear(64, 8), max_density=1.0)
+    x = _relu_input(2, 64, 0.8)
+    with torch.inference_mode():
+        fast = layer(x)
+    torch.testing.assert_close(fast, sparse_linear_reference(x, layer.weight_t, layer.bias), rtol=1e-5, atol=1e-6)
+
+
+def test_leading_dimensions_no_bias_and_dense_fallback():
+    torch.manual_seed(1)
+    dense = nn.Linear(128, 32, bias=False)
+    x = _relu_input(6, 128, 0.9).reshape(2, 3, 128)
+    with torch.inference_mode():
+        y = SparseLinear.from_dense(dense, max_density=1.0)(x)
+        assert y.shape == (2, 3, 32)
+        assert_close_to_dense(y, x, dense.weight.t(), None)
+        busy = _relu_input(4, 128, 0.1)  # 90% active: over max_density, so the dense layer runs, bit for bit
+        assert torch.equal(SparseLinear.from_dense(dense, max_density=0.35)(busy), dense(busy))
+
+
+def test_other_dtypes_use_the_reference():
+    dense = nn.Linear(64, 16).double()
+    x = _relu_input(3, 64, 0.8).double()
+    with torch.inference_mode():
+        torch.testing.assert_close(SparseLinear.from_dense(dense, 1.0)(x), dense(x))
+
+
+def test_inference_only():
+    layer = SparseLinear.from_dense(nn.Linear(8, 4))
+    with pytest.raises(RuntimeError, match="for inference"):
+        layer(torch.rand(2, 8))
+    with torch.no_grad():
+        layer(torch.rand(2, 8))
+
+
+def test_state_dict_is_the_dense_layers():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sparsify_(model)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_sparsify_sequential_only_after_relu():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 16),
+                          nn.Sequential(nn.ReLU(), nn.Linear(16, 4)))
+    x = torch.randn(5, 8)
+    with torch.inference_mode():
+        ref = model(x)
+        assert sparsify_(model) == ["2", "5.1"]
+        assert isinstance(model[4], nn.Linear)  # fed by a GELU (negative outputs, no zeros): left alone
+        torch.testing.assert_close(model(x), ref)
+
+
+def test_sparsify_refuses_models_without_eligible_layers():
+    with pytest.raises(ValueError, match="no linear layer fed directly by an nn.ReLU"):
+        sparsify_(nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4)))
+    weird = nn.Sequential(nn.ReLU(), nn.Linear(4, 4))
+    with torch.no_grad():
+        weird[1].weight[0, 0] = float("inf")  # a skipped zero input would hide 0·inf = NaN
+    with pytest.raises(ValueError, match="no linear layer"):
+        sparsify_(weird)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "mpnet"])
+def test_sparsify_hugging_face_blocks(family):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=50, activation_function="relu")
+        model, expected = transformers.GPT2Model(cfg), ["h.0.mlp.c_proj", "h.1.mlp.c_proj"]
+    else:
+        Config, Model = ((transformers.BertConfig, transformers.BertModel) if family == "bert"
+                         else (transformers.MPNetConfig, transformers.MPNetModel))
+        cfg = Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     vocab_size=50, hidden_act="relu")
+        model = Model(cfg)
+        expected = [f"encoder.layer.{i}.output.dense" for i in range(2)]
+    model.eval()
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.inference_mode():
+        ref = model(input_ids=ids).last_hidden_state
+        assert sparsify_(model, max_density=1.0) == expected
+        torch.testing.assert_close(model(input_ids=ids).last_hidden_state, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_sparsify_leaves_gelu_hugging_face_blocks_alone():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                  vocab_size=50)  # hidden_act="gelu"
+    with pytest.raises(ValueError, match="no linear layer"):
+        sparsify_(transformers.BertModel(cfg))
+
+
+def test_lab_models_after_relu_substitution():
+    from lambda_gelu_lab.models import MLP, Block
+    mlp, block = MLP(20, (64, 64), 5, nn.GELU), Block(16, 2, 4, nn.GELU)
+    for model in (mlp, block):
+        lg.to_relu_(model, include_gelu=True)  # the direct swap
+    assert sparsify_(mlp) == ["3", "5"]  # Flatten, Linear, ReLU, Linear, ReLU, Linear
+    assert sparsify_(block) == ["mlp.2"]
