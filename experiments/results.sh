@@ -12,7 +12,7 @@ lambda-gelu run fmnist-mlp mnist1d-mlp tabular-mlp --seeds 10 $T
 # Baselines the paper did not run.
 lambda-gelu run fmnist-mlp mnist1d-mlp tabular-mlp --seeds 10 --arms prelu swish-harden gelu-finetune $T
 # Switch-point ablation.
-for s in 0.10 0.50; do
+for s in 0.10 0.50 auto; do
     lambda-gelu run fmnist-mlp mnist1d-mlp --seeds 10 --arms lambda-harden --switch-at $s $T
 done
 # Robustness of the learned profile to the initial λ.
