@@ -138,32 +138,43 @@ static inline uint16_t bf16_store(float f) {
 /* Sparse-input linear layer, float32 (lambda_gelu.sparse): y = x · Wt + b for x (n, in) with mostly
  * zero entries, Wt the transposed weight (in, out). Only the rows of Wt whose input is non-zero in some
  * row of x (the batch's union, `active`, listed by the caller) are read, each once for the whole batch:
- * the memory traffic is that fraction of a dense layer's. Threads split the output columns, so each
- * reads its own slice of those rows. Terms are added in input order: the same sum as the dense layer up
- * to float rounding (zeros contribute exactly nothing to a sum of finite products). */
-void lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, float *y, const int64_t *active,
-                          int64_t n_active, int64_t n, int64_t in, int64_t out, int nt) {
+ * the memory traffic is that fraction of a dense layer's. Threads split the active rows (whole rows:
+ * long sequential reads, the next row prefetched) into partial sums that are added at the end. The
+ * same sum as the dense layer up to float rounding (zeros contribute exactly nothing to a sum of finite
+ * products; the order of the terms differs). `partial` has room for (nt − 1) · n · out floats. */
+void lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, float *y, float *partial,
+                          const int64_t *active, int64_t n_active, int64_t n, int64_t in, int64_t out, int nt) {
     #pragma omp parallel num_threads(nt) if(nt > 1)
     {
         int t = omp_get_thread_num(), threads = omp_get_num_threads();
-        int64_t chunk = (out + threads - 1) / threads;
-        int64_t j0 = t * chunk, j1 = j0 + chunk < out ? j0 + chunk : out;
-        for (int64_t r = 0; r < n; r++) {
-            float *yr = y + r * out;
-            for (int64_t j = j0; j < j1; j++)
-                yr[j] = bias ? bias[j] : 0.0f;
-        }
-        for (int64_t a = 0; a < n_active; a++) {
+        float *acc = t == 0 ? y : partial + (int64_t)(t - 1) * n * out;
+        for (int64_t k = 0; k < n * out; k++)
+            acc[k] = 0.0f;
+        int64_t chunk = (n_active + threads - 1) / threads;
+        int64_t a0 = t * chunk, a1 = a0 + chunk < n_active ? a0 + chunk : n_active;
+        for (int64_t a = a0; a < a1; a++) {
             int64_t i = active[a];
             const float *w = wt + i * out;
+            if (a + 1 < a1)
+                for (int64_t j = 0; j < out; j += 16)
+                    __builtin_prefetch(wt + active[a + 1] * out + j);
             for (int64_t r = 0; r < n; r++) {
                 float v = x[r * in + i];
                 if (v == 0.0f)
                     continue;
-                float *yr = y + r * out;
-                for (int64_t j = j0; j < j1; j++)
+                float *yr = acc + r * out;
+                for (int64_t j = 0; j < out; j++)
                     yr[j] = FMA(v, w[j], yr[j]);
             }
+        }
+        #pragma omp barrier
+        int64_t per = (n * out + threads - 1) / threads;  /* then each thread adds up one slice */
+        int64_t k0 = t * per, k1 = k0 + per < n * out ? k0 + per : n * out;
+        for (int64_t k = k0; k < k1; k++) {
+            float sum = y[k];
+            for (int u = 1; u < threads; u++)
+                sum += partial[(int64_t)(u - 1) * n * out + k];
+            y[k] = sum + (bias ? bias[k % out] : 0.0f);
         }
     }
 }

@@ -118,7 +118,7 @@ class Kernels:
                 fn.argtypes = argtypes
                 self.fns[name, dtype] = fn
         self.sparse_linear_f32 = self.lib.lg_sparse_linear_f32  # lambda_gelu.sparse
-        self.sparse_linear_f32.argtypes = [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I32]
+        self.sparse_linear_f32.argtypes = [_P, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I64, _I32]
 
     def forward(self, x: Tensor, lam: Tensor) -> Tensor:
         x = x.detach().contiguous()

@@ -24,7 +24,8 @@ from . import _native
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "MAX_DENSITY"]
 
-MAX_DENSITY = 0.35  # above this fraction of active inputs the dense layer is as fast (benchmarks/bench_sparse.py)
+MAX_DENSITY = 0.35  # fraction of active inputs above which the layer runs dense; conservative: the 3072-input
+# FFN of benchmarks/bench_sparse.py still gains at 0.6, small layers gain less (a fixed cost per call)
 
 
 def sparse_linear_reference(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
@@ -83,9 +84,10 @@ class SparseLinear(nn.Module):
         bias = self.bias.detach().contiguous() if self.bias is not None else None
         work = active.numel() * self.out_features * max(1, x2.shape[0])
         nt = max(1, min(torch.get_num_threads(), work // _native.GRAIN))
+        partial = torch.empty((nt - 1) * x2.shape[0] * self.out_features, dtype=x.dtype)
         kernels.sparse_linear_f32(x2.data_ptr(), self.weight_t.data_ptr(), None if bias is None else bias.data_ptr(),
-                                  y.data_ptr(), active.data_ptr(), active.numel(), x2.shape[0], self.in_features,
-                                  self.out_features, nt)
+                                  y.data_ptr(), partial.data_ptr(), active.data_ptr(), active.numel(), x2.shape[0],
+                                  self.in_features, self.out_features, nt)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def _dense(self, x: Tensor) -> Tensor:
