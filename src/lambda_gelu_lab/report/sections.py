@@ -144,23 +144,29 @@ def experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, s
 
 def _switch_points(by_variant, order) -> list[str]:
     """Where switch_at="auto" switched, and its accuracy after ReLU paired against each fixed switch point."""
-    auto = [v for v in order if by_variant[v][0]["arm"] == "lambda-harden" and by_variant[v][0]["config"]["switch_at"] == "auto"]
+    auto = [v for v in order
+            if by_variant[v][0]["arm"] == "lambda-harden" and by_variant[v][0]["config"]["switch_at"] == "auto"]
     fixed = [v for v in order if by_variant[v][0]["arm"] == "lambda-harden" and v not in auto]
     lines = []
     for v in auto:
         g = by_variant[v]
         where = [r["metrics"]["switch_step"] / r["metrics"]["steps"] for r in g]
-        lines += [f"Automatic switch point (`{v}`, sign patterns of a fixed probe batch): it switched at "
-                  f"{np.mean(where):.2f} ± {np.std(where, ddof=1) if len(where) > 1 else 0:.2f} of training "
-                  f"(range {min(where):.2f}–{max(where):.2f}, {len(g)} seeds). After ReLU, paired against the fixed "
-                  "switch points (accuracy points, automatic minus fixed):", "",
-                  "| fixed switch | pairs | mean | 95% CI | p (paired t) | p (TOST) | reading |", "|---|---|---|---|---|---|---|"]
+        lines.append(f"Automatic switch point (`{v}`, sign patterns of a fixed probe batch): it switched at "
+                     f"{np.mean(where):.2f} ± {np.std(where, ddof=1) if len(where) > 1 else 0:.2f} of training "
+                     f"(range {min(where):.2f}–{max(where):.2f}, {len(g)} seeds). " +
+                     ("After ReLU, paired against the fixed switch points (accuracy points, automatic minus fixed):"
+                      if fixed else "No fixed switch point was run beside it in this experiment."))
+        lines.append("")
+        if fixed:
+            lines += ["| fixed switch | pairs | mean | 95% CI | p (paired t) | p (TOST) | reading |",
+                      "|---|---|---|---|---|---|---|"]
         for f in fixed:
             c, _ = paired_by_seed(by_seed(g), "sub_test_acc", by_seed(by_variant[f]), "sub_test_acc")
             at = by_variant[f][0]["config"]["switch_at"]
             lines.append(f"| {at:g} of training (`{f}`) | {c.n} | {100 * c.mean:+.2f} | {_ci(c)} | {_fmt_p(c.p_t)} | "
                          f"{_fmt_p(c.p_tost)} | {reading(c)} |")
-        lines.append("")
+        if fixed:
+            lines.append("")
     return lines
 
 
