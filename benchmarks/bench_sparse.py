@@ -21,7 +21,7 @@ import torch.nn as nn
 
 import lambda_gelu as lg
 from _common import header, interleaved, print_table, save
-from lambda_gelu.sparse import sparsify_
+from lambda_gelu.sparse import active_inputs, sparsify_
 
 
 def ffn_cases(reps: int, quick: bool) -> list[dict]:
@@ -40,7 +40,7 @@ def ffn_cases(reps: int, quick: bool) -> list[dict]:
             with torch.inference_mode():
                 hidden = dense[1](dense[0](x))
                 measured = (hidden == 0).double().mean().item()
-                union = (hidden != 0).any(0).double().mean().item()
+                union = active_inputs(hidden).numel() / h
                 t = interleaved({"dense": lambda: dense(x), "sparse": lambda: sparse(x)}, reps)
             out.append({"zeros": zeros, "batch": batch, "measured_zeros": measured, "union_active": union,
                         "dense_ms": t["dense"] * 1e3, "sparse_ms": t["sparse"] * 1e3,

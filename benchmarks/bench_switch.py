@@ -42,7 +42,7 @@ def measure(name: str, reps: int) -> dict:
         sched.step(0)  # the schedule's own work, without advancing it
 
     times = interleaved({"step": step, "check": sched._check}, reps)
-    every = max(1, round(sched.auto.every * total))
+    every = sched.auto.check_interval(total)
     overhead = times["check"] / (every * times["step"])
     return {"task": name, "batch": cfg.batch_size, "probe": len(sched._probe), "total_steps": total, "every": every,
             "step_ms": times["step"] * 1e3, "check_ms": times["check"] * 1e3, "overhead": overhead}

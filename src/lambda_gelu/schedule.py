@@ -75,6 +75,10 @@ class AutoSwitch:
         need(fraction("earliest"), "earliest", "a fraction of training in [0, 1)")
         need(fraction("latest") and self.latest >= self.earliest, "latest", "a fraction of training in [earliest, 1)")
 
+    def check_interval(self, total_steps: int) -> int:
+        """Optimizer steps between two checks in a training of ``total_steps`` steps."""
+        return max(1, round(self.every * total_steps))
+
 
 def _pack(bits: torch.Tensor) -> torch.Tensor:
     """A flat bool tensor as bytes, 8 signs per byte (zero padding)."""
@@ -181,7 +185,7 @@ class HardeningSchedule:
             self.switch_at = "auto"
             self._model = _unwrapped(model)
             self._probe = _on_device(probe, next(iter(self.modules.values())).s.device)
-            self._every = max(1, round(self.auto.every * self.total_steps))
+            self._every = self.auto.check_interval(self.total_steps)
             self._earliest = math.ceil(self.auto.earliest * self.total_steps)
             self._latest = int(self.auto.latest * self.total_steps)
             if self._state("switch_checks") == 0 and self.step_count == 0:

@@ -22,16 +22,22 @@ from torch import Tensor
 
 from . import _native
 
-__all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "MAX_DENSITY"]
+__all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "MAX_DENSITY"]
 
 MAX_DENSITY = 0.35  # fraction of active inputs above which the layer runs dense; conservative: the 3072-input
 # FFN of benchmarks/bench_sparse.py still gains at 0.6, small layers gain less (a fixed cost per call)
 
 
-def sparse_linear_reference(x: Tensor, weight_t: Tensor, bias: Tensor | None) -> Tensor:
-    """y = x · Wt + b from the active rows of Wt only, in plain torch (the C kernel's reference)."""
+def active_inputs(x: Tensor) -> Tensor:
+    """The indices of the inputs (last dimension) that are non-zero in some row of ``x``: the batch's union."""
+    return (x.reshape(-1, x.shape[-1]) != 0).any(0).nonzero().squeeze(1)
+
+
+def sparse_linear_reference(x: Tensor, weight_t: Tensor, bias: Tensor | None, active: Tensor | None = None) -> Tensor:
+    """y = x · Wt + b from the active rows of Wt only, in plain torch (the C kernel's reference);
+    ``active`` as :func:`active_inputs` gives it, if already known."""
     x2 = x.reshape(-1, x.shape[-1])
-    active = (x2 != 0).any(0).nonzero().squeeze(1)
+    active = active_inputs(x) if active is None else active
     y = x2[:, active] @ weight_t[active]
     if bias is not None:
         y = y + bias
@@ -71,15 +77,14 @@ class SparseLinear(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             raise RuntimeError("SparseLinear is for inference and has no backward: run the model under "
                                "torch.inference_mode() or torch.no_grad() (or restore the dense layers to train)")
-        x2 = x.reshape(-1, self.in_features)
-        active = (x2 != 0).any(0).nonzero().squeeze(1)
+        active = active_inputs(x)
         if active.numel() > self.max_density * self.in_features:
             return self._dense(x)
         fast = x.dtype == self.weight_t.dtype == torch.float32 and x.device.type == self.weight_t.device.type == "cpu"
         kernels = _native.library() if fast else None
         if kernels is None:
-            return sparse_linear_reference(x, self.weight_t, self.bias)
-        x2 = x2.contiguous()
+            return sparse_linear_reference(x, self.weight_t, self.bias, active)
+        x2 = x.reshape(-1, self.in_features).contiguous()
         y = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype)
         bias = self.bias.detach().contiguous() if self.bias is not None else None
         work = active.numel() * self.out_features * max(1, x2.shape[0])

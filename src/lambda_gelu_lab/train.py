@@ -23,7 +23,7 @@ def probe_batch(x_train: torch.Tensor, batch_size: int, total_steps: int) -> tor
     """The fixed examples whose sign patterns choose switch_at="auto": the first n of the training set,
     n as large as keeps the checks near 1% of training time (a check is one forward pass, about a third
     of a step per batch, every 2% of training), between 8 and 256."""
-    every = max(1, round(lg.AutoSwitch().every * total_steps))
+    every = lg.AutoSwitch().check_interval(total_steps)
     return x_train[:min(256, max(8, int(0.03 * batch_size * every)))]
 
 
