@@ -1,7 +1,9 @@
 """Hardening under DistributedDataParallel: two gloo ranks on this machine, through the switch and the
 anneal, with DDP's default find_unused_parameters=False (freezing once broke it at the switch)."""
+import datetime
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -47,16 +49,41 @@ def _train(model, step_model, rank=0, world=1, switch_at=None, probe=None):
     return sched
 
 
-def _rank(rank, port, out, auto=False):
+def _init(rank, port):
+    """Join the 2-rank gloo group over loopback. Left to itself gloo binds to the address the host's
+    name resolves to, and waits forever where the name does not resolve (seen on a CI machine)."""
+    loopback = next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if loopback and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+
+
+def _spawn(fn, *args, deadline=240.0):
+    """mp.spawn with a deadline: a rank that hangs fails the test instead of the whole run."""
+    context = mp.spawn(fn, args=(_free_port(), *args), nprocs=WORLD, join=False)
+    end = time.monotonic() + deadline
+    while not context.join(timeout=max(end - time.monotonic(), 0.1)):
+        if time.monotonic() > end:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the {WORLD} ranks did not finish within {deadline:.0f} s")
+
+
+def _ddp_run(rank, out, auto):
+    model = _model()
+    ddp = DistributedDataParallel(model)  # find_unused_parameters=False
+    sched = _train(model, ddp, rank, WORLD, *((AUTO[rank], _probe(rank)) if auto else ()))
+    torch.save({"state": model.state_dict(), "lambdas": sched.current_lambdas(), "step": sched.step_count,
+                "switch": sched.switch_step}, os.path.join(out, f"rank{rank}.pt"))
+
+
+def _rank(rank, port, out, auto=False):
+    _init(rank, port)
     try:
-        model = _model()
-        ddp = DistributedDataParallel(model)  # find_unused_parameters=False
-        sched = _train(model, ddp, rank, WORLD, *((AUTO[rank], _probe(rank)) if auto else ()))
-        torch.save({"state": model.state_dict(), "lambdas": sched.current_lambdas(), "step": sched.step_count,
-                    "switch": sched.switch_step}, os.path.join(out, f"rank{rank}.pt"))
+        _ddp_run(rank, out, auto)  # DDP's reducer is freed here, while its process group still exists:
+        dist.barrier()             # freed after destroy_process_group it sometimes hung the rank
     finally:
         dist.destroy_process_group()
 
@@ -69,7 +96,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_ddp_through_switch_and_anneal_matches_a_single_process(tmp_path):
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    _spawn(_rank, str(tmp_path))
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     for key, value in ranks[0]["state"].items():  # every rank holds the same model, λ state included
         assert torch.equal(value, ranks[1]["state"][key]), key
@@ -94,7 +121,7 @@ def test_ddp_auto_switch_follows_rank_0(tmp_path):
         model = _model()
         alone.append(_train(model, model, switch_at=AUTO[rank], probe=_probe(rank)).switch_step)
     assert alone[0] < alone[1] == STEPS // 2  # rank 1 alone would wait for `latest`
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path), True), nprocs=WORLD, join=True)
+    _spawn(_rank, str(tmp_path), True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
     assert ranks[0]["switch"] == ranks[1]["switch"] < STEPS // 2
     for key, value in ranks[0]["state"].items():
@@ -103,21 +130,24 @@ def test_ddp_auto_switch_follows_rank_0(tmp_path):
         assert torch.equal(value, ranks[1]["state"][key]), key
 
 
-def _fsdp_rank(rank, port, out):
+def _fsdp_run(rank, out):
     from torch.distributed.fsdp import fully_shard
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    model = nn.Sequential(nn.Linear(8, 32), lg.LambdaGELU(num_channels=32), nn.Linear(32, 1))
+    fully_shard(model)
     try:
-        model = nn.Sequential(nn.Linear(8, 32), lg.LambdaGELU(num_channels=32), nn.Linear(32, 1))
-        fully_shard(model)
-        try:
-            lg.HardeningSchedule(model, total_steps=STEPS)
-            message = "no error"
-        except NotImplementedError as e:
-            message = str(e)
-        with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
-            f.write(message)
+        lg.HardeningSchedule(model, total_steps=STEPS)
+        message = "no error"
+    except NotImplementedError as e:
+        message = str(e)
+    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
+        f.write(message)
+
+
+def _fsdp_rank(rank, port, out):
+    _init(rank, port)
+    try:
+        _fsdp_run(rank, out)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -127,7 +157,7 @@ def test_fsdp_sharded_lambdas_are_refused_clearly(tmp_path):
     """FSDP shards λ's raw parameter, and freezing would read a shard as λ: refused with one message,
     on every rank, rather than annealing from wrong values."""
     pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP")
-    mp.spawn(_fsdp_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    _spawn(_fsdp_rank, str(tmp_path))
     for r in range(WORLD):
         message = (tmp_path / f"rank{r}.txt").read_text()
         assert "sharded (FSDP's fully_shard)" in message and "DistributedDataParallel" in message, message
