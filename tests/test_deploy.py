@@ -71,6 +71,6 @@ def test_sparsity_on_a_hand_built_net():
         lin.bias.copy_(torch.tensor([0.0, 0.0, -1.0]))
     model = nn.Sequential(lin, nn.ReLU())
     stats = deploy.activation_sparsity(model, [torch.tensor([[1.0, 5.0]]), torch.tensor([[2.0, -3.0]])])
-    assert stats == {"1": {"zero_fraction": pytest.approx(4 / 6), "dead_fraction": pytest.approx(2 / 3)}}
+    assert stats == {"1": {"zero_fraction": pytest.approx(4 / 6), "outputs": 6, "dead_fraction": pytest.approx(2 / 3)}}
     with pytest.raises(ValueError, match="no nn.ReLU"):
         deploy.activation_sparsity(nn.Sequential(nn.Linear(2, 2)), [torch.zeros(1, 2)])

@@ -93,6 +93,33 @@ def test_swap_is_relu_from_the_first_step_with_the_same_loss():
     assert losses[-1] < losses[0]  # the repair works on a plain tensor output (relative error)
 
 
+@pytest.mark.parametrize("schedule", ["anneal", "swap"])
+def test_sparsity_penalises_the_converted_activations_only_and_leaves_more_zeros(schedule):
+    x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
+
+    def run(sparsity):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 64), nn.GELU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+        hooked = []
+
+        def loss(student, teacher, batch):  # which activations the penalty reads, seen from inside the run
+            hooked.append((bool(model[1]._forward_hooks), bool(model[3]._forward_hooks)))
+            return distillation_loss(student, teacher, batch)
+
+        result = reluize(model, x, steps=60, schedule=schedule, anneal=0.5, lr=1e-2, sparsity=sparsity, loss=loss)
+        assert not any(m._forward_hooks for m in model.modules())  # removed at the end
+        with torch.no_grad():
+            zeros = (F.relu(model[0](x)) == 0).float().mean().item()
+        return result, zeros, hooked
+
+    plain, zeros, hooked = run(0.0)
+    assert "penalty" not in plain.log[-1] and not any(a or b for a, b in hooked)
+    sparse, zeros_sparse, hooked = run(1.0)
+    assert all(a and not b for a, b in hooked)  # the converted GELU (also after its swap), not the model's own ReLU
+    assert sparse.log[0]["penalty"] == 0.0 and sparse.log[-1]["penalty"] > 0  # the factor rises from 0
+    assert zeros_sparse > zeros + 0.05, (zeros, zeros_sparse)  # measured: +0.08 (swap) or more
+
+
 def test_distillation_loss_is_zero_for_identical_outputs_and_kl_for_logits():
     logits = torch.randn(2, 5, 7)
     out = {"logits": logits, "hidden_states": (torch.randn(2, 5, 3),)}
@@ -128,7 +155,8 @@ def test_bad_input_is_refused_before_the_model_changes():
     for kwargs, message in [({"steps": 0}, "steps must be a positive int"),
                             ({"steps": 3, "schedule": "cosine"}, "schedule must be one of anneal, swap"),
                             ({"steps": 3, "anneal": 0.0}, r"anneal is the fraction of steps"),
-                            ({"steps": 3, "epsilon": 2.0}, "epsilon must be in")]:
+                            ({"steps": 3, "epsilon": 2.0}, "epsilon must be in"),
+                            ({"steps": 3, "sparsity": -0.1}, "sparsity is the activation penalty's final factor")]:
         with pytest.raises(ValueError, match=message):
             reluize(gelu_net, x, **kwargs)
     with pytest.raises(ValueError, match="reluize got no batches"):

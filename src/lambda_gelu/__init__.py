@@ -6,9 +6,11 @@ The pieces, one per file: ``config`` (``LambdaGELUConfig``, the paper's settings
 ``functional`` (the op and its math; ``_compiled`` and ``_native`` its fused kernels),
 ``module`` (``LambdaGELU``), ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``),
 ``convert`` (model surgery), ``registry`` (activations by name), ``reluize`` (a pretrained GELU
-network → exact ReLU: annealed distillation from its frozen original). For deployment, imported on
-demand: ``deploy`` (ONNX export, int8 with ONNX Runtime, sparsity; the ``[deploy]`` extra) and
-``verify`` (interval/CROWN bounds and exact MILP verification of ReLU networks; scipy only);
+network → exact ReLU: annealed distillation from its frozen original), ``regularize``
+(``SparsityRegularizer``: a progressive L1 penalty on the activations, for more exact zeros).
+Imported on demand: ``sparse`` (linear layers that read only their non-zero inputs; activation
+sparsity), ``deploy`` (ONNX export, int8 with ONNX Runtime; the ``[deploy]`` extra) and ``verify``
+(interval/CROWN bounds and exact MILP verification of ReLU networks; scipy only);
 ``integrations.transformers`` and ``integrations.lightning`` (hardening callbacks for those trainers).
 """
 from .config import DEFAULTS, LambdaGELUConfig
@@ -17,6 +19,7 @@ from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_r
 from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
 from .optim import lambda_param_groups
 from .registry import create_act, get_act_layer
+from .regularize import SparsityRegularizer, sparsity_factor
 from .reluize import ReluizeResult, reluize
 from .schedule import AutoSwitch, HardeningSchedule
 
@@ -30,4 +33,5 @@ __all__ = [
     "convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
     "get_act_layer", "create_act",
     "reluize", "ReluizeResult",
+    "SparsityRegularizer", "sparsity_factor",
 ]

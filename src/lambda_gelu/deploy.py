@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .sparse import activation_sparsity  # measured beside int8 and verification; lives with the sparse path
+
 __all__ = ["export_onnx", "onnx_op_counts", "float_ops", "quantize_int8", "OnnxRunner", "activation_sparsity",
            "SMOOTH_OPS"]
 
@@ -122,32 +124,3 @@ class OnnxRunner:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.session.run(None, {"input": np.ascontiguousarray(x, dtype=np.float32)})[0]
 
-
-@torch.no_grad()
-def activation_sparsity(model: nn.Module, inputs: Iterable[torch.Tensor]) -> dict[str, dict[str, float]]:
-    """For every ``nn.ReLU`` in ``model``: the fraction of its outputs that are exactly zero over
-    ``inputs``, and the fraction of its units (last dimension) that are never active."""
-    stats: dict[str, dict] = {}
-    hooks = []
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ReLU):
-            def hook(mod, args, out, name=name):
-                s = stats.setdefault(name, {"zeros": 0, "total": 0, "ever_active": None})
-                s["zeros"] += int((out == 0).sum())
-                s["total"] += out.numel()
-                active = (out.reshape(-1, out.shape[-1]) > 0).any(0)
-                s["ever_active"] = active if s["ever_active"] is None else s["ever_active"] | active
-            hooks.append(m.register_forward_hook(hook))
-    if not hooks:
-        raise ValueError("activation_sparsity found no nn.ReLU in the model: ReLU-ize it first (lambda_gelu.to_relu_)")
-    was_training = model.training
-    model.eval()
-    try:
-        for x in inputs:
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
-    return {name: {"zero_fraction": s["zeros"] / s["total"],
-                   "dead_fraction": 1.0 - s["ever_active"].float().mean().item()} for name, s in stats.items()}

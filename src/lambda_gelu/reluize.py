@@ -26,6 +26,10 @@ arguments, as a Hugging Face tokenizer returns them); they are cycled if there a
 ``steps``. The model is converted in place; when it carries a Hugging Face ``config``, its activation
 field is set to ``"relu"`` so that ``save_pretrained`` writes a checkpoint that plain
 ``transformers`` loads as the ReLU network.
+
+Sparsity. ``sparsity=`` adds :class:`lambda_gelu.SparsityRegularizer`'s L1 penalty on the converted
+activations' outputs, its factor rising to the given peak along the anneal (three sine-shaped
+stages), then held during the repair: more exact zeros in the ReLU network, for the sparse path.
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ from torch.overrides import TorchFunctionMode
 from .config import DEFAULTS
 from .convert import GELU_LIKE, is_gelu_like, replace_modules_
 from .functional import lambda_target as _lambda_target
+from .regularize import SparsityRegularizer
 
 __all__ = ["reluize", "distillation_loss", "mean_pool", "AnnealedGELU", "ReluizeResult", "SCHEDULES"]
 
@@ -73,7 +78,7 @@ class AnnealedGELU(nn.Module):
 class ReluizeResult:
     """What :func:`reluize` did: the modules it replaced, one log entry per step, the time it took."""
     replaced: list[str]
-    log: list[dict] = field(default_factory=list)  # {"step", "lam", "loss", "seconds"}
+    log: list[dict] = field(default_factory=list)  # {"step", "lam", "loss", "seconds"[, "penalty"]}
     seconds: float = 0.0
 
     @property
@@ -84,7 +89,7 @@ class ReluizeResult:
 def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Module | None = None,
             loss: Callable | None = None, schedule: str = "anneal", anneal: float = 0.5,
             epsilon: float | None = None, lr: float = 5e-5, weight_decay: float = 0.0,
-            optimizer: torch.optim.Optimizer | None = None, progress: bool = False,
+            optimizer: torch.optim.Optimizer | None = None, sparsity: float = 0.0, progress: bool = False,
             callback: Callable[[dict], None] | None = None) -> ReluizeResult:
     """Turn ``model``'s GELU-like activations into exact ``nn.ReLU``, in place, training it for
     ``steps`` optimizer steps to keep its function.
@@ -105,6 +110,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
             (default :data:`lambda_gelu.DEFAULTS`'s 0.005, λ_target ≈ 160).
         lr, weight_decay: for the default optimizer, AdamW over every trainable parameter.
         optimizer: your own, built over ``model``'s parameters (``lr``/``weight_decay`` then unused).
+        sparsity: the final factor of an L1 penalty on the converted activations (0: none); it rises
+            over the first ``anneal`` fraction of the steps (see :class:`lambda_gelu.SparsityRegularizer`).
         progress: a progress bar (needs ``tqdm``).
         callback: called after every step with its log entry.
 
@@ -118,6 +125,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if not 0.0 < anneal <= 1.0:
         raise ValueError(f"anneal is the fraction of steps spent annealing, in (0, 1]; got {anneal!r}")
+    if not isinstance(sparsity, (int, float)) or isinstance(sparsity, bool) or not 0.0 <= sparsity < float("inf"):
+        raise ValueError(f"sparsity is the activation penalty's final factor, a finite number ≥ 0; got {sparsity!r}")
     lam_target = _lambda_target(DEFAULTS.epsilon if epsilon is None else epsilon)
     stream = itertools.cycle(batches) if not isinstance(batches, torch.Tensor) else itertools.repeat(batches)
     try:
@@ -146,6 +155,9 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     anneal_steps = max(1, round(anneal * steps))
+    converted = set(replaced)  # the same names hold the annealed GELUs, then their ReLUs
+    regularizer = SparsityRegularizer(model, steps, sparsity, end=anneal, stages=3,
+                                      filter_fn=lambda m, fqn: fqn in converted) if sparsity else None
     result = ReluizeResult(replaced)
     bar = _progress(steps, progress)
     t0 = time.perf_counter()
@@ -153,6 +165,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         if annealed and step >= anneal_steps:  # within ε of the step: the exact ReLU from here on
             _swap_to_relu(model)
             annealed = []
+            if regularizer is not None:
+                regularizer.refresh()
         lam = _paced_lambda(step / anneal_steps, lam_target) if annealed else float("inf")
         for m in annealed:
             m.lam = lam
@@ -160,11 +174,14 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         with torch.no_grad():
             target = _call(teacher, batch)
         value = loss(_call(model, batch), target, batch)
+        penalty = regularizer.penalty() if regularizer is not None else None
         optimizer.zero_grad(set_to_none=True)
-        value.backward()
+        (value if penalty is None else value + penalty).backward()
         optimizer.step()
-        entry = {"step": step + 1, "lam": lam, "loss": value.item(),
-                 "seconds": time.perf_counter() - t0}
+        entry = {"step": step + 1, "lam": lam, "loss": value.item(), "seconds": time.perf_counter() - t0}
+        if penalty is not None:
+            entry["penalty"] = penalty.item()
+            regularizer.step()
         result.log.append(entry)
         if callback is not None:
             callback(entry)
@@ -173,6 +190,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     bar.close()
     if annealed:
         _swap_to_relu(model)
+    if regularizer is not None:
+        regularizer.remove()
     _relu_config(model)
     result.seconds = time.perf_counter() - t0
     return result

@@ -15,6 +15,8 @@ When the union is too dense to pay (``max_density``), the layer runs dense. Infe
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -22,7 +24,8 @@ from torch import Tensor
 
 from . import _native
 
-__all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "MAX_DENSITY"]
+__all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
+           "MAX_DENSITY"]
 
 MAX_DENSITY = 0.35  # fraction of active inputs above which the layer runs dense; conservative: the 3072-input
 # FFN of benchmarks/bench_sparse.py still gains at 0.6, small layers gain less (a fixed cost per call)
@@ -147,3 +150,34 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY) -> list[str]:
     for _, parent, attr in found:
         setattr(parent, attr, SparseLinear.from_dense(getattr(parent, attr), max_density))
     return [name for name, _, _ in found]
+
+
+@torch.no_grad()
+def activation_sparsity(model: nn.Module, inputs: Iterable[torch.Tensor]) -> dict[str, dict[str, float]]:
+    """For every ``nn.ReLU`` in ``model``: the fraction of its outputs that are exactly zero over
+    ``inputs`` (``zero_fraction``, of ``outputs`` values seen), and the fraction of its units (last
+    dimension) that are never active (``dead_fraction``)."""
+    stats: dict[str, dict] = {}
+    hooks = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ReLU):
+            def hook(mod, args, out, name=name):
+                s = stats.setdefault(name, {"zeros": 0, "total": 0, "ever_active": None})
+                s["zeros"] += int((out == 0).sum())
+                s["total"] += out.numel()
+                active = (out.reshape(-1, out.shape[-1]) > 0).any(0)
+                s["ever_active"] = active if s["ever_active"] is None else s["ever_active"] | active
+            hooks.append(m.register_forward_hook(hook))
+    if not hooks:
+        raise ValueError("activation_sparsity found no nn.ReLU in the model: ReLU-ize it first (lambda_gelu.to_relu_)")
+    was_training = model.training
+    model.eval()
+    try:
+        for x in inputs:
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return {name: {"zero_fraction": s["zeros"] / s["total"], "outputs": s["total"],
+                   "dead_fraction": 1.0 - s["ever_active"].float().mean().item()} for name, s in stats.items()}
