@@ -13,10 +13,14 @@ from lambda_gelu import DEFAULTS
 # so e.g. the GELU baseline is computed once and shared by every switch-point ablation.
 LAMBDA_FIELDS = ("init_lambda", "temperature", "multiplier")
 HARDEN_FIELDS = LAMBDA_FIELDS + ("switch_at", "epsilon")
+SPARSE_FIELDS = HARDEN_FIELDS + ("sparsity",)
+ARM_FIELDS = SPARSE_FIELDS  # every field some arm owns; the others are shared by all arms
 ARMS: dict[str, tuple[str, ...]] = {
     "gelu": (),            # nn.GELU; then the direct swap to ReLU
     "lambda": LAMBDA_FIELDS,   # learned λ, no hardening
     "lambda-harden": HARDEN_FIELDS,  # learned λ, frozen at switch_at, annealed to λ_target(ε), → ReLU
+    # lambda-harden plus an L1 penalty on the activations rising from switch_at (SparsityRegularizer)
+    "lambda-harden-sparse": SPARSE_FIELDS,
     "relu": (),            # ReLU from scratch
     # baselines the paper did not run, all ending as exact-ReLU networks
     "prelu": (),           # PReLU; then its slopes set to 0, i.e. ReLU
@@ -49,6 +53,7 @@ class RunConfig:
     multiplier: float = DEFAULTS.multiplier     # λ's learning rate = multiplier · lr
     switch_at: float | str = DEFAULTS.switch_at  # fraction of training after which λ is frozen and annealed, or "auto"
     epsilon: float = DEFAULTS.epsilon           # target L1 gap between gate and step → λ_target ≈ 159.6
+    sparsity: float = 1.0           # lambda-harden-sparse: the activation L1 penalty's final factor
     train_limit: int = 0            # use only the first N training examples (0: all) — for smoke tests
 
     def __post_init__(self):
@@ -63,7 +68,7 @@ class RunConfig:
             need(isinstance(v, int) and not isinstance(v, bool) and v >= (0 if nonneg else 1),
                  name, "a non-negative int" if nonneg else "a positive int")
         need(self.optimizer in ("sgd", "adamw"), "optimizer", "'sgd' or 'adamw'")
-        for name in ("lr", "momentum", "weight_decay", "temperature", "multiplier", "epsilon", "warmup"):
+        for name in ("lr", "momentum", "weight_decay", "temperature", "multiplier", "epsilon", "warmup", "sparsity"):
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
                  name, "a finite number ≥ 0")
@@ -76,6 +81,8 @@ class RunConfig:
              and not isinstance(self.switch_at, bool) and 0 <= self.switch_at < 1, "switch_at",
              "in [0, 1), or 'auto' (when the sign patterns settle; not for gelu-finetune, which has no λ)")
         need(0 < self.epsilon < 0.79, "epsilon", "in (0, 0.79): below GELU's own gap 2/√(2π)")
+        need(self.arm != "lambda-harden-sparse" or self.switch_at != "auto", "switch_at",
+             "a fraction for lambda-harden-sparse: its penalty starts rising at the switch point")
 
     def replace(self, **changes) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -83,7 +90,7 @@ class RunConfig:
     def relevant(self) -> dict:
         """The fields that determine this run's result: the shared ones plus its arm's own. Fields
         added after results existed (``LATER_FIELDS``) count only when set, so old hashes stay valid."""
-        arm_free = {f.name for f in fields(self)} - set(HARDEN_FIELDS)
+        arm_free = {f.name for f in fields(self)} - set(ARM_FIELDS)
         keep = arm_free | set(ARMS[self.arm])
         defaults = {f.name: f.default for f in fields(self)}
         return {k: v for k, v in dataclasses.asdict(self).items()
@@ -96,7 +103,7 @@ class RunConfig:
     @property
     def base_hash(self) -> str:
         """The hash of what all arms of one experiment share (task, data, training budget)."""
-        return _hash({k: v for k, v in self.relevant().items() if k not in ("seed", "arm") + HARDEN_FIELDS})
+        return _hash({k: v for k, v in self.relevant().items() if k not in ("seed", "arm") + ARM_FIELDS})
 
     @property
     def variant(self) -> str:

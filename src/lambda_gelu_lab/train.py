@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lambda_gelu as lg
+from lambda_gelu.sparse import activation_sparsity
 
 from .baselines import LearnableSwish, swish_init, swish_target
 from .config import RunConfig
@@ -17,6 +18,10 @@ from .data import Splits
 from .tasks import Task
 
 LAMBDA_POINTS = 100  # λ is logged about this many times per run
+# lambda-harden-sparse: the penalty's factor rises from the switch point to its peak (cfg.sparsity) at 90% of
+# training, in three sine-shaped stages, and stays there for the last 10%
+SPARSITY_END, SPARSITY_STAGES = 0.9, 3
+HARDENED = ("lambda-harden", "lambda-harden-sparse", "swish-harden")
 
 
 def probe_batch(x_train: torch.Tensor, batch_size: int, total_steps: int) -> torch.Tensor:
@@ -36,7 +41,7 @@ class RunResult:
 
 
 def activation_factory(cfg: RunConfig):
-    if cfg.arm in ("lambda", "lambda-harden"):
+    if cfg.arm in ("lambda", "lambda-harden", "lambda-harden-sparse"):
         return lambda: lg.LambdaGELU(init_lambda=cfg.init_lambda, temperature=cfg.temperature)
     if cfg.arm == "swish-harden":
         return lambda: LearnableSwish(init_lambda=swish_init(cfg.init_lambda), temperature=cfg.temperature)
@@ -100,6 +105,16 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     return correct / y.numel(), loss / y.numel()
 
 
+def zero_fraction(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> float | None:
+    """The fraction of exact zeros among all ReLU outputs of the ReLU network ``model`` on ``x``; None
+    if it has no nn.ReLU."""
+    try:
+        stats = activation_sparsity(model, x.split(batch_size)).values()
+    except ValueError:
+        return None
+    return sum(s["zero_fraction"] * s["outputs"] for s in stats) / sum(s["outputs"] for s in stats)
+
+
 def _layer_lambdas(model: nn.Module) -> dict[str, float]:
     return {name: m.lam.mean().item() for name, m in lg.lambda_modules(model)}
 
@@ -116,11 +131,13 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     total = cfg.epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
     hardening = None
-    if cfg.arm in ("lambda-harden", "swish-harden"):
-        target = lg.lambda_target(cfg.epsilon) if cfg.arm == "lambda-harden" else swish_target(cfg.epsilon)
+    if cfg.arm in HARDENED:
+        target = swish_target(cfg.epsilon) if cfg.arm == "swish-harden" else lg.lambda_target(cfg.epsilon)
         probe = probe_batch(x_train, cfg.batch_size, total) if cfg.switch_at == "auto" else None
         hardening = lg.HardeningSchedule(model, total, cfg.switch_at, lambda_target=target, probe=probe)
     swap_step = int(cfg.switch_at * total) if cfg.arm == "gelu-finetune" else None
+    regularizer = (lg.SparsityRegularizer(model, total, cfg.sparsity, start=cfg.switch_at, end=SPARSITY_END,
+                                          stages=SPARSITY_STAGES) if cfg.arm == "lambda-harden-sparse" else None)
     log_every = max(1, total // LAMBDA_POINTS)
     result = RunResult(metrics={})
     gen = torch.Generator().manual_seed(cfg.seed)  # the same data order for every arm of a seed
@@ -141,12 +158,15 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
                 result.metrics["swap_val_acc_before"], result.metrics["swap_val_loss_before"] = m_swap
             idx = perm[i:i + cfg.batch_size]
             loss = loss_fn(model(x_train[idx]), y_train[idx])
+            objective = loss if regularizer is None else loss + regularizer.penalty()
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            objective.backward()
             opt.step()
             sched.step()
             if hardening is not None:
                 hardening.step()
+            if regularizer is not None:
+                regularizer.step()
             step += 1
             running += loss.item() * len(idx)
             seen += len(idx)
@@ -179,5 +199,6 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
         relu_ize_(model)
         m["sub_val_acc"], m["sub_val_loss"] = evaluate(model, splits.x_val, splits.y_val)
         m["sub_test_acc"], m["sub_test_loss"] = evaluate(model, splits.x_test, splits.y_test)
+    m["sub_zero_fraction"] = zero_fraction(model, splits.x_test)
     m["wall_time"] = time.perf_counter() - start
     return result

@@ -21,9 +21,22 @@ def test_hash_ignores_settings_an_arm_does_not_use():
     assert harden.replace(switch_at=0.5).variant == "lambda-harden[switch_at=0.5]"
 
 
+def test_the_sparse_arm_owns_its_penalty_and_stored_hashes_stay_valid():
+    sparse = RunConfig(task="wine-mlp", arm="lambda-harden-sparse")
+    assert sparse.run_hash != sparse.replace(sparsity=3.0).run_hash
+    assert sparse.replace(sparsity=3.0).variant == "lambda-harden-sparse[sparsity=3]"
+    assert sparse.base_hash == RunConfig(task="wine-mlp", arm="gelu").base_hash
+    for arm, stored in [("gelu", "af07ed39bb4c"), ("lambda-harden", "d2f179316686")]:  # hashes from before the field
+        config = RunConfig(task="wine-mlp", arm=arm)
+        assert config.run_hash == config.replace(sparsity=3.0).run_hash == stored
+
+
 @pytest.mark.parametrize("change, message", [({"arm": "swish"}, "arm='swish'"), ({"epochs": 0}, "epochs=0"),
                                              ({"init_lambda": 0.5}, "init_lambda=0.5"),
-                                             ({"lr": float("nan")}, "lr=nan")])
+                                             ({"lr": float("nan")}, "lr=nan"),
+                                             ({"sparsity": -1.0}, "sparsity=-1.0"),
+                                             ({"arm": "lambda-harden-sparse", "switch_at": "auto"},
+                                              "penalty starts rising at the switch point")])
 def test_bad_values_fail_when_built(change, message):
     with pytest.raises(ConfigError, match=message):
         RunConfig(**{"task": "wine-mlp", "arm": "gelu", **change})

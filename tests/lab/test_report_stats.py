@@ -72,3 +72,31 @@ def test_matching_needs_equivalence_and_one_seed_is_na():
     assert set(v.values()) == {"n/a (one seed)"}
     gpt = [r | {"task": "stdlib-gpt"} for r in one]
     assert _verdicts(gpt, "stdlib-gpt")["GPT-2: annealing to ReLU deteriorates the model severely"] == "n/a (one seed)"
+
+
+def _sparse_runs(arm, sparsity, accs, zeros, losses=None):
+    losses = losses or [1.0] * len(accs)
+    variant = arm if sparsity is None else f"{arm}[sparsity={sparsity:g}]"
+    return variant, [{"arm": arm, "variant": variant, "seed": s, "sub_test_acc": a, "sub_test_loss": l,
+                      "config": {"switch_at": 0.25, "sparsity": sparsity}, "metrics": {"sub_zero_fraction": z}}
+                     for s, (a, z, l) in enumerate(zip(accs, zeros, losses))]
+
+
+def test_sparsity_goal_needs_the_zeros_and_a_ci_above_half_a_point_below(tmp_path):
+    from lambda_gelu_lab.report.sections import _sparsity_curve
+    base = [0.90, 0.91, 0.92, 0.90, 0.91]
+    variants = dict([
+        _sparse_runs("lambda-harden", None, base, [0.6] * 5),
+        _sparse_runs("lambda-harden-sparse", 3, [a - 0.001 for a in base], [0.86, 0.87, 0.88, 0.86, 0.87]),
+        _sparse_runs("lambda-harden-sparse", 10, [a - 0.010 for a in base], [0.95] * 5),  # too much accuracy lost
+        _sparse_runs("lambda-harden-sparse", 1, base, [0.80] * 5),                       # too few zeros
+    ])
+    lines = _sparsity_curve("wine-mlp", "b", variants, list(variants), tmp_path, tmp_path)
+    rows = {line.split("|")[2].strip(): line for line in lines if line.startswith("| `lambda-harden")}
+    assert rows["3"].endswith("| **met** |") and rows["10"].endswith("| not met |") and rows["1"].endswith("| not met |")
+    assert "| 86.80 ± 0.84 |" in rows["3"] and "-0.10 (5)" in rows["3"]
+    assert (tmp_path / "sparsity_wine-mlp_b.png").exists()
+    lm = dict([_sparse_runs("lambda-harden", None, base, [0.6] * 5, [2.0] * 5),  # a language model: perplexity
+               _sparse_runs("lambda-harden-sparse", 3, base, [0.9] * 5, [2.03, 2.04, 2.03, 2.05, 2.04])])
+    lines = _sparsity_curve("stdlib-gpt", "b", lm, list(lm), tmp_path, tmp_path)
+    assert lines[[i for i, x in enumerate(lines) if x.startswith("| `lambda-harden-sparse")][0]].endswith("| not met |")

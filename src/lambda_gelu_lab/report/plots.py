@@ -1,4 +1,4 @@
-"""The report's figures: λ per layer over training, and the hardness-drift heatmap."""
+"""The report's figures: λ per layer over training, the hardness-drift heatmap, sparsity against accuracy."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -81,6 +81,27 @@ def plot_drift(task: str, base: str, ts: list[float], cs: list[float], grid: np.
     ax.set_title(f"{task}: hardness drift", fontsize=9)
     fig.tight_layout()
     path = img_dir / f"drift_{task}_{base}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_sparsity(task: str, base: str, points: list[tuple[float, float, float]], img_dir: Path) -> Path:
+    """Exact zeros after ReLU (x) against the paired accuracy difference to the annealed arm (y), one
+    point per penalty peak, labelled with it."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    points = sorted(points)
+    ax.plot([100 * z for _, z, _ in points], [100 * d for _, _, d in points], "o-")
+    for peak, z, d in points:
+        ax.annotate(f"{peak:g}", (100 * z, 100 * d), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.axhline(-0.5, color="grey", lw=0.8, ls="--")
+    ax.axvline(85, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("exact zeros after ReLU (%)")
+    ax.set_ylabel("accuracy − annealed (points)")
+    ax.set_title(f"{task}: activation penalty peak (labels)", fontsize=9)
+    fig.tight_layout()
+    path = img_dir / f"sparsity_{task}_{base}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

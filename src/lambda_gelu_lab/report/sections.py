@@ -11,20 +11,22 @@ from pathlib import Path
 import numpy as np
 
 from ..analysis import drift, layer_order, matched_spearman, pairwise_spearman
-from .plots import plot_drift, plot_lambdas
-from .stats import (ALPHA, MARGIN, STABLE_RHO, Comparison, Finding, by_seed, by_variant, drift_cells,
+from .plots import plot_drift, plot_lambdas, plot_sparsity
+from .stats import (ALPHA, MARGIN, STABLE_RHO, Comparison, Finding, by_seed, by_variant, drift_cells, paired,
                     paired_by_seed, profiles)
 
 ARM_LABEL = {
     "gelu": "GELU (→ direct swap to ReLU)",
     "lambda": "λ-GELU, learned (→ ReLU)",
     "lambda-harden": "λ-GELU, annealed (→ ReLU)",
+    "lambda-harden-sparse": "λ-GELU, annealed with the L1 activation penalty (→ ReLU)",
     "relu": "ReLU from scratch",
     "prelu": "PReLU (→ ReLU)",
     "swish-harden": "learnable-β Swish, annealed (→ ReLU)",
     "gelu-finetune": "GELU → swap at switch → ReLU fine-tune",
 }
 
+SPARSE_GOAL = (0.85, 0.005, 1.02)  # issue goal: ≥ 85% zeros at ≤ 0.5 points accuracy (≤ 2% perplexity) below annealed
 # (a, a's metric, b, b's metric, what the difference means)
 COMPARISONS = [
     ("lambda-harden", "sub_test_acc", "gelu", "sub_test_acc", "annealed→ReLU − direct swap"),
@@ -133,6 +135,7 @@ def experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, s
                   "|---|---|---|---|---|---|---|---|", *rows, ""]
 
     lines += _switch_points(variants, order)
+    lines += _sparsity_curve(task, base, variants, order, img_dir, root)
     lines += _profile_table(variants, order)
     lines += _robustness(variants, order)
     png = plot_lambdas(task, base, variants, order, lambda_rows, img_dir)
@@ -167,6 +170,61 @@ def _switch_points(by_variant, order) -> list[str]:
                          f"{_fmt_p(c.p_tost)} | {reading(c)} |")
         if fixed:
             lines.append("")
+    return lines
+
+
+def _sparsity_curve(task, base, by_variant, order, img_dir: Path, root: Path) -> list[str]:
+    """Exact zeros after ReLU against accuracy for each penalty strength, paired by seed against the
+    annealed arm without penalty (same switch point)."""
+    sparse = sorted((v for v in order if by_variant[v][0]["arm"] == "lambda-harden-sparse"),
+                    key=lambda v: by_variant[v][0]["config"]["sparsity"])
+    base_arm = [v for v in order if by_variant[v][0]["arm"] == "lambda-harden"]
+    if not sparse:
+        return []
+    min_zeros, max_drop, max_ppl = SPARSE_GOAL
+    lines = ["Activation sparsity against quality: `lambda-harden-sparse` adds an L1 penalty on the λ-GELU outputs, "
+             "its factor rising from the switch point to its peak (`sparsity`) at 90% of training in three "
+             "sine-shaped stages (lambda_gelu.SparsityRegularizer). Exact zeros among all ReLU outputs on the test "
+             "set after ReLU-ization; accuracy after ReLU paired by seed against the annealed arm at the same switch "
+             f"point (points; the perplexity ratio is exp of the paired mean difference in test loss). Goal: ≥ "
+             f"{100 * min_zeros:g}% zeros at ≤ {100 * max_drop:g} points below (≤ {100 * (max_ppl - 1):g}% "
+             "perplexity); *met* needs the CI's lower end above −0.5.", "",
+             "| arm | penalty peak | seeds | zeros after ReLU | after ReLU | − annealed (pairs) | 95% CI | "
+             "perplexity ratio | goal |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def zeros(runs):
+        return [r["metrics"].get("sub_zero_fraction") for r in runs]
+
+    points = []  # (label, zeros, accuracy difference)
+    for v in base_arm:
+        z = [x for x in zeros(by_variant[v]) if x is not None]
+        lines.append(f"| `{v}` | 0 | {len(by_variant[v])} | {mean_std(z)} | "
+                     f"{mean_std(r['sub_test_acc'] for r in by_variant[v])} | — | — | — | — |")
+        if z:
+            points.append((0.0, float(np.mean(z)), 0.0))
+    for v in sparse:
+        g = by_variant[v]
+        cfg = g[0]["config"]
+        ref = next((b for b in base_arm if by_variant[b][0]["config"]["switch_at"] == cfg["switch_at"]), None)
+        z = [x for x in zeros(g) if x is not None]
+        cells = ["—"] * 4
+        if ref is not None:
+            c, seeds = paired_by_seed(by_seed(g), "sub_test_acc", by_seed(by_variant[ref]), "sub_test_acc")
+            a, b = by_seed(g), by_seed(by_variant[ref])
+            loss = paired([a[s]["sub_test_loss"] for s in seeds], [b[s]["sub_test_loss"] for s in seeds])
+            ratio = math.exp(loss.mean) if c.n else math.nan
+            zero_mean = float(np.mean(z)) if z else math.nan
+            lm = task.endswith("gpt")  # a language model: judged by perplexity
+            quality = (ratio <= max_ppl and (math.isnan(loss.hi) or math.exp(loss.hi) <= max_ppl)) if lm else                 (c.mean >= -max_drop and not math.isnan(c.lo) and c.lo >= -max_drop)
+            goal = "n/a" if c.n < 2 else "**met**" if zero_mean >= min_zeros and quality else "not met"
+            cells = [f"{100 * c.mean:+.2f} ({c.n})", _ci(c), f"{ratio:.3f}", goal]
+            points.append((cfg["sparsity"], zero_mean, c.mean))
+        lines.append(f"| `{v}` | {cfg['sparsity']:g} | {len(g)} | {mean_std(z)} | "
+                     f"{mean_std(r['sub_test_acc'] for r in g)} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if len(points) > 1:
+        path = plot_sparsity(task, base, points, img_dir)
+        lines += [f"![sparsity against accuracy, {task}]({path.relative_to(root).as_posix()})", ""]
     return lines
 
 
