@@ -112,3 +112,49 @@ def test_wrapped_models_and_a_trainers_global_step():
     assert model[1].lam.item() == pytest.approx(0.5 * 1.5 + 0.5 * lambda_target(0.005), rel=1e-6)
     with pytest.raises(ValueError, match="global_step must be ≥ 0"):
         sched.step(-1)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_freeze_false_keeps_learning_on_the_same_line_and_ends_at_the_target(per_channel):
+    """The freeze ablation: λ_k = (1 − a)·λ(s_k) + a·λ_target with s still trained; its gradient is
+    (1 − a) times the unblended one, and the end is λ_target exactly."""
+    model, opt = _setup(per_channel=per_channel)
+    sched = HardeningSchedule(model, total_steps=40, switch_at=0.25, freeze=False)
+    _train(model, opt, sched, 20, DATA)
+    m = model[1]
+    assert not m.frozen and bool(m.lambda_annealing) and sched.hardening
+    a = (20 - 10) / 30
+    learned = 1.0 + nn.functional.softplus(m.s.detach().double() / m.temperature)
+    torch.testing.assert_close(m.lam.double(), (1 - a) * learned + a * lambda_target(0.005), rtol=1e-6, atol=0)
+    assert not torch.equal(m.lambda_start, learned.float())  # s moved after the switch: λ(s) is still learned
+
+    x = torch.randn(8, 16, dtype=torch.float64)  # ∂f/∂s through the blend = (1 − a)·∂f/∂λ·∂λ/∂s
+    m64 = copy.deepcopy(m).double()
+    g, = torch.autograd.grad(m64(x).sum(), m64.s)
+    lam = m64.lam
+    dlam_ds = torch.sigmoid(m64.s / m64.temperature) / m64.temperature
+    df_dlam = (x ** 2 * torch.exp(-0.5 * (lam * x) ** 2) / (2 * torch.pi) ** 0.5).sum(0)
+    expected = (1 - a) * df_dlam * dlam_ds
+    torch.testing.assert_close(g, expected if per_channel else expected.sum())
+
+    _train(model, opt, sched, 20, DATA)
+    for layer in (model[1], model[3]):
+        assert torch.all((layer.lam - lambda_target(0.005)).abs() <= 2 ** -16 * 2)
+    g, = torch.autograd.grad(model(DATA[0]).sum(), model[1].s)
+    assert torch.all(g == 0)  # at a = 1 the blend ignores s
+
+
+def test_freeze_setting_must_match_the_model_it_resumes():
+    model, opt = _setup()
+    sched = HardeningSchedule(model, total_steps=20, switch_at=0.25, freeze=False)
+    _train(model, opt, sched, 10, DATA)
+    with pytest.raises(ValueError, match="was hardened with freeze=False; resume with the same freeze= setting"):
+        HardeningSchedule(model, total_steps=20, switch_at=0.25)
+    state = sched.state_dict()
+    again = HardeningSchedule(model, total_steps=20, switch_at=0.25, freeze=False)
+    again.load_state_dict(state)
+    frozen, opt = _setup()
+    sched = HardeningSchedule(frozen, total_steps=20, switch_at=0.25)
+    _train(frozen, opt, sched, 10, DATA)
+    with pytest.raises(ValueError, match="was hardened with freeze=True"):
+        HardeningSchedule(frozen, total_steps=20, switch_at=0.25, freeze=False)

@@ -23,7 +23,10 @@ _HALF = (torch.float16, torch.bfloat16)
 _STATE = {
     "lambda_frozen": (torch.bool, False, False),
     "lambda_fixed": (torch.float32, 1.0, True),     # λ while frozen
-    "lambda_start": (torch.float32, 1.0, True),     # λ when it was frozen
+    "lambda_start": (torch.float32, 1.0, True),     # λ when it was frozen (or began annealing while learning)
+    # annealing while still learning (HardeningSchedule(freeze=False)): λ = (1 − w)·λ(s) + w·lambda_fixed
+    "lambda_annealing": (torch.bool, False, False),
+    "anneal_weight": (torch.float32, 0.0, False),   # w, from 0 at the switch to 1 at the end
     "hardening_step": (torch.int64, 0, False),      # steps the hardening schedule has taken
     # the automatic switch point (HardeningSchedule(switch_at="auto"), see schedule.AutoSwitch)
     "switch_step": (torch.int64, -1, False),        # the step λ was frozen at; −1: not decided yet
@@ -119,8 +122,11 @@ class LambdaGELU(nn.Module):
 
     def _lambda(self) -> Tensor:
         learned = raw_to_lambda(self.s, self.temperature)
+        fixed = self.lambda_fixed.to(learned.dtype)
+        w = self.anneal_weight.to(learned.dtype)
+        current = torch.where(self.lambda_annealing, (1.0 - w) * learned + w * fixed, learned)
         # frozen: the fixed λ, and s in the graph with a zero gradient (never unused, never moved)
-        return torch.where(self.lambda_frozen, self.lambda_fixed.to(learned.dtype), learned)
+        return torch.where(self.lambda_frozen, fixed, current)
 
     @property
     def lam(self) -> Tensor:
@@ -143,6 +149,22 @@ class LambdaGELU(nn.Module):
         self.lambda_start.copy_(lam)
         self.lambda_fixed.copy_(lam)
         self.lambda_frozen.fill_(True)
+
+    @torch.no_grad()
+    def anneal_towards(self, target: float, weight: float) -> None:
+        """Anneal without freezing: λ = (1 − weight)·λ(s) + weight·target, ``s`` still learning (its
+        gradient scaled by 1 − weight). ``weight`` = 1 gives exactly ``target``. The learned λ when
+        this is first called is kept in ``lambda_start``. The alternative to :meth:`freeze` that the
+        freeze ablation compares against (``HardeningSchedule(freeze=False)``)."""
+        if self.frozen:
+            raise RuntimeError("anneal_towards() on a frozen LambdaGELU: it was hardened with freeze=True")
+        if not (1.0 <= target < math.inf and 0.0 <= weight <= 1.0):
+            raise ValueError(f"anneal_towards needs a finite target ≥ 1 and a weight in [0, 1], got {target}, {weight}")
+        if not self.lambda_annealing:
+            self.lambda_start.copy_(raw_to_lambda(self.s, self.temperature))
+            self.lambda_annealing.fill_(True)
+        self.lambda_fixed.fill_(target)
+        self.anneal_weight.fill_(weight)
 
     @torch.no_grad()
     def unfreeze(self) -> None:
@@ -180,7 +202,8 @@ class LambdaGELU(nn.Module):
         ``.to(torch.bfloat16)``): near λ_target float16 resolves λ only to about ±0.1. The input is
         still computed in float32 and returned in its own dtype, as for any half-precision input."""
         before = {name: t.data for name, t in (("s", self.s), ("lambda_fixed", self.lambda_fixed),
-                                               ("lambda_start", self.lambda_start), ("switch_best", self.switch_best))}
+                                               ("lambda_start", self.lambda_start), ("switch_best", self.switch_best),
+                                               ("anneal_weight", self.anneal_weight))}
         super()._apply(fn, recurse)
         for name, old in before.items():
             t = getattr(self, name)
@@ -203,4 +226,5 @@ class LambdaGELU(nn.Module):
         else:
             desc = (f"num_channels={self.num_channels}, channel_dim={self.channel_dim}, "
                     f"lam=[{lam.min().item():.4g}, {lam.max().item():.4g}]")
-        return f"{desc}, temperature={self.temperature:g}" + (", frozen" if self.frozen else "")
+        state = ", frozen" if self.frozen else ", annealing" if bool(self.lambda_annealing) else ""
+        return f"{desc}, temperature={self.temperature:g}" + state

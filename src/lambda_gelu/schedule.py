@@ -138,6 +138,11 @@ class HardeningSchedule:
     have stopped drifting (see :class:`AutoSwitch`). ``switch_step`` is None until then. Under DDP every
     rank probes its own replica and rank 0's decision is broadcast, so all ranks switch together.
 
+    ``freeze=False`` is the ablation of the freeze: λ keeps learning during the anneal, as
+    ``λ_k = (1 − a) · λ(s) + a · λ_target`` with ``s`` still trained (:meth:`LambdaGELU.anneal_towards`);
+    it reaches λ_target exactly at the end, where ``s`` no longer matters. With ``freeze=True`` (the
+    paper's method) the same line starts from the λ learned at the switch, fixed.
+
     The schedule holds no state of its own: the step count, the frozen flag, the learned λ and the
     automatic switch's history live in each module's buffers, so ``model.state_dict()`` — saved by any
     framework, under any wrapper — is a complete checkpoint, and a schedule built on the restored model
@@ -146,7 +151,7 @@ class HardeningSchedule:
 
     def __init__(self, model: nn.Module, total_steps: int, switch_at: float | str | AutoSwitch | None = None,
                  epsilon: float | None = None, lambda_target: float | None = None,
-                 config: LambdaGELUConfig | None = None, probe=None):
+                 config: LambdaGELUConfig | None = None, probe=None, freeze: bool = True):
         config = config or DEFAULTS
         switch_at = config.switch_at if switch_at is None else switch_at
         if not isinstance(total_steps, numbers.Integral) or isinstance(total_steps, bool) or total_steps < 1:
@@ -176,6 +181,12 @@ class HardeningSchedule:
             raise NotImplementedError(
                 f"the λ parameters of {sharded[0]!r} are sharded (FSDP's fully_shard), which the hardening "
                 "schedule does not support yet; wrap the model with DistributedDataParallel instead")
+        hardened_otherwise = [name for name, m in self.modules.items()
+                              if (m.frozen and not freeze) or (bool(m.lambda_annealing) and freeze)]
+        if hardened_otherwise:
+            raise ValueError(f"{hardened_otherwise[0]!r} was hardened with freeze={not freeze}; resume with the same "
+                             "freeze= setting")
+        self.freeze = bool(freeze)
         self.total_steps = int(total_steps)
         self.lambda_target = float(lambda_target)
         if self.auto is None:
@@ -209,12 +220,12 @@ class HardeningSchedule:
 
     @property
     def hardening(self) -> bool:
-        """True once λ is frozen and being annealed."""
+        """True once the anneal has begun (λ frozen, or with ``freeze=False`` annealing while it learns)."""
         return self.switch_step is not None and self.step_count >= self.switch_step
 
     @property
     def learned(self) -> dict[str, torch.Tensor] | None:
-        """λ of every layer when it was frozen, by name; None before the switch."""
+        """λ of every layer at the switch (when it was frozen), by name; None before the switch."""
         if not self.hardening:
             return None
         return {name: m.lambda_start.double().clone() for name, m in self.modules.items()}
@@ -308,6 +319,9 @@ class HardeningSchedule:
             return
         a = min(1.0, (k - switch) / (self.total_steps - switch)) if self.total_steps > switch else 1.0
         for m in self.modules.values():
+            if not self.freeze:
+                m.anneal_towards(self.lambda_target, a)  # records λ_learned the first time
+                continue
             m.freeze()  # records λ_learned the first time; no-op after
             m.set_lambda((1.0 - a) * m.lambda_start.double() + a * self.lambda_target)
 
@@ -318,11 +332,11 @@ class HardeningSchedule:
     def state_dict(self) -> dict:
         """The schedule's settings and step, for checking a resume; the state itself is in the model."""
         return {"step_count": self.step_count, "total_steps": self.total_steps, "switch_step": self.switch_step,
-                "lambda_target": self.lambda_target}
+                "lambda_target": self.lambda_target, "freeze": self.freeze}
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("total_steps", "switch_step", "lambda_target"):
-            if state[key] != getattr(self, key):
+        for key in ("total_steps", "switch_step", "lambda_target", "freeze"):
+            if state.get(key, True) != getattr(self, key):  # states from before freeze= have freeze=True
                 raise ValueError(f"schedule state has {key}={state[key]} but this schedule has "
                                  f"{getattr(self, key)}; build it with the same arguments")
         if state["step_count"] != self.step_count:
