@@ -21,6 +21,8 @@ ARMS: dict[str, tuple[str, ...]] = {
     "lambda-harden": HARDEN_FIELDS,  # learned λ, frozen at switch_at, annealed to λ_target(ε), → ReLU
     # lambda-harden plus an L1 penalty on the activations rising from switch_at (SparsityRegularizer)
     "lambda-harden-sparse": SPARSE_FIELDS,
+    # the freeze ablation: λ keeps learning during the anneal, (1 − a)·λ(s) + a·λ_target (freeze=False)
+    "lambda-harden-learn": HARDEN_FIELDS,
     "relu": (),            # ReLU from scratch
     # baselines the paper did not run, all ending as exact-ReLU networks
     "prelu": (),           # PReLU; then its slopes set to 0, i.e. ReLU

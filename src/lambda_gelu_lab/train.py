@@ -21,7 +21,7 @@ LAMBDA_POINTS = 100  # λ is logged about this many times per run
 # lambda-harden-sparse: the penalty's factor rises from the switch point to its peak (cfg.sparsity) at 90% of
 # training, in three sine-shaped stages, and stays there for the last 10%
 SPARSITY_END, SPARSITY_STAGES = 0.9, 3
-HARDENED = ("lambda-harden", "lambda-harden-sparse", "swish-harden")
+HARDENED = ("lambda-harden", "lambda-harden-sparse", "lambda-harden-learn", "swish-harden")
 
 
 def probe_batch(x_train: torch.Tensor, batch_size: int, total_steps: int) -> torch.Tensor:
@@ -41,7 +41,7 @@ class RunResult:
 
 
 def activation_factory(cfg: RunConfig):
-    if cfg.arm in ("lambda", "lambda-harden", "lambda-harden-sparse"):
+    if cfg.arm in ("lambda", "lambda-harden", "lambda-harden-sparse", "lambda-harden-learn"):
         return lambda: lg.LambdaGELU(init_lambda=cfg.init_lambda, temperature=cfg.temperature)
     if cfg.arm == "swish-harden":
         return lambda: LearnableSwish(init_lambda=swish_init(cfg.init_lambda), temperature=cfg.temperature)
@@ -134,7 +134,8 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     if cfg.arm in HARDENED:
         target = swish_target(cfg.epsilon) if cfg.arm == "swish-harden" else lg.lambda_target(cfg.epsilon)
         probe = probe_batch(x_train, cfg.batch_size, total) if cfg.switch_at == "auto" else None
-        hardening = lg.HardeningSchedule(model, total, cfg.switch_at, lambda_target=target, probe=probe)
+        hardening = lg.HardeningSchedule(model, total, cfg.switch_at, lambda_target=target, probe=probe,
+                                         freeze=cfg.arm != "lambda-harden-learn")
     swap_step = int(cfg.switch_at * total) if cfg.arm == "gelu-finetune" else None
     regularizer = (lg.SparsityRegularizer(model, total, cfg.sparsity, start=cfg.switch_at, end=SPARSITY_END,
                                           stages=SPARSITY_STAGES) if cfg.arm == "lambda-harden-sparse" else None)
@@ -190,6 +191,9 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
                           if hardening is not None and hardening.learned is not None else None)
     if hardening is not None:
         m["switch_step"] = hardening.switch_step
+    if cfg.arm == "lambda-harden-learn":  # where λ(s) itself went while the blend carried λ to the target
+        m["lambda_learned_end"] = {name: lg.raw_to_lambda(mod.s.detach(), mod.temperature).mean().item()
+                                   for name, mod in lg.lambda_modules(model)}
     if keep_weights:
         result.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
 

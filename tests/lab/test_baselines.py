@@ -30,7 +30,7 @@ def test_swish_gate_gap_matches_its_target():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arm", ["prelu", "swish-harden", "gelu-finetune"])
+@pytest.mark.parametrize("arm", ["prelu", "swish-harden", "gelu-finetune", "lambda-harden-learn"])
 def test_baseline_arms_end_as_exact_relu(arm):
     task = TASKS["breast-cancer-mlp"]
     splits = task.load(None)
@@ -41,6 +41,9 @@ def test_baseline_arms_end_as_exact_relu(arm):
         assert m["sub_test_acc"] == m["test_acc"] and "swap_val_acc_before" in m
     if arm == "swish-harden":
         assert all(abs(v - swish_target(0.005)) < 1e-2 for v in m["lambda_end"].values())
+    if arm == "lambda-harden-learn":  # the blend reaches the target whatever λ(s) learned after the switch
+        assert all(abs(v - lg.lambda_target(0.005)) < 1e-2 for v in m["lambda_end"].values())
+        assert m["lambda_learned_end"].keys() == m["lambda_switch"].keys()
 
 
 def test_sparse_arm_leaves_more_exact_zeros_than_the_annealed_arm():

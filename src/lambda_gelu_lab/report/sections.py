@@ -20,6 +20,7 @@ ARM_LABEL = {
     "lambda": "λ-GELU, learned (→ ReLU)",
     "lambda-harden": "λ-GELU, annealed (→ ReLU)",
     "lambda-harden-sparse": "λ-GELU, annealed with the L1 activation penalty (→ ReLU)",
+    "lambda-harden-learn": "λ-GELU, annealed while λ keeps learning (→ ReLU)",
     "relu": "ReLU from scratch",
     "prelu": "PReLU (→ ReLU)",
     "swish-harden": "learnable-β Swish, annealed (→ ReLU)",
@@ -35,6 +36,8 @@ COMPARISONS = [
     ("lambda-harden", "sub_test_acc", "prelu", "sub_test_acc", "annealed→ReLU − PReLU→ReLU"),
     ("lambda-harden", "sub_test_acc", "swish-harden", "sub_test_acc", "annealed→ReLU − annealed Swish→ReLU"),
     ("lambda-harden", "sub_test_acc", "gelu-finetune", "sub_test_acc", "annealed→ReLU − swap + fine-tune"),
+    ("lambda-harden-learn", "sub_test_acc", "lambda-harden", "sub_test_acc",
+     "λ learning during the anneal − frozen (the paper), after ReLU"),
 ]
 
 
