@@ -9,12 +9,18 @@
 2. The lab's stdlib-gpt, trained with the lambda-harden arm and substituted to exact ReLU, generating
    bytes greedily (its whole 64-byte context re-read per byte): bytes per second dense vs sparsified,
    and the fraction of zeros its FFNs actually see.
+3. For reference, the same FFN as a static int8 ONNX Runtime graph (QGemm, calibrated on the case's
+   inputs, the same thread count), timed in the same interleaved rounds: the other road to speed a
+   ReLU network opens. Skipped without the [deploy] extra.
 Writes benchmarks/results/sparse.json.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import logging
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -24,9 +30,27 @@ from _common import header, interleaved, print_table, save
 from lambda_gelu.sparse import active_inputs, sparsify_
 
 
-def ffn_cases(reps: int, quick: bool) -> list[dict]:
+def int8_runner(model: nn.Module, x: torch.Tensor, workdir: Path, threads: int):
+    """``model`` as a static int8 ONNX Runtime graph calibrated on 8 batches like ``x``; None without
+    the [deploy] extra."""
+    try:
+        from lambda_gelu import deploy
+        deploy._onnx()
+    except ImportError:
+        return None
+    fp32, int8 = workdir / "ffn.onnx", workdir / "ffn.int8.onnx"
+    deploy.export_onnx(model, x, fp32)
+    g = torch.Generator().manual_seed(1)
+    logging.getLogger().setLevel(logging.ERROR)  # ONNX Runtime's advice to pre-process, once per case
+    deploy.quantize_int8(fp32, int8, [torch.randn(*x.shape, generator=g).numpy() for _ in range(8)])
+    runner, xs = deploy.OnnxRunner(int8, threads=threads), x.numpy()
+    return lambda: runner(xs)
+
+
+def ffn_cases(reps: int, quick: bool, threads: int) -> list[dict]:
     d, h = (192, 768) if quick else (768, 3072)
     out = []
+    workdir = Path(tempfile.mkdtemp(prefix="bench_sparse_"))
     for zeros in (0.5, 0.8, 0.9, 0.95):
         for batch in (1, 4, 16):
             torch.manual_seed(0)
@@ -37,14 +61,17 @@ def ffn_cases(reps: int, quick: bool) -> list[dict]:
                 dense[0].bias.copy_(-pre.quantile(zeros, dim=0))
             sparse = copy.deepcopy(dense)
             sparsify_(sparse, max_density=1.0)  # always sparse: the ratio shows where it pays
+            int8 = int8_runner(dense, x, workdir, threads)
             with torch.inference_mode():
                 hidden = dense[1](dense[0](x))
                 measured = (hidden == 0).double().mean().item()
                 union = active_inputs(hidden).numel() / h
-                t = interleaved({"dense": lambda: dense(x), "sparse": lambda: sparse(x)}, reps)
+                t = interleaved({"dense": lambda: dense(x), "sparse": lambda: sparse(x),
+                                 **({"int8": int8} if int8 else {})}, reps)
             out.append({"zeros": zeros, "batch": batch, "measured_zeros": measured, "union_active": union,
                         "dense_ms": t["dense"] * 1e3, "sparse_ms": t["sparse"] * 1e3,
-                        "speedup": t["dense"] / t["sparse"]})
+                        "speedup": t["dense"] / t["sparse"],
+                        **({"int8_ms": t["int8"] * 1e3, "int8_speedup": t["dense"] / t["int8"]} if int8 else {})})
     return out
 
 
@@ -94,11 +121,13 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     head = header()
-    ffn = ffn_cases(args.reps, args.quick)
-    print_table("FFN 768-3072-768: dense vs second projection sparsified", head,
+    ffn = ffn_cases(args.reps, args.quick, args.threads)
+    print_table("FFN 768-3072-768: dense vs second projection sparsified (and int8 ONNX Runtime for reference)", head,
                 [[f"{r['zeros']:.0%}", r["batch"], f"{r['measured_zeros']:.3f}", f"{r['union_active']:.3f}",
-                  f"{r['dense_ms']:.3f}", f"{r['sparse_ms']:.3f}", f"{r['speedup']:.2f}"] for r in ffn],
-                ["zeros", "batch", "measured zeros", "union active", "dense ms", "sparse ms", "× dense"])
+                  f"{r['dense_ms']:.3f}", f"{r['sparse_ms']:.3f}", f"{r['speedup']:.2f}",
+                  f"{r['int8_speedup']:.2f}" if "int8_speedup" in r else "—"] for r in ffn],
+                ["zeros", "batch", "measured zeros", "union active", "dense ms", "sparse ms", "× dense",
+                 "int8 ORT × dense"])
     gen = generation(args.reps, args.quick)
     print(f"stdlib-gpt greedy generation: {gen['speedup']:.2f}× dense ({gen['sparse_bytes_per_s']:.0f} vs "
           f"{gen['dense_bytes_per_s']:.0f} bytes/s), FFN input zeros {gen['zeros']:.3f}, same bytes: {gen['same_bytes']}")

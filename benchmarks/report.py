@@ -107,10 +107,14 @@ def main():
                   "`lambda_gelu.sparse.SparseLinear` (forced sparse, `max_density=1`), the zeros set per hidden unit "
                   "and independent across inputs (the worst case for a batch's union of active units). "
                   f"{h['threads']} threads, {h['machine']}.", "",
-                  "| zeros | batch | union of active units | dense ms | sparse ms | × dense |", "|---|---|---|---|---|---|"]
+                  "For reference, the dense FFN as a static int8 ONNX Runtime graph (QGemm, same threads, timed in "
+                  "the same rounds), where measured.", "",
+                  "| zeros | batch | union of active units | dense ms | sparse ms | × dense | int8 ORT ms | int8 × dense |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in d["ffn"]:
+            int8 = f"{r['int8_ms']:.3f} | {r['int8_speedup']:.2f}" if "int8_ms" in r else "— | —"
             lines.append(f"| {r['zeros']:.0%} | {r['batch']} | {r['union_active']:.2f} | {r['dense_ms']:.3f} | "
-                         f"{r['sparse_ms']:.3f} | {r['speedup']:.2f} |")
+                         f"{r['sparse_ms']:.3f} | {r['speedup']:.2f} | {int8} |")
         lines += ["", f"The lab's stdlib-gpt (lambda-harden, then exact ReLU; after-ReLU test accuracy "
                   f"{gen['relu_test_acc']:.3f}) generating {gen['new_bytes']} bytes greedily: "
                   f"{gen['dense_bytes_per_s']:.0f} bytes/s dense, {gen['sparse_bytes_per_s']:.0f} sparsified "
