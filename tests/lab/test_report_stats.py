@@ -100,3 +100,28 @@ def test_sparsity_goal_needs_the_zeros_and_a_ci_above_half_a_point_below(tmp_pat
                _sparse_runs("lambda-harden-sparse", 3, base, [0.9] * 5, [2.03, 2.04, 2.03, 2.05, 2.04])])
     lines = _sparsity_curve("stdlib-gpt", "b", lm, list(lm), tmp_path, tmp_path)
     assert lines[[i for i, x in enumerate(lines) if x.startswith("| `lambda-harden-sparse")][0]].endswith("| not met |")
+
+
+def test_drift_section_correlates_what_lambda_learned_with_the_relu_networks_quality(tmp_path):
+    from lambda_gelu_lab.report.predict import drift_section
+
+    def run(seed, lam, variant="lambda-harden", arm="lambda-harden"):
+        return {"task": "t", "arm": arm, "variant": variant, "seed": seed, "base_hash": "b", "test_acc": 0.9,
+                "sub_test_acc": 0.8 + 0.01 * lam, "config": {"init_lambda": 1.5},
+                "metrics": {"lambda_switch": {"1": lam, "3": 2 * lam}}}
+
+    runs = [run(s, 2.0 + s) for s in range(6)] + [run(s, 3.0, "x[switch_at=0.1]") for s in range(5)]
+    runs += [run(s, 1.0 + s, "x[switch_at=0.5]") for s in range(4)]
+    deploy = [("t", "b", s, "annealed→ReLU", "int8", {"int8_acc": 0.9 - 0.01 * s}) for s in range(6)]
+    deploy += [("t", "b", s, "direct swap", "int8", {"int8_acc": 0.5}) for s in range(6)]  # not the annealed model
+    lines = drift_section(runs, deploy, tmp_path, tmp_path)
+    rows = [line for line in lines if line.startswith("| t |")]
+    by = {tuple(c.strip() for c in row.split("|")[2:5]): row for row in rows}
+    assert "| 6 | +1.00 |" in by[("`lambda-harden`", "Δλ", "after ReLU")]
+    assert "| 6 | -1.00 |" in by[("`lambda-harden`", "Δλ", "int8 acc")] and "**negative** (strong)" in by[
+        ("`lambda-harden`", "Δλ", "int8 acc")]
+    assert "| 6 | -1.00 |" in by[("`lambda-harden`", "Δλ", "substitution drop")]
+    assert "undefined" in by[("`x[switch_at=0.1]`", "Δλ", "after ReLU")]  # every run learned the same λ
+    assert not any("x[switch_at=0.5]" in row for row in rows)  # 4 runs: too few for a row
+    assert "| 15 |" in by[("all λ runs", "Δλ", "after ReLU")]
+    assert (tmp_path / "drift_scatter_t.png").exists()

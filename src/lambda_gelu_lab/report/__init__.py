@@ -3,7 +3,7 @@
 Per task and experiment (runs sharing data and training budget): accuracy of every arm before and
 after ReLU substitution (mean ± std over seeds), paired comparisons over seeds (95% t-interval,
 p-values, TOST equivalence), the layerwise hardness profile, λ over training, the table of the
-paper's findings, and the deployment section. Statistics are data (:mod:`.stats`); the Markdown is
+paper's findings, the deployment section, and whether hardness drift predicts deployment quality. Statistics are data (:mod:`.stats`); the Markdown is
 in :mod:`.sections` and :mod:`.deployment`, the figures in :mod:`.plots`.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..store import Store
 from .deployment import deployment_section
+from .predict import drift_section
 from .sections import experiment_section, findings_table
 from .stats import findings
 
@@ -65,5 +66,6 @@ def _write_report(store: Store, output, command) -> Path:
                   "Test accuracy after substitution, paired by seed:", "", *summary, ""]
     lines += body
     lines += deployment_section(store)
+    lines += drift_section(runs, store.deploy_rows(), img_dir, output.parent)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return output

@@ -1,4 +1,4 @@
-"""The report's figures: λ per layer over training, the hardness-drift heatmap, sparsity against accuracy."""
+"""The report's figures: λ per layer over training, the hardness-drift heatmap and scatter, sparsity against accuracy."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -102,6 +102,28 @@ def plot_sparsity(task: str, base: str, points: list[tuple[float, float, float]]
     ax.set_title(f"{task}: activation penalty peak (labels)", fontsize=9)
     fig.tight_layout()
     path = img_dir / f"sparsity_{task}_{base}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_drift_scatter(task: str, points: list[tuple[str, float, float | None]], img_dir: Path) -> Path:
+    """Hardness drift Δλ (x) against accuracy after ReLU (y), one colour per variant."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    by = defaultdict(list)
+    for variant, x, y in points:
+        if y is not None:
+            by[variant].append((x, 100 * y))
+    for variant, xy in sorted(by.items()):
+        xs, ys = zip(*xy)
+        ax.scatter(xs, ys, s=14, label=variant)
+    ax.set_xlabel("hardness drift Δλ (λ learned − λ₀, mean over layers)")
+    ax.set_ylabel("test accuracy after ReLU (%)")
+    ax.set_title(f"{task}: does Δλ predict the ReLU network's accuracy?", fontsize=9)
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    path = img_dir / f"drift_scatter_{task}.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -1,0 +1,103 @@
+"""Does hardness drift predict deployment quality? Spearman correlations, over stored runs, between what λ
+learned and what the ReLU network it became is worth (the reviewers: "Δλ is a proxy without established
+correlation to deployment quality")."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from ..analysis import drift
+from .plots import plot_drift_scatter
+
+MIN_RUNS = 5  # fewer runs than this give no correlation worth a row
+LEARNED = {"lambda": "lambda_end", "lambda-harden": "lambda_switch", "lambda-harden-sparse": "lambda_switch",
+           "lambda-harden-learn": "lambda_switch"}  # arm → the λ profile it learned (before any anneal)
+
+
+def _predictors(run: dict) -> dict[str, float] | None:
+    key = LEARNED.get(run["arm"])
+    profile = run["metrics"].get(key) if key else None
+    if not profile:
+        return None
+    values = np.array(list(profile.values()), float)
+    return {"Δλ": drift(run["config"]["init_lambda"], profile), "profile spread": float(np.ptp(values))}
+
+
+def _outcomes(run: dict, deployed: dict) -> dict[str, float]:
+    out = {}
+    if run["sub_test_acc"] is not None:
+        out["after ReLU"] = run["sub_test_acc"]
+        out["substitution drop"] = run["test_acc"] - run["sub_test_acc"]
+    d = deployed.get((run["task"], run["base_hash"], run["seed"])) if run["variant"] == "lambda-harden" else None
+    if d and "int8" in d:
+        out["int8 acc"] = d["int8"]["int8_acc"]
+    if d and "verify" in d:
+        middle = sorted(d["verify"], key=lambda k: float(k) if k.replace(".", "", 1).isdigit() else math.inf)
+        eps = [k for k in middle if isinstance(d["verify"][k], dict) and "verified" in d["verify"][k]]
+        if eps:
+            c = d["verify"][eps[len(eps) // 2]]
+            out[f"verified (ε={eps[len(eps) // 2]})"] = c["verified"] / max(1, c["points"])
+    return out
+
+
+def _reading(rho: float, p: float) -> str:
+    if math.isnan(rho):
+        return "undefined (a constant column)"
+    if p >= 0.05:
+        return "no association detected"
+    return ("**positive**" if rho > 0 else "**negative**") + (" (strong)" if abs(rho) >= 0.7 else "")
+
+
+def drift_section(runs: list[dict], deploy_rows, img_dir: Path, root: Path) -> list[str]:
+    deployed = defaultdict(dict)
+    for task, base, seed, model, section, data in deploy_rows:
+        if model == "annealed→ReLU":
+            deployed[(task, base, seed)][section] = data
+    by_task = defaultdict(list)  # task → [(variant, predictors, outcomes)]
+    for r in runs:
+        x = _predictors(r)
+        if x is not None:
+            by_task[r["task"]].append((r["variant"], x, _outcomes(r, deployed)))
+    rows, plots = [], []
+    for task, units in by_task.items():
+        groups = defaultdict(list)
+        for unit in units:
+            groups[unit[0]].append(unit)
+        scopes = [(f"`{v}`", g) for v, g in sorted(groups.items())]
+        if len(groups) > 1:
+            scopes.append(("all λ runs", units))
+        for scope, g in scopes:
+            for predictor in ("Δλ", "profile spread"):
+                outcomes = sorted({k for _, _, o in g for k in o})
+                for outcome in outcomes:
+                    pairs = [(x[predictor], o[outcome]) for _, x, o in g if outcome in o]
+                    if len(pairs) < MIN_RUNS:
+                        continue
+                    a, b = np.array(pairs).T
+                    if np.ptp(a) == 0 or np.ptp(b) == 0:
+                        rho, p = math.nan, math.nan
+                    else:
+                        res = stats.spearmanr(a, b)
+                        rho, p = float(res.statistic), float(res.pvalue)
+                    rows.append(f"| {task} | {scope} | {predictor} | {outcome} | {len(pairs)} | "
+                                f"{'—' if math.isnan(rho) else f'{rho:+.2f}'} | "
+                                f"{'—' if math.isnan(p) else f'{p:.2g}'} | {_reading(rho, p)} |")
+        plots.append(plot_drift_scatter(task, [(v, x["Δλ"], o.get("after ReLU")) for v, x, o in units], img_dir))
+    if not rows:
+        return []
+    n_tests = len(rows)
+    return ["## Does hardness drift predict deployment quality?", "",
+            "For every stored run that learned λ: its hardness drift Δλ (mean over layers of λ learned − λ₀; λ at the "
+            "switch for the annealed arms, at the end for the learned arm) and the spread of its layerwise profile "
+            "(max − min λ), against the quality of the ReLU network it became: accuracy after ReLU, the substitution "
+            "drop, and — where `lambda-gelu deploy` measured the annealed run of that seed — int8 accuracy and the "
+            f"exactly verified fraction. Spearman ρ within each variant (seeds differ) and over all λ runs of a task "
+            f"(settings differ too); p uncorrected for the {n_tests} tests in this table, so read single p < 0.05 "
+            f"with care. Groups of fewer than {MIN_RUNS} runs are left out.", "",
+            "| task | runs | predictor | outcome | n | Spearman ρ | p | reading |", "|---|---|---|---|---|---|---|---|",
+            *rows, "", *[f"![Δλ against accuracy after ReLU, {t}]({p.relative_to(root).as_posix()})"
+                          for t, p in zip(by_task, plots)], ""]
