@@ -16,6 +16,13 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_lambdas(task, base, by_variant, order, lambda_rows, img_dir: Path) -> Path | None:
     # the learned and annealed arms at their defaults, and the annealed arm's switch-point variants
     panels = [v for v in order if (v in ("lambda", "lambda-harden") or by_variant[v][0]["arm"] == "lambda-harden")
@@ -56,11 +63,7 @@ def plot_lambdas(task, base, by_variant, order, lambda_rows, img_dir: Path) -> P
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("λ (mean over seeds, band = min–max)")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = img_dir / f"lambda_{task}_{base}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, img_dir / f"lambda_{task}_{base}.png")
 
 
 def plot_drift(task: str, base: str, ts: list[float], cs: list[float], grid: np.ndarray, img_dir: Path) -> Path:
@@ -79,11 +82,7 @@ def plot_drift(task: str, base: str, ts: list[float], cs: list[float], grid: np.
                 ax.text(j, i, f"{grid[i, j]:+.2f}", ha="center", va="center", color="k" if bright else "w", fontsize=8)
     fig.colorbar(im, label="Δλ")
     ax.set_title(f"{task}: hardness drift", fontsize=9)
-    fig.tight_layout()
-    path = img_dir / f"drift_{task}_{base}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, img_dir / f"drift_{task}_{base}.png")
 
 
 def plot_sparsity(task: str, base: str, points: list[tuple[float, float, float]], img_dir: Path) -> Path:
@@ -100,11 +99,7 @@ def plot_sparsity(task: str, base: str, points: list[tuple[float, float, float]]
     ax.set_xlabel("exact zeros after ReLU (%)")
     ax.set_ylabel("accuracy − annealed (points)")
     ax.set_title(f"{task}: activation penalty peak (labels)", fontsize=9)
-    fig.tight_layout()
-    path = img_dir / f"sparsity_{task}_{base}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, img_dir / f"sparsity_{task}_{base}.png")
 
 
 def plot_drift_scatter(task: str, points: list[tuple[str, float, float | None]], img_dir: Path) -> Path:
@@ -122,8 +117,4 @@ def plot_drift_scatter(task: str, points: list[tuple[str, float, float | None]],
     ax.set_ylabel("test accuracy after ReLU (%)")
     ax.set_title(f"{task}: does Δλ predict the ReLU network's accuracy?", fontsize=9)
     ax.legend(fontsize=6)
-    fig.tight_layout()
-    path = img_dir / f"drift_scatter_{task}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, img_dir / f"drift_scatter_{task}.png")
