@@ -14,7 +14,8 @@ from lambda_gelu import DEFAULTS
 LAMBDA_FIELDS = ("init_lambda", "temperature", "multiplier")
 HARDEN_FIELDS = LAMBDA_FIELDS + ("switch_at", "epsilon")
 SPARSE_FIELDS = HARDEN_FIELDS + ("sparsity",)
-ARM_FIELDS = SPARSE_FIELDS  # every field some arm owns; the others are shared by all arms
+POSTHOC_FIELDS = ("epsilon", "posthoc_budget", "posthoc_lr")
+ARM_FIELDS = SPARSE_FIELDS + POSTHOC_FIELDS[1:]  # every field some arm owns; the others are shared by all arms
 ARMS: dict[str, tuple[str, ...]] = {
     "gelu": (),            # nn.GELU; then the direct swap to ReLU
     "lambda": LAMBDA_FIELDS,   # learned λ, no hardening
@@ -23,6 +24,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     "lambda-harden-sparse": SPARSE_FIELDS,
     # the freeze ablation: λ keeps learning during the anneal, (1 − a)·λ(s) + a·λ_target (freeze=False)
     "lambda-harden-learn": HARDEN_FIELDS,
+    # post-hoc conversion of the trained GELU network (the gelu arm's, same seed) with lambda_gelu.reluize,
+    # distilling from it for posthoc_budget × its training steps: annealed, or swapped at once
+    "reluize-anneal": POSTHOC_FIELDS,
+    "reluize-swap": POSTHOC_FIELDS,
     "relu": (),            # ReLU from scratch
     # baselines the paper did not run, all ending as exact-ReLU networks
     "prelu": (),           # PReLU; then its slopes set to 0, i.e. ReLU
@@ -56,6 +61,8 @@ class RunConfig:
     switch_at: float | str = DEFAULTS.switch_at  # fraction of training after which λ is frozen and annealed, or "auto"
     epsilon: float = DEFAULTS.epsilon           # target L1 gap between gate and step → λ_target ≈ 159.6
     sparsity: float = 1.0           # lambda-harden-sparse: the activation L1 penalty's final factor
+    posthoc_budget: float = 0.1     # reluize-*: conversion steps as a fraction of the GELU training's
+    posthoc_lr: float = 1e-3        # reluize-*: AdamW's learning rate during the conversion
     train_limit: int = 0            # use only the first N training examples (0: all) — for smoke tests
 
     def __post_init__(self):
@@ -70,11 +77,14 @@ class RunConfig:
             need(isinstance(v, int) and not isinstance(v, bool) and v >= (0 if nonneg else 1),
                  name, "a non-negative int" if nonneg else "a positive int")
         need(self.optimizer in ("sgd", "adamw"), "optimizer", "'sgd' or 'adamw'")
-        for name in ("lr", "momentum", "weight_decay", "temperature", "multiplier", "epsilon", "warmup", "sparsity"):
+        for name in ("lr", "momentum", "weight_decay", "temperature", "multiplier", "epsilon", "warmup", "sparsity",
+                     "posthoc_budget", "posthoc_lr"):
             v = getattr(self, name)
             need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
                  name, "a finite number ≥ 0")
         need(self.lr > 0, "lr", "> 0")
+        need(0 < self.posthoc_budget <= 1, "posthoc_budget", "in (0, 1]: a fraction of the training steps")
+        need(self.posthoc_lr > 0, "posthoc_lr", "> 0")
         need(self.temperature > 0, "temperature", "> 0")
         need(self.momentum < 1, "momentum", "< 1")
         need(self.warmup < 1, "warmup", "< 1")

@@ -22,6 +22,7 @@ LAMBDA_POINTS = 100  # λ is logged about this many times per run
 # training, in three sine-shaped stages, and stays there for the last 10%
 SPARSITY_END, SPARSITY_STAGES = 0.9, 3
 HARDENED = ("lambda-harden", "lambda-harden-sparse", "lambda-harden-learn", "swish-harden")
+POSTHOC = {"reluize-anneal": "anneal", "reluize-swap": "swap"}  # arm → lambda_gelu.reluize's schedule
 
 
 def probe_batch(x_train: torch.Tensor, batch_size: int, total_steps: int) -> torch.Tensor:
@@ -45,7 +46,7 @@ def activation_factory(cfg: RunConfig):
         return lambda: lg.LambdaGELU(init_lambda=cfg.init_lambda, temperature=cfg.temperature)
     if cfg.arm == "swish-harden":
         return lambda: LearnableSwish(init_lambda=swish_init(cfg.init_lambda), temperature=cfg.temperature)
-    if cfg.arm in ("gelu", "gelu-finetune"):
+    if cfg.arm in ("gelu", "gelu-finetune") or cfg.arm in POSTHOC:
         return nn.GELU
     if cfg.arm == "relu":
         return nn.ReLU
@@ -113,6 +114,27 @@ def zero_fraction(model: nn.Module, x: torch.Tensor, batch_size: int = 512) -> f
     except ValueError:
         return None
     return sum(s["zero_fraction"] * s["outputs"] for s in stats) / sum(s["outputs"] for s in stats)
+
+
+def logit_kl(student: torch.Tensor, teacher: torch.Tensor, batch=None) -> torch.Tensor:
+    """KL(teacher ‖ student) of the output distributions, per example (or position)."""
+    s, t = student.reshape(-1, student.shape[-1]), teacher.reshape(-1, teacher.shape[-1])
+    return F.kl_div(F.log_softmax(s, -1), F.log_softmax(t, -1), log_target=True, reduction="batchmean")
+
+
+def convert_posthoc(model: nn.Module, cfg: RunConfig, x_train: torch.Tensor, total: int,
+                    gen: torch.Generator) -> lg.ReluizeResult:
+    """The trained GELU ``model`` → exact ReLU in place, with lambda_gelu.reluize: distillation (KL of the
+    outputs) from its frozen copy over training inputs (no labels), for posthoc_budget × ``total`` steps."""
+    def batches():
+        while True:
+            perm = torch.randperm(len(x_train), generator=gen)
+            for i in range(0, len(x_train), cfg.batch_size):
+                yield x_train[perm[i:i + cfg.batch_size]]
+
+    steps = max(1, math.ceil(cfg.posthoc_budget * total))
+    return lg.reluize(model, batches(), steps, schedule=POSTHOC[cfg.arm], epsilon=cfg.epsilon, lr=cfg.posthoc_lr,
+                      loss=logit_kl)
 
 
 def _layer_lambdas(model: nn.Module) -> dict[str, float]:
@@ -194,7 +216,10 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     if cfg.arm == "lambda-harden-learn":  # where λ(s) itself went while the blend carried λ to the target
         m["lambda_learned_end"] = {name: lg.raw_to_lambda(mod.s.detach(), mod.temperature).mean().item()
                                    for name, mod in lg.lambda_modules(model)}
-    if keep_weights:
+    if cfg.arm in POSTHOC and not diverged:  # test_acc above is the GELU original's; sub_* below the converted
+        converted = convert_posthoc(model, cfg, x_train, total, gen)
+        m["posthoc_steps"], m["posthoc_seconds"] = len(converted.log), converted.seconds
+    if keep_weights:  # the weights as trained (for the post-hoc arms: as converted; they load into GELU modules)
         result.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     # Substitution: every GELU-like, λ-GELU or PReLU module becomes an exact ReLU. ReLU from scratch has

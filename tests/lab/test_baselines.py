@@ -1,5 +1,7 @@
 """The learnable-β Swish baseline: its gate gap, its start and its target, and that the library
 treats it as a λ layer; every baseline arm ends as an exact ReLU network."""
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -8,7 +10,7 @@ import lambda_gelu as lg
 from lambda_gelu_lab.baselines import LearnableSwish, swish_init, swish_target
 from lambda_gelu_lab.config import RunConfig
 from lambda_gelu_lab.tasks import TASKS
-from lambda_gelu_lab.train import train_run
+from lambda_gelu_lab.train import build_model, evaluate, relu_ize_, train_run
 
 
 def test_swish_gate_gap_matches_its_target():
@@ -58,3 +60,23 @@ def test_sparse_arm_leaves_more_exact_zeros_than_the_annealed_arm():
     assert 0 < plain["sub_zero_fraction"] < sparse["sub_zero_fraction"] - 0.15, (plain, sparse)  # measured 0.49 → 0.73
     assert sparse["sub_test_acc"] > 0.9  # measured 0.965, as without the penalty
     assert all(abs(v - lg.lambda_target(0.005)) < 1e-2 for v in sparse["lambda_end"].values())
+
+
+@pytest.mark.parametrize("arm", ["reluize-anneal", "reluize-swap"])
+def test_posthoc_arms_convert_the_gelu_arms_network_into_exact_relu(arm):
+    """A post-hoc arm trains exactly the gelu arm's network (same seed: same test accuracy), then spends
+    posthoc_budget of its steps converting it with reluize; what it stores loads as that ReLU network."""
+    task = TASKS["breast-cancer-mlp"]
+    splits = task.load(None)
+    settings = {**task.defaults, "epochs": 20}
+    gelu = train_run(task, splits, RunConfig(task=task.name, arm="gelu", **settings)).metrics
+    cfg = RunConfig(task=task.name, arm=arm, **settings)
+    run = train_run(task, splits, cfg)
+    m = run.metrics
+    assert m["test_acc"] == gelu["test_acc"] and m["val_acc"] == gelu["val_acc"]
+    assert m["posthoc_steps"] == math.ceil(0.1 * m["steps"])
+    assert m["sub_test_acc"] > 0.9 and m["sub_zero_fraction"] > 0
+    model = build_model(task, splits, cfg)  # as deploy loads it: GELU modules, the converted weights, → ReLU
+    model.load_state_dict(run.state_dict)
+    relu_ize_(model)
+    assert evaluate(model, splits.x_test, splits.y_test)[0] == m["sub_test_acc"]

@@ -21,6 +21,8 @@ ARM_LABEL = {
     "lambda-harden": "λ-GELU, annealed (→ ReLU)",
     "lambda-harden-sparse": "λ-GELU, annealed with the L1 activation penalty (→ ReLU)",
     "lambda-harden-learn": "λ-GELU, annealed while λ keeps learning (→ ReLU)",
+    "reluize-anneal": "GELU, then post-hoc: annealed distillation (→ ReLU)",
+    "reluize-swap": "GELU, then post-hoc: swap + distillation (→ ReLU)",
     "relu": "ReLU from scratch",
     "prelu": "PReLU (→ ReLU)",
     "swish-harden": "learnable-β Swish, annealed (→ ReLU)",
@@ -38,6 +40,10 @@ COMPARISONS = [
     ("lambda-harden", "sub_test_acc", "gelu-finetune", "sub_test_acc", "annealed→ReLU − swap + fine-tune"),
     ("lambda-harden-learn", "sub_test_acc", "lambda-harden", "sub_test_acc",
      "λ learning during the anneal − frozen (the paper), after ReLU"),
+    ("reluize-anneal", "sub_test_acc", "reluize-swap", "sub_test_acc", "post-hoc: anneal − swap (equal steps)"),
+    ("reluize-anneal", "sub_test_acc", "gelu", "test_acc", "post-hoc anneal→ReLU − GELU original"),
+    ("reluize-swap", "sub_test_acc", "gelu", "test_acc", "post-hoc swap→ReLU − GELU original"),
+    ("lambda-harden", "sub_test_acc", "reluize-anneal", "sub_test_acc", "annealed→ReLU in training − post-hoc anneal"),
 ]
 
 
