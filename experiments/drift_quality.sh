@@ -12,5 +12,5 @@ lambda-gelu run mnist1d-mlp $T
 for s in 0.10 0.50; do
     lambda-gelu run mnist1d-mlp --arms lambda-harden --switch-at $s $T
 done
-lambda-gelu deploy --out "$OUT" --task mnist1d-mlp --seeds 10 --points 20 --time-limit 5
+lambda-gelu deploy --out "$OUT" --task mnist1d-mlp --seeds 10 --points 10 --time-limit 2
 lambda-gelu report --out "$OUT" --output docs/drift_quality.md
