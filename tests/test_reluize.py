@@ -120,6 +120,21 @@ def test_sparsity_penalises_the_converted_activations_only_and_leaves_more_zeros
     assert zeros_sparse > zeros + 0.05, (zeros, zeros_sparse)  # measured: +0.08 (swap) or more
 
 
+def test_a_conversion_that_fails_midway_leaves_no_sparsity_hooks():
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    calls = []
+
+    def loss(student, teacher, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the user stops it
+        return distillation_loss(student, teacher, batch)
+
+    with pytest.raises(KeyboardInterrupt):
+        reluize(model, torch.randn(32, 8), steps=10, sparsity=1.0, loss=loss)
+    assert not any(m._forward_hooks for m in model.modules())
+
+
 def test_distillation_loss_is_zero_for_identical_outputs_and_kl_for_logits():
     logits = torch.randn(2, 5, 7)
     out = {"logits": logits, "hidden_states": (torch.randn(2, 5, 3),)}

@@ -9,7 +9,7 @@ a gradual one does not (ProSparse, Song et al. 2024: +5 points for ramped over c
 Starting at the switch point lets λ learn its hardness undisturbed, then sparsifies during the
 anneal, when the network is becoming the ReLU network it will be deployed as.
 
-    reg = lambda_gelu.SparsityRegularizer(model, total_steps, peak=0.1, start=0.25)
+    reg = lambda_gelu.SparsityRegularizer(model, total_steps, peak=1.0, start=0.25, end=0.9, stages=3)
     for x, y in batches:
         loss = F.cross_entropy(model(x), y) + reg.penalty()
         opt.zero_grad(); loss.backward(); opt.step()
@@ -19,6 +19,10 @@ The outputs are collected by forward hooks on the activation modules (λ-GELU, R
 default) in forward passes that record gradients: evaluate under ``torch.no_grad()`` and nothing is
 added. Modules replaced during training (e.g. annealed GELU → ``nn.ReLU`` in
 :func:`lambda_gelu.reluize`) are picked up at the next step, or at once by :meth:`refresh`.
+
+Strength: the penalty is a mean, so ``peak`` does not scale with width or depth; in the lab
+(docs/sparsity.md) peaks of 1 to 10 took the exact zeros after ReLU from 58% to 77–91% on an MLP
+and from 78% to 89–97% on a small GPT.
 """
 from __future__ import annotations
 
@@ -70,7 +74,8 @@ class SparsityRegularizer:
             penalised; default: every ``LambdaGELU``, ``nn.ReLU`` and GELU-like module.
 
     The only state is the step count (:meth:`state_dict` / :meth:`load_state_dict`), or none at all
-    when the trainer's global step is passed to :meth:`step`.
+    when the trainer's global step is passed to :meth:`step`. Used as a context manager (``with
+    SparsityRegularizer(...) as reg:``) it removes its hooks on leaving, however the block ends.
     """
 
     def __init__(self, model: nn.Module, total_steps: int, peak: float, start: float = 0.0, end: float = 1.0,
@@ -131,6 +136,12 @@ class SparsityRegularizer:
         for handle in self._hooked.values():
             handle.remove()
         self._hooked, self._outputs = {}, []
+
+    def __enter__(self) -> "SparsityRegularizer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
 
     def state_dict(self) -> dict:
         return {"step_count": self.step_count}

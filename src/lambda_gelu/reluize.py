@@ -33,6 +33,7 @@ stages), then held during the repair: more exact zeros in the ReLU network, for 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -161,37 +162,36 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     result = ReluizeResult(replaced)
     bar = _progress(steps, progress)
     t0 = time.perf_counter()
-    for step in range(steps):
-        if annealed and step >= anneal_steps:  # within ε of the step: the exact ReLU from here on
-            _swap_to_relu(model)
-            annealed = []
-            if regularizer is not None:
-                regularizer.refresh()
-        lam = _paced_lambda(step / anneal_steps, lam_target) if annealed else float("inf")
-        for m in annealed:
-            m.lam = lam
-        batch = next(stream)
-        with torch.no_grad():
-            target = _call(teacher, batch)
-        value = loss(_call(model, batch), target, batch)
-        penalty = regularizer.penalty() if regularizer is not None else None
-        optimizer.zero_grad(set_to_none=True)
-        (value if penalty is None else value + penalty).backward()
-        optimizer.step()
-        entry = {"step": step + 1, "lam": lam, "loss": value.item(), "seconds": time.perf_counter() - t0}
-        if penalty is not None:
-            entry["penalty"] = penalty.item()
-            regularizer.step()
-        result.log.append(entry)
-        if callback is not None:
-            callback(entry)
-        bar.set_postfix_str(f"λ {entry['lam']:.3g} loss {entry['loss']:.4g}")
-        bar.update()
+    with regularizer if regularizer is not None else contextlib.nullcontext():  # its hooks go, whatever happens
+        for step in range(steps):
+            if annealed and step >= anneal_steps:  # within ε of the step: the exact ReLU from here on
+                _swap_to_relu(model)
+                annealed = []
+                if regularizer is not None:
+                    regularizer.refresh()
+            lam = _paced_lambda(step / anneal_steps, lam_target) if annealed else float("inf")
+            for m in annealed:
+                m.lam = lam
+            batch = next(stream)
+            with torch.no_grad():
+                target = _call(teacher, batch)
+            value = loss(_call(model, batch), target, batch)
+            penalty = regularizer.penalty() if regularizer is not None else None
+            optimizer.zero_grad(set_to_none=True)
+            (value if penalty is None else value + penalty).backward()
+            optimizer.step()
+            entry = {"step": step + 1, "lam": lam, "loss": value.item(), "seconds": time.perf_counter() - t0}
+            if penalty is not None:
+                entry["penalty"] = penalty.item()
+                regularizer.step()
+            result.log.append(entry)
+            if callback is not None:
+                callback(entry)
+            bar.set_postfix_str(f"λ {entry['lam']:.3g} loss {entry['loss']:.4g}")
+            bar.update()
     bar.close()
     if annealed:
         _swap_to_relu(model)
-    if regularizer is not None:
-        regularizer.remove()
     _relu_config(model)
     result.seconds = time.perf_counter() - t0
     return result
