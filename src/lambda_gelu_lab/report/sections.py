@@ -306,6 +306,9 @@ def _profile_table(by_variant, order) -> list[str]:
             cols.append((f"{v}: λ at end", _collect(g, "lambda_end")))
         elif g[0]["arm"] == "lambda-harden":
             cols.append((f"{v}: λ at switch", _collect(g, "lambda_switch")))
+        elif g[0]["arm"] == "lambda-harden-learn":  # and where its still-learning λ(s) went under the anneal
+            cols += [(f"{v}: λ at switch", _collect(g, "lambda_switch")),
+                     (f"{v}: its λ(s) at end", _collect(g, "lambda_learned_end"))]
     cols = [c for c in cols if c[1]]
     if not cols:
         return []
