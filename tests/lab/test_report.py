@@ -19,8 +19,10 @@ def test_report_and_export(tmp_path):
                    "annealed→ReLU − direct swap | 3 |", "p (TOST)", "Layerwise hardness profile", "lambda-gelu run wine-mlp",
                    "](results_img/lambda_wine-mlp_"):
         assert needle in text, needle
-    pngs = list((tmp_path / "docs" / "results_img").glob("*.png"))
-    assert len(pngs) == 1 and pngs[0].read_bytes()[:4] == b"\x89PNG"
+    pngs = sorted((tmp_path / "docs" / "results_img").glob("*.png"))  # λ over training; Δλ against accuracy
+    assert [p.name.split("_")[0] for p in pngs] == ["drift", "lambda"], pngs
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
+    assert "## Does hardness drift predict deployment quality?" in text
     assert main(["export", "--csv", "--out", out]) == 0
     with open(os.path.join(out, "runs.csv")) as f:
         rows = list(csv.DictReader(f))
