@@ -75,7 +75,8 @@ def drift_section(runs: list[dict], deploy_rows, img_dir: Path, root: Path) -> l
                 outcomes = sorted({k for _, _, o in g for k in o})
                 for outcome in outcomes:
                     pairs = [(x[predictor], o[outcome]) for _, x, o in g if outcome in o]
-                    if len(pairs) < MIN_RUNS:
+                    pooled_one = scope == "all λ runs" and len({v for v, _, o in g if outcome in o}) == 1
+                    if len(pairs) < MIN_RUNS or pooled_one:  # a pooled row from one variant repeats its own row
                         continue
                     a, b = np.array(pairs).T
                     if np.ptp(a) == 0 or np.ptp(b) == 0:
