@@ -3,8 +3,9 @@
 Per task and experiment (runs sharing data and training budget): accuracy of every arm before and
 after ReLU substitution (mean ± std over seeds), paired comparisons over seeds (95% t-interval,
 p-values, TOST equivalence), the layerwise hardness profile, λ over training, the table of the
-paper's findings, the deployment section, and whether hardness drift predicts deployment quality. Statistics are data (:mod:`.stats`); the Markdown is
-in :mod:`.sections` and :mod:`.deployment`, the figures in :mod:`.plots`.
+paper's findings, the deployment section, and whether hardness drift predicts deployment quality.
+Statistics are data (:mod:`.stats`); the Markdown is in :mod:`.sections`, :mod:`.deployment` and
+:mod:`.predict`, the figures in :mod:`.plots`.
 """
 from __future__ import annotations
 

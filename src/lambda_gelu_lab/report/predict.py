@@ -35,12 +35,11 @@ def _outcomes(run: dict, deployed: dict) -> dict[str, float]:
     d = deployed.get((run["task"], run["base_hash"], run["seed"])) if run["variant"] == "lambda-harden" else None
     if d and "int8" in d:
         out["int8 acc"] = d["int8"]["int8_acc"]
-    if d and "verify" in d:
-        middle = sorted(d["verify"], key=lambda k: float(k) if k.replace(".", "", 1).isdigit() else math.inf)
-        eps = [k for k in middle if isinstance(d["verify"][k], dict) and "verified" in d["verify"][k]]
-        if eps:
-            c = d["verify"][eps[len(eps) // 2]]
-            out[f"verified (ε={eps[len(eps) // 2]})"] = c["verified"] / max(1, c["points"])
+    if d and "verify" in d:  # the exactly verified fraction at the middle radius (the others are easy or hopeless)
+        radii = sorted((k for k, c in d["verify"].items() if isinstance(c, dict) and "verified" in c), key=float)
+        if radii:
+            eps = radii[len(radii) // 2]
+            out[f"verified (ε={eps})"] = d["verify"][eps]["verified"] / max(1, d["verify"][eps]["points"])
     return out
 
 
