@@ -78,7 +78,9 @@ class LambdaGELU(nn.Module):
     DistributedDataParallel requires), no optimizer state (momentum, Adam's moments, weight
     decay) can move a frozen λ, and everything the schedule needs — ``lambda_frozen``,
     ``lambda_fixed``, ``lambda_start`` (λ when frozen) and ``hardening_step`` — is in the module's
-    buffers: ``model.state_dict()`` is a complete checkpoint under any framework.
+    buffers: ``model.state_dict()`` is a complete checkpoint under any framework. The alternative,
+    :meth:`anneal_towards`, hardens without freezing: λ = (1 − w)·λ(s) + w·target with ``s`` still
+    learning (buffers ``lambda_annealing``, ``anneal_weight``; the target in ``lambda_fixed``).
 
     Args:
         init_lambda: starting λ, ≥ 1. The default 1.5 starts close to GELU (gate L1 gap 0.53
