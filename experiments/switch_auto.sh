@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates docs/switch_auto.md: where switch_at="auto" switches and what it does to accuracy after ReLU, paired by seed against the fixed switch points 0.10 / 0.25 / 0.50, 10 seeds on
-# mnist1d-mlp and fmnist-mlp. Resumable (stored runs are skipped); about an hour on 2 idle cores.
+# Regenerates docs/switch_auto.md: where switch_at="auto" switches and what it does to accuracy after
+# ReLU, paired by seed against the fixed switch points 0.10 / 0.25 / 0.50, 10 seeds on mnist1d-mlp and
+# fmnist-mlp. Resumable (stored runs are skipped); about an hour on 2 idle cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/switch}
