@@ -153,6 +153,9 @@ def test_freeze_setting_must_match_the_model_it_resumes():
     state = sched.state_dict()
     again = HardeningSchedule(model, total_steps=20, switch_at=0.25, freeze=False)
     again.load_state_dict(state)
+    older = {k: v for k, v in state.items() if k != "freeze"}  # a state saved before freeze= existed
+    with pytest.raises(ValueError, match="schedule state has freeze=True but this schedule has False"):
+        again.load_state_dict(older)
     frozen, opt = _setup()
     sched = HardeningSchedule(frozen, total_steps=20, switch_at=0.25)
     _train(frozen, opt, sched, 10, DATA)

@@ -336,8 +336,9 @@ class HardeningSchedule:
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("total_steps", "switch_step", "lambda_target", "freeze"):
-            if state.get(key, True) != getattr(self, key):  # states from before freeze= have freeze=True
-                raise ValueError(f"schedule state has {key}={state[key]} but this schedule has "
+            theirs = state.get(key, True) if key == "freeze" else state[key]  # older states: freeze=True
+            if theirs != getattr(self, key):
+                raise ValueError(f"schedule state has {key}={theirs} but this schedule has "
                                  f"{getattr(self, key)}; build it with the same arguments")
         if state["step_count"] != self.step_count:
             raise ValueError(f"schedule state is at step {state['step_count']} but the model's λ layers are at "
