@@ -35,6 +35,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "gelu-finetune": ("switch_at",),  # GELU until switch_at, direct swap, ReLU fine-tuning to the end
 }
 DEFAULT_ARMS = ("gelu", "lambda", "lambda-harden", "relu")
+LAMBDA_ARMS = ("lambda", "lambda-harden", "lambda-harden-sparse", "lambda-harden-learn")  # λ-GELU networks
 LATER_FIELDS = ("train_limit",)
 
 

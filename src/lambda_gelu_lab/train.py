@@ -13,7 +13,7 @@ import lambda_gelu as lg
 from lambda_gelu.sparse import activation_sparsity
 
 from .baselines import LearnableSwish, swish_init, swish_target
-from .config import RunConfig
+from .config import LAMBDA_ARMS, RunConfig
 from .data import Splits
 from .tasks import Task
 
@@ -21,7 +21,7 @@ LAMBDA_POINTS = 100  # λ is logged about this many times per run
 # lambda-harden-sparse: the penalty's factor rises from the switch point to its peak (cfg.sparsity) at 90% of
 # training, in three sine-shaped stages, and stays there for the last 10%
 SPARSITY_END, SPARSITY_STAGES = 0.9, 3
-HARDENED = ("lambda-harden", "lambda-harden-sparse", "lambda-harden-learn", "swish-harden")
+HARDENED = LAMBDA_ARMS[1:] + ("swish-harden",)  # hardened by a HardeningSchedule
 POSTHOC = {"reluize-anneal": "anneal", "reluize-swap": "swap"}  # arm → lambda_gelu.reluize's schedule
 
 
@@ -42,7 +42,7 @@ class RunResult:
 
 
 def activation_factory(cfg: RunConfig):
-    if cfg.arm in ("lambda", "lambda-harden", "lambda-harden-sparse", "lambda-harden-learn"):
+    if cfg.arm in LAMBDA_ARMS:
         return lambda: lg.LambdaGELU(init_lambda=cfg.init_lambda, temperature=cfg.temperature)
     if cfg.arm == "swish-harden":
         return lambda: LearnableSwish(init_lambda=swish_init(cfg.init_lambda), temperature=cfg.temperature)

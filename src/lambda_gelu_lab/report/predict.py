@@ -11,11 +11,12 @@ import numpy as np
 from scipy import stats
 
 from ..analysis import drift
+from ..config import LAMBDA_ARMS
 from .plots import plot_drift_scatter
 
 MIN_RUNS = 5  # fewer runs than this give no correlation worth a row
-LEARNED = {"lambda": "lambda_end", "lambda-harden": "lambda_switch", "lambda-harden-sparse": "lambda_switch",
-           "lambda-harden-learn": "lambda_switch"}  # arm → the λ profile it learned (before any anneal)
+# arm → the λ profile it learned (before any anneal): the learned arm's at the end, the others' at the switch
+LEARNED = {arm: "lambda_end" if arm == "lambda" else "lambda_switch" for arm in LAMBDA_ARMS}
 
 
 def _predictors(run: dict) -> dict[str, float] | None:
