@@ -8,6 +8,7 @@
     lambda-gelu deploy [--out DIR] [--task T...]   int8 ONNX, verification, sparsity of stored models
     lambda-gelu reluize MODEL --out DIR [--steps N | --minutes M] [--text FILE...] [--schedule anneal|swap]
                      [--overwrite]                  a pretrained Hugging Face GELU model → exact ReLU
+    lambda-gelu reluize-report DIR... --output FILE  several conversions (seeds, schedules) side by side
     lambda-gelu tasks
 """
 from __future__ import annotations
@@ -101,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     rz.add_argument("--quiet", action="store_true", help="no progress bar")
     rz.add_argument("--threads", type=int, default=None)
 
+    rr = sub.add_parser("reluize-report", help="several `reluize` conversions of one model (seeds, schedules) side by side")
+    rr.add_argument("dirs", nargs="+", metavar="DIR", help="output directories of `lambda-gelu reluize`")
+    rr.add_argument("--output", required=True, help="the Markdown file to write; its plot goes beside it")
+
     sub.add_parser("tasks", help="list the tasks")
     return p
 
@@ -152,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
             minutes = 15.0 if args.steps is None and args.minutes is None else args.minutes
             print(run(args.model, args.out, args.steps, minutes, args.text, args.schedule, args.overwrite,
                       args.batch_size, args.seed, progress=not args.quiet))
+            return 0
+        if args.command == "reluize-report":
+            from .report.conversions import conversions_report
+            print(conversions_report(args.dirs, args.output, command))
             return 0
         if args.command == "tasks":
             from .tasks import GROUPS, TASKS

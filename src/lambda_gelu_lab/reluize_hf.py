@@ -140,7 +140,7 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     final = _scores(_evaluate(model, held_batches), reference)
     curve.append({"step": steps, "minutes": seconds / 60, "lam": None, **final})
 
-    report = {"model": model_name, "source": str(source), "schedule": schedule, "steps": steps,
+    report = {"model": model_name, "source": str(source), "schedule": schedule, "seed": seed, "steps": steps,
               "batch_size": batch_size, "max_tokens": MAX_TOKENS, "train_sentences": len(train),
               "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
               "replaced": result.replaced, "direct_swap": swap_scores, "reluized": final, "curve": curve}

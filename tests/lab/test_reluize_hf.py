@@ -106,3 +106,33 @@ def test_an_interrupted_write_leaves_no_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):  # --overwrite: the old checkpoint stays until the new one is complete
         reluize_hf._write(target, model, FailingTokenizer(), {})
     assert (target / "old").read_text() == "previous checkpoint" and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
+    """Two seeds × both schedules at equal steps → one table per schedule, the paired anneal − swap
+    differences recomputed here from the JSONs, the curve and its plot; a directory that is not a
+    finished conversion is one line, exit 2."""
+    dirs = []
+    for seed in (0, 1):
+        for schedule in ("anneal", "swap"):
+            out = tmp_path / f"{schedule}-{seed}"
+            assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8",
+                         "--schedule", schedule, "--seed", str(seed), "--quiet"]) == 0
+            dirs.append(str(out))
+    output = tmp_path / "docs" / "summary.md"
+    assert main(["reluize-report", *dirs, "--output", str(output)]) == 0
+    text = output.read_text()
+    reports = {(r["schedule"], r["seed"]): r for r in (json.loads((tmp_path / d / "reluize_report.json").read_text())
+                                                        for d in dirs)}
+    diff = [reports["anneal", s]["reluized"]["cosine"] - reports["swap", s]["reluized"]["cosine"] for s in (0, 1)]
+    assert f"- cosine: {sum(diff) / 2:+.4f}" in text
+    assert "| anneal | 2 | 4 |" in text and "| swap | 2 | 4 |" in text
+    met = sum(r["reluized"]["cosine"] >= 0.99 and r["reluized"]["top10_overlap"] >= 0.92
+              for (schedule, _), r in reports.items() if schedule == "swap")
+    assert f"- swap: **{'met' if met == 2 else 'not met'}** ({met} of 2 seeds)" in text
+    assert "| anneal | 4 | " in text and " | ReLU | " in text  # the curve, its last point the ReLU checkpoint
+    assert (tmp_path / "docs" / "summary_img" / "curve.png").is_file()
+    capsys.readouterr()
+    assert main(["reluize-report", str(tmp_path), "--output", str(output)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a finished `lambda-gelu reluize` output" in err

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Regenerates docs/minilm.md: the real all-MiniLM-L6-v2 converted to exact ReLU by `lambda-gelu reluize`
+# with its default budget (15 minutes on this machine's cores), 3 seeds, and the abrupt swap with the same
+# loss at the same number of steps, paired by seed. Resumable: a finished conversion is kept. Run it on
+# an idle machine: the step count is what fits the budget here. About 95 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/minilm}
+SEEDS=${SEEDS:-"0 1 2"}
+convert() {  # DIR ARGS...: a conversion, unless DIR already holds a finished one
+    local dir=$1; shift
+    [ -f "$dir/reluize_report.json" ] || lambda-gelu reluize all-minilm-l6-v2 --out "$dir" --quiet "$@"
+}
+for seed in $SEEDS; do
+    convert "$OUT/anneal-$seed" --minutes 15 --seed "$seed"
+    steps=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])" "$OUT/anneal-$seed/reluize_report.json")
+    convert "$OUT/swap-$seed" --steps "$steps" --schedule swap --seed "$seed"
+done
+lambda-gelu reluize-report "$OUT"/anneal-* "$OUT"/swap-* --output docs/minilm.md
