@@ -1,5 +1,6 @@
 """ReLU-izing pretrained GELU networks: real Hugging Face architectures built from small configs (BERT,
 GPT-2, MPNet), the real all-MiniLM-L6-v2, and the errors."""
+import copy
 import os
 import random
 
@@ -9,7 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lambda_gelu as lg
-from lambda_gelu.reluize import AnnealedGELU, _paced_lambda, distillation_loss, reluize
+from lambda_gelu.reluize import (AnnealedGELU, _block_input, _block_output, _paced_lambda, distillation_loss,
+                                 reconstruction_blocks, reluize)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -157,6 +159,63 @@ class _FunctionalGELU(nn.Module):
         return self.b(F.gelu(self.act(self.a(x))))
 
 
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 5))
+
+
+def test_blockwise_blocks_are_the_modules_that_call_the_activations():
+    transformers = pytest.importorskip("transformers")
+    from lambda_gelu_lab.models import ResNet, ViT
+    blocks = {}
+    for name, model, x in [("mlp", _mlp(), torch.randn(4, 12)),
+                           ("vit", ViT(8, 4, 1, 5, nn.GELU, dim=16, depth=2, heads=2), torch.randn(2, 1, 8, 8)),
+                           ("resnet", ResNet(1, 5, nn.GELU, widths=(4, 8, 8)), torch.randn(2, 1, 8, 8)),
+                           ("gpt2", _hf_models()["gpt2"](), _batches(1)[0]), ("bert", _hf_models()["bert"](), _batches(1)[0])]:
+        blocks[name] = [(b.name, b.modules, b.activations) for b in reconstruction_blocks(model.eval(), x)]
+    # a plain MLP: each stretch of the Sequential ending at an activation, the last one through the head
+    assert blocks["mlp"] == [("<root>[0:3]", ["0", "1", "2"], ["2"]), ("<root>[3:6]", ["3", "4", "5"], ["4"])]
+    assert [b[0] for b in blocks["vit"]] == ["blocks.0.mlp", "blocks.1.mlp"]  # the FFN (fc1, act, fc2), as APHQ-ViT
+    assert blocks["resnet"][:2] == [("stem", ["stem"], ["stem.2"]),
+                                    ("stages.0", ["stages.0"], ["stages.0.act1", "stages.0.act2"])]
+    assert [b[0] for b in blocks["gpt2"]] == ["transformer.h.0.mlp", "transformer.h.1.mlp"]
+    assert [b[0] for b in blocks["bert"]] == ["encoder.layer.0.intermediate", "encoder.layer.1.intermediate"]
+    assert transformers
+
+
+def test_blockwise_reconstructs_each_block_from_the_converted_network_upstream():
+    x = torch.randn(64, 12)
+    model = _mlp()
+    teacher = copy.deepcopy(model).eval()
+    second = reconstruction_blocks(model, x)[1]
+    with torch.no_grad():  # what a step of the second block trains on, against the arithmetic by hand
+        args, _ = _block_input(model, second, x)
+        torch.testing.assert_close(args[0], model[:3](x), rtol=0, atol=0)
+        torch.testing.assert_close(_block_output(teacher, second, x), teacher[3:](teacher[:3](x)), rtol=0, atol=0)
+    direct = copy.deepcopy(model)
+    lg.to_relu_(direct, include_gelu=True)
+    result = reluize(model, x, steps=60, schedule="blockwise", lr=1e-2)
+    assert [e["block"] for e in result.log] == ["<root>[0:3]"] * 30 + ["<root>[3:6]"] * 30
+    assert result.replaced == ["2", "4"] and sum(isinstance(m, nn.ReLU) for m in model) == 2
+    assert not any(lg.is_gelu_like(m) for m in model.modules())
+
+    def error(m):
+        with torch.no_grad():
+            return ((m(x) - teacher(x)).pow(2).sum() / teacher(x).pow(2).sum()).item()
+    assert error(model) < error(direct) / 5
+
+
+def test_blockwise_on_a_hugging_face_decoder_ends_as_a_relu_checkpoint(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = _hf_models()["gpt2"]().eval()
+    result = reluize(model, _batches(), steps=8, schedule="blockwise", lr=1e-3)
+    assert len(result.replaced) == 2 and {e["block"] for e in result.log} == {"transformer.h.0.mlp", "transformer.h.1.mlp"}
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.activation_function == "relu" and not any(lg.is_gelu_like(m) for m in loaded.modules())
+
+
 def test_bad_input_is_refused_before_the_model_changes():
     x = torch.randn(8, 4)
     relu_net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
@@ -176,6 +235,13 @@ def test_bad_input_is_refused_before_the_model_changes():
             reluize(gelu_net, x, **kwargs)
     with pytest.raises(ValueError, match="reluize got no batches"):
         reluize(gelu_net, [], steps=3)
+    for kwargs, message in [({"loss": distillation_loss}, "loss: not used by schedule='blockwise'"),
+                            ({"sparsity": 1.0}, "sparsity: not used by"),
+                            ({"optimizer": torch.optim.SGD(gelu_net.parameters(), 0.1)}, "optimizer: not used by")]:
+        with pytest.raises(ValueError, match=message):
+            reluize(gelu_net, x, steps=3, schedule="blockwise", **kwargs)
+    with pytest.raises(ValueError, match="needs at least one step per block: 2 blocks, 1 steps"):
+        reluize(_mlp(), torch.randn(2, 12), steps=1, schedule="blockwise")
     assert isinstance(gelu_net[1], nn.GELU)
 
 

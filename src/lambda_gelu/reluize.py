@@ -21,6 +21,15 @@ the output distribution for models with logits (KL), the relative error of every
 plain tensor outputs otherwise. ``schedule="swap"`` is the baseline that all published conversions
 use: exact ReLU from step 0, then the same loss for the same steps.
 
+``schedule="blockwise"`` is the other published recipe (per-block reconstruction, as APHQ-ViT does
+for fc1/fc2): block by block in forward order, the block's activations become ReLU and its own
+parameters are trained to reproduce the teacher's block output from the input the (already
+converted) network upstream gives it. A block is the module that calls the activation (a
+transformer's FFN, a residual block, a conv-BN-act stem); where that is an ``nn.Sequential`` holding
+several activations (a plain MLP), each stretch ending at an activation is a block, the last one
+running to the end (the head). The steps are shared equally by the blocks; a step runs the networks
+only up to the block, so it costs less than an anneal or swap step.
+
 Batches are tensors (one positional argument), tuples (positional arguments) or dicts (keyword
 arguments, as a Hugging Face tokenizer returns them); they are cycled if there are fewer than
 ``steps``. The model is converted in place; when it carries a Hugging Face ``config``, its activation
@@ -54,7 +63,7 @@ from .regularize import SparsityRegularizer
 
 __all__ = ["reluize", "distillation_loss", "mean_pool", "AnnealedGELU", "ReluizeResult", "SCHEDULES"]
 
-SCHEDULES = ("anneal", "swap")
+SCHEDULES = ("anneal", "swap", "blockwise")
 _ACT_FIELDS = ("hidden_act", "activation_function", "hidden_activation")  # Hugging Face config names
 
 
@@ -105,7 +114,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         loss: ``loss(student_output, teacher_output, batch) -> scalar``; default
             :func:`distillation_loss`.
         schedule: ``"anneal"`` (1/λ linear from 1 to 1/λ_target over the first ``anneal`` fraction
-            of the steps, then exact ReLU) or ``"swap"`` (exact ReLU from the start).
+            of the steps, then exact ReLU), ``"swap"`` (exact ReLU from the start) or ``"blockwise"``
+            (block by block: ReLU, then reconstruct the block's output; see the module's docstring).
         anneal: the fraction of ``steps`` spent annealing, in (0, 1].
         epsilon: the gate's L1 distance to the step at which λ-GELU becomes ReLU
             (default :data:`lambda_gelu.DEFAULTS`'s 0.005, λ_target ≈ 160).
@@ -142,9 +152,16 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         raise ValueError(f"{functional[0]} applies gelu as a function, which no module replacement can make "
                          "ReLU; make it an nn.GELU module (or give reluize a model without it)")
 
+    if schedule == "blockwise":
+        given = [name for name, value in (("loss", loss), ("optimizer", optimizer), ("sparsity", sparsity)) if value]
+        if given:
+            raise ValueError(f"{', '.join(given)}: not used by schedule='blockwise', which reconstructs each block's "
+                             "output (relative squared error) with an AdamW of its own per block; leave them out")
     if teacher is None:
         teacher = copy.deepcopy(model)
     teacher.eval().requires_grad_(False)
+    if schedule == "blockwise":
+        return _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress, callback)
     if schedule == "swap":
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
     else:
@@ -192,6 +209,147 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     bar.close()
     if annealed:
         _swap_to_relu(model)
+    _relu_config(model)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+@dataclass
+class _Block:
+    """A stretch of the network reconstructed as one: ``modules`` run in turn (one module, or a slice
+    of an ``nn.Sequential``), holding the GELU-like ``activations``."""
+    name: str
+    modules: list[str]
+    activations: list[str] = field(default_factory=list)
+
+
+class _Stop(Exception):
+    """Raised from a hook once what it came for is captured: the rest of the forward is not needed."""
+
+
+def reconstruction_blocks(model: nn.Module, batch) -> list[_Block]:
+    """The blocks of ``schedule="blockwise"``, in the order ``batch``'s forward reaches them."""
+    order: list[str] = []
+    handles = [m.register_forward_pre_hook(lambda mod, args, name=name: order.append(name) if name not in order else None)
+               for name, m in model.named_modules() if is_gelu_like(m)]
+    try:
+        with torch.no_grad():
+            _call(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+    blocks: dict[str, _Block] = {}
+    for fqn in order:
+        parent_name = fqn.rpartition(".")[0]
+        parent = model.get_submodule(parent_name)
+        siblings = [n for n in order if n.rpartition(".")[0] == parent_name]
+        if isinstance(parent, nn.Sequential) and len(siblings) > 1:  # each stretch ending at an activation
+            prefix = f"{parent_name}." if parent_name else ""
+            children = [f"{prefix}{n}" for n, _ in parent.named_children()]
+            ends = sorted(children.index(n) for n in siblings)
+            i = ends.index(children.index(fqn))
+            start, stop = (ends[i - 1] + 1 if i else 0), (ends[i] + 1 if i + 1 < len(ends) else len(children))
+            name = f"{parent_name or '<root>'}[{start}:{stop}]"
+            blocks.setdefault(name, _Block(name, children[start:stop])).activations.append(fqn)
+        else:
+            blocks.setdefault(parent_name, _Block(parent_name or "<root>", [parent_name])).activations.append(fqn)
+    return list(blocks.values())
+
+
+def _block_input(model: nn.Module, block: _Block, batch):
+    """The (args, kwargs) the first module of ``block`` receives when ``model`` runs ``batch``."""
+    seen = {}
+
+    def grab(mod, args, kwargs):
+        seen["in"] = (args, kwargs)
+        raise _Stop
+
+    h = model.get_submodule(block.modules[0]).register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        _call(model, batch)
+    except _Stop:
+        pass
+    finally:
+        h.remove()
+    if "in" not in seen:
+        raise RuntimeError(f"block {block.name} was not reached by the forward")
+    return seen["in"]
+
+
+def _block_output(model: nn.Module, block: _Block, batch) -> torch.Tensor:
+    """What the last module of ``block`` returns when ``model`` runs ``batch``."""
+    seen = {}
+
+    def grab(mod, args, output):
+        seen["out"] = output
+        raise _Stop
+
+    h = model.get_submodule(block.modules[-1]).register_forward_hook(grab)
+    try:
+        _call(model, batch)
+    except _Stop:
+        pass
+    finally:
+        h.remove()
+    return _tensor_output(seen["out"], block)
+
+
+def _run_block(model: nn.Module, block: _Block, args, kwargs) -> torch.Tensor:
+    modules = [model.get_submodule(n) for n in block.modules]
+    out = modules[0](*args, **kwargs)
+    for m in modules[1:]:
+        out = m(out)
+    return _tensor_output(out, block)
+
+
+def _tensor_output(out, block: _Block) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"block {block.name} returns {type(out).__name__}, not a tensor: schedule='blockwise' "
+                        "reconstructs tensor outputs; use schedule='anneal' or 'swap'")
+    return out
+
+
+def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress, callback) -> ReluizeResult:
+    blocks = reconstruction_blocks(model, first)
+    if steps < len(blocks):
+        raise ValueError(f"schedule='blockwise' needs at least one step per block: {len(blocks)} blocks, {steps} steps")
+    for b in blocks:
+        for name in b.modules:
+            try:
+                teacher.get_submodule(name)
+            except AttributeError:
+                raise ValueError(f"schedule='blockwise' matches blocks by name, and the teacher has no {name!r}: "
+                                 "give a teacher with the model's structure (or none: a copy of the model)") from None
+    result = ReluizeResult([])
+    bar = _progress(steps, progress)
+    t0, step = time.perf_counter(), 0
+    model.eval()
+    for i, block in enumerate(blocks):
+        result.replaced += replace_modules_(model, lambda m, fqn: fqn in block.activations, lambda old: nn.ReLU(), "GELU")
+        params = list({id(p): p for n in block.modules for p in model.get_submodule(n).parameters()
+                       if p.requires_grad}.values())
+        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if params else None
+        for _ in range(steps // len(blocks) + (i < steps % len(blocks))):
+            batch = next(stream)
+            with torch.no_grad():
+                args, kwargs = _block_input(model, block, batch)
+                target = _block_output(teacher, block, batch)
+            mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+            value = _relative_error(_run_block(model, block, args, kwargs), target, mask)
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+                value.backward()
+                optimizer.step()
+            step += 1
+            entry = {"step": step, "lam": float("inf"), "loss": value.item(), "seconds": time.perf_counter() - t0,
+                     "block": block.name}
+            result.log.append(entry)
+            if callback is not None:
+                callback(entry)
+            bar.set_postfix_str(f"{block.name} loss {entry['loss']:.4g}")
+            bar.update()
+    bar.close()
+    result.replaced += replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")  # never called
     _relu_config(model)
     result.seconds = time.perf_counter() - t0
     return result

@@ -25,9 +25,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     # the freeze ablation: λ keeps learning during the anneal, (1 − a)·λ(s) + a·λ_target (freeze=False)
     "lambda-harden-learn": HARDEN_FIELDS,
     # post-hoc conversion of the trained GELU network (the gelu arm's, same seed) with lambda_gelu.reluize,
-    # distilling from it for posthoc_budget × its training steps: annealed, or swapped at once
+    # distilling from it for posthoc_budget × its training steps: annealed, swapped at once, or block by block
     "reluize-anneal": POSTHOC_FIELDS,
     "reluize-swap": POSTHOC_FIELDS,
+    "reluize-blockwise": POSTHOC_FIELDS,
     "relu": (),            # ReLU from scratch
     # baselines the paper did not run, all ending as exact-ReLU networks
     "prelu": (),           # PReLU; then its slopes set to 0, i.e. ReLU

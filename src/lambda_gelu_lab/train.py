@@ -22,7 +22,7 @@ LAMBDA_POINTS = 100  # λ is logged about this many times per run
 # training, in three sine-shaped stages, and stays there for the last 10%
 SPARSITY_END, SPARSITY_STAGES = 0.9, 3
 HARDENED = LAMBDA_ARMS[1:] + ("swish-harden",)  # hardened by a HardeningSchedule
-POSTHOC = {"reluize-anneal": "anneal", "reluize-swap": "swap"}  # arm → lambda_gelu.reluize's schedule
+POSTHOC = {"reluize-anneal": "anneal", "reluize-swap": "swap", "reluize-blockwise": "blockwise"}  # arm → reluize's schedule
 
 
 def probe_batch(x_train: torch.Tensor, batch_size: int, total_steps: int) -> torch.Tensor:
@@ -125,7 +125,8 @@ def logit_kl(student: torch.Tensor, teacher: torch.Tensor, batch=None) -> torch.
 def convert_posthoc(model: nn.Module, cfg: RunConfig, x_train: torch.Tensor, total: int,
                     gen: torch.Generator) -> lg.ReluizeResult:
     """The trained GELU ``model`` → exact ReLU in place, with lambda_gelu.reluize: distillation (KL of the
-    outputs) from its frozen copy over training inputs (no labels), for posthoc_budget × ``total`` steps."""
+    outputs; for blockwise, each block's reconstruction) from its frozen copy over training inputs (no
+    labels), for posthoc_budget × ``total`` steps."""
     def batches():
         while True:
             perm = torch.randperm(len(x_train), generator=gen)
@@ -133,8 +134,9 @@ def convert_posthoc(model: nn.Module, cfg: RunConfig, x_train: torch.Tensor, tot
                 yield x_train[perm[i:i + cfg.batch_size]]
 
     steps = max(1, math.ceil(cfg.posthoc_budget * total))
-    return lg.reluize(model, batches(), steps, schedule=POSTHOC[cfg.arm], epsilon=cfg.epsilon, lr=cfg.posthoc_lr,
-                      loss=logit_kl)
+    schedule = POSTHOC[cfg.arm]
+    return lg.reluize(model, batches(), steps, schedule=schedule, epsilon=cfg.epsilon, lr=cfg.posthoc_lr,
+                      loss=None if schedule == "blockwise" else logit_kl)
 
 
 def _layer_lambdas(model: nn.Module) -> dict[str, float]:

@@ -62,7 +62,7 @@ def test_sparse_arm_leaves_more_exact_zeros_than_the_annealed_arm():
     assert all(abs(v - lg.lambda_target(0.005)) < 1e-2 for v in sparse["lambda_end"].values())
 
 
-@pytest.mark.parametrize("arm", ["reluize-anneal", "reluize-swap"])
+@pytest.mark.parametrize("arm", ["reluize-anneal", "reluize-swap", "reluize-blockwise"])
 def test_posthoc_arms_convert_the_gelu_arms_network_into_exact_relu(arm):
     """A post-hoc arm trains exactly the gelu arm's network (same seed: same test accuracy), then spends
     posthoc_budget of its steps converting it with reluize; what it stores loads as that ReLU network."""
