@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Regenerates docs/posthoc.md: post-hoc conversion of trained GELU networks at equal compute. Each seed's
-# gelu arm is converted to exact ReLU with lambda_gelu.reluize, annealed (reluize-anneal) or swapped at
-# once (reluize-swap), distilling from itself for 10% of its training steps; paired against each other, the
-# GELU original and, on the MLPs, the network annealed during training (lambda-harden). 10 seeds on
-# mnist1d-mlp and fmnist-mlp, 5 on stdlib-gpt. Resumable; about 40 minutes on 2 idle cores.
+# Regenerates docs/posthoc.md: post-hoc conversion of trained GELU networks at equal steps. Each seed's
+# gelu arm is converted to exact ReLU with lambda_gelu.reluize — annealed (reluize-anneal), swapped at once
+# (reluize-swap), or reconstructed block by block (reluize-blockwise) — distilling from itself for 10% of its
+# training steps; paired against each other, the GELU original and, on the MLPs, the network annealed
+# during training (lambda-harden). 10 seeds on mnist1d-mlp and fmnist-mlp, 5 on stdlib-gpt and fmnist-vit.
+# Resumable; about 80 minutes on 2 idle cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/posthoc}
 T="--workers 2 --threads 1 --quiet --no-report --out $OUT"
+POSTHOC="reluize-anneal reluize-swap reluize-blockwise"
 for task in mnist1d-mlp fmnist-mlp; do
-    lambda-gelu run $task --seeds 10 --arms gelu lambda-harden reluize-anneal reluize-swap $T
+    lambda-gelu run $task --seeds 10 --arms gelu lambda-harden $POSTHOC $T
 done
-lambda-gelu run stdlib-gpt --seeds 5 --arms gelu reluize-anneal reluize-swap $T
+lambda-gelu run stdlib-gpt fmnist-vit --seeds 5 --arms gelu $POSTHOC $T
 lambda-gelu report --out "$OUT" --output docs/posthoc.md
