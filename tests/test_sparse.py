@@ -53,6 +53,21 @@ def test_the_c_kernel_is_what_runs():
     torch.testing.assert_close(fast, sparse_linear_reference(x, layer.weight_t, layer.bias), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("n", [1, 3, 16])
+def test_the_kernels_union_of_active_inputs_is_active_inputs(n):
+    """The C kernel lists the batch's active inputs itself; the list equals the torch reference's,
+    NaN counted as active and −0 as zero as `x != 0` does, for one row and several."""
+    from lambda_gelu.sparse import active_inputs
+    kernels = _native.library()
+    assert kernels is not None, _native.error()
+    for zeros in (0.0, 0.9, 1.0):
+        x = _relu_input(n, 300, zeros, seed=n)
+        x[0, 7], x[-1, 11] = float("nan"), -0.0
+        out = torch.full((300,), -1, dtype=torch.int64)
+        k = kernels.active_union_f32(x.data_ptr(), n, 300, out.data_ptr())
+        assert torch.equal(out[:k], active_inputs(x)), (zeros, k)
+
+
 def test_leading_dimensions_no_bias_and_dense_fallback():
     torch.manual_seed(1)
     dense = nn.Linear(128, 32, bias=False)

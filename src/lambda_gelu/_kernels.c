@@ -135,6 +135,30 @@ static inline uint16_t bf16_store(float f) {
 #undef LD
 #undef ST
 
+/* The inputs (columns of x (n, in)) that are non-zero in some row, in increasing order, written to
+ * `active` (room for `in`); returns how many. NaN counts as non-zero, −0 as zero, as `x != 0` does.
+ * The same list as lambda_gelu.sparse.active_inputs, without its three tensors and the sync of
+ * nonzero(): at batch 1 those cost as much as the sparse product itself. */
+int64_t lg_active_union_f32(const float *x, int64_t n, int64_t in, int64_t *active) {
+    if (n == 1) {
+        int64_t k = 0;
+        for (int64_t i = 0; i < in; i++)
+            if (x[i] != 0.0f)
+                active[k++] = i;
+        return k;
+    }
+    for (int64_t i = 0; i < in; i++)  /* marks first, OR-ed over the rows; then compacted in place */
+        active[i] = 0;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < in; i++)
+            active[i] |= x[r * in + i] != 0.0f;
+    int64_t k = 0;
+    for (int64_t i = 0; i < in; i++)
+        if (active[i])
+            active[k++] = i;  /* k ≤ i: never overwrites a mark still to be read */
+    return k;
+}
+
 /* Sparse-input linear layer, float32 (lambda_gelu.sparse): y = x · Wt + b for x (n, in) with mostly
  * zero entries, Wt the transposed weight (in, out). Only the rows of Wt whose input is non-zero in some
  * row of x (the batch's union, `active`, listed by the caller) are read, each once for the whole batch:

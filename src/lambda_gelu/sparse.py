@@ -80,21 +80,25 @@ class SparseLinear(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             raise RuntimeError("SparseLinear is for inference and has no backward: run the model under "
                                "torch.inference_mode() or torch.no_grad() (or restore the dense layers to train)")
-        active = active_inputs(x)
-        if active.numel() > self.max_density * self.in_features:
-            return self._dense(x)
         fast = x.dtype == self.weight_t.dtype == torch.float32 and x.device.type == self.weight_t.device.type == "cpu"
         kernels = _native.library() if fast else None
         if kernels is None:
+            active = active_inputs(x)
+            if active.numel() > self.max_density * self.in_features:
+                return self._dense(x)
             return sparse_linear_reference(x, self.weight_t, self.bias, active)
         x2 = x.reshape(-1, self.in_features).contiguous()
+        active = torch.empty(self.in_features, dtype=torch.int64)  # the union, listed by the kernel
+        n_active = kernels.active_union_f32(x2.data_ptr(), x2.shape[0], self.in_features, active.data_ptr())
+        if n_active > self.max_density * self.in_features:
+            return self._dense(x)
         y = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype)
-        bias = self.bias.detach().contiguous() if self.bias is not None else None
-        work = active.numel() * self.out_features * max(1, x2.shape[0])
+        bias = self.bias if self.bias is None or self.bias.is_contiguous() else self.bias.contiguous()
+        work = n_active * self.out_features * max(1, x2.shape[0])
         nt = max(1, min(torch.get_num_threads(), work // _native.GRAIN))
         partial = torch.empty((nt - 1) * x2.shape[0] * self.out_features, dtype=x.dtype)
         kernels.sparse_linear_f32(x2.data_ptr(), self.weight_t.data_ptr(), None if bias is None else bias.data_ptr(),
-                                  y.data_ptr(), partial.data_ptr(), active.data_ptr(), active.numel(), x2.shape[0],
+                                  y.data_ptr(), partial.data_ptr(), active.data_ptr(), n_active, x2.shape[0],
                                   self.in_features, self.out_features, nt)
         return y.reshape(*x.shape[:-1], self.out_features)
 
