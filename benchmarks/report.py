@@ -119,7 +119,14 @@ def main():
                   f"{gen['relu_test_acc']:.3f}) generating {gen['new_bytes']} bytes greedily: "
                   f"{gen['dense_bytes_per_s']:.0f} bytes/s dense, {gen['sparse_bytes_per_s']:.0f} sparsified "
                   f"({gen['speedup']:.2f}×), its FFN projections seeing {gen['zeros']:.0%} zeros; the same bytes: "
-                  f"{'yes' if gen['same_bytes'] else '**no**'}.", ""]
+                  f"{'yes' if gen['same_bytes'] else '**no**'}."]
+        c = gen.get("cached")
+        if c:
+            lines += ["", f"As a decoder with a key-value cache (a 16-byte prompt, then {c['new_bytes']} bytes, one row "
+                      f"per FFN call): {c['dense_bytes_per_s']:.0f} bytes/s dense, {c['sparse_bytes_per_s']:.0f} "
+                      f"sparsified ({c['speedup']:.2f}×), {c['zeros']:.0%} zeros; the same bytes: "
+                      f"{'yes' if c['same_bytes'] else '**no**'}."]
+        lines.append("")
     lines += goals()
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
@@ -163,8 +170,11 @@ def goals() -> list[str]:
         ffn = next(r for r in d["ffn"] if r["zeros"] == 0.9 and r["batch"] == 1)
         rows.append(("sparse FFN ≥ 1.5× dense at batch 1, 90% zeros", f"{ffn['speedup']:.2f}×", ffn["speedup"] >= 1.5))
         gen = d["generation"]
-        rows.append(("sparsified stdlib-gpt ≥ 1.3× dense generation speed", f"{gen['speedup']:.2f}×",
+        rows.append(("sparsified stdlib-gpt ≥ 1.3× dense generation speed (context re-read)", f"{gen['speedup']:.2f}×",
                      gen["speedup"] >= 1.3))
+        if "cached" in gen:
+            rows.append(("sparsified stdlib-gpt ≥ 1.3× dense generation speed (key-value cache)",
+                         f"{gen['cached']['speedup']:.2f}×", gen["cached"]["speedup"] >= 1.3))
     return ["## Goals", "", "Computed from the tables above; a ratio within 5% counts as *not slower* (the noise "
             "between repetitions here).", "", "| goal | measured | met |", "|---|---|---|",
             *[f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in rows], ""]
