@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates docs/minilm.md: the real all-MiniLM-L6-v2 converted to exact ReLU by `lambda-gelu reluize`
-# with its default budget (15 minutes on this machine's cores), 3 seeds, and the abrupt swap with the same
-# loss at the same number of steps, paired by seed. Resumable: a finished conversion is kept. Run it on
+# annealed with its default budget (15 minutes on this machine's cores), 3 seeds, and the abrupt swap with
+# the same loss at the same number of steps, paired by seed. Resumable: a finished conversion is kept. Run it on
 # an idle machine: the step count is what fits the budget here. About 95 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ convert() {  # DIR ARGS...: a conversion, unless DIR already holds a finished on
     [ -f "$dir/reluize_report.json" ] || lambda-gelu reluize all-minilm-l6-v2 --out "$dir" --quiet "$@"
 }
 for seed in $SEEDS; do
-    convert "$OUT/anneal-$seed" --minutes 15 --seed "$seed"
+    convert "$OUT/anneal-$seed" --minutes 15 --schedule anneal --seed "$seed"
     steps=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])" "$OUT/anneal-$seed/reluize_report.json")
     convert "$OUT/swap-$seed" --steps "$steps" --schedule swap --seed "$seed"
 done

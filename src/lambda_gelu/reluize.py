@@ -1,9 +1,18 @@
-r"""ReLU-ize a pretrained GELU network: anneal its gates to the step while it distils from its original.
+r"""ReLU-ize a pretrained GELU network while it distils from its original: anneal its gates to the
+step, swap them at once, or reconstruct block by block.
 
     result = lambda_gelu.reluize(model, batches, steps=300)     # model is now an exact-ReLU network
 
-Every GELU-like module ``g`` (see :data:`lambda_gelu.GELU_LIKE`) becomes ``x ↦ g(λx)/λ`` for a
-hardness λ set by the schedule, not learned. At λ = 1 that *is* the original module, called as it
+Which schedule. The default is ``"swap"``, because it is the best measured so far: at equal steps the
+anneal has not beaten it anywhere — on the real all-MiniLM-L6-v2 (15 minutes, 3 seeds) the swap kept
+more on every seed (cosine 0.9882 against 0.9873, top-10 neighbours 0.902 against 0.896; the paired
+interval still contains 0), on the lab's trained networks the two are equivalent or the difference is
+not detected. ``"anneal"`` is the one whose every step is a network between the original and the ReLU
+(step 0 is the original bit for bit); its early checkpoints are far closer to the original than
+the swap's (0.996 at λ ≈ 1.3), which it loses again crossing λ ≈ 2–4.
+
+Annealing: every GELU-like module ``g`` (see :data:`lambda_gelu.GELU_LIKE`) becomes ``x ↦ g(λx)/λ``
+for a hardness λ set by the schedule, not learned. At λ = 1 that *is* the original module, called as it
 is, so step 0 reproduces the network bit for bit whatever its GELU form (exact, tanh as GPT-2's
 ``gelu_new``); as λ grows the gate g(λx)/(λx) tends to the step, and once it is within ``epsilon``
 (L1 gap E(λ) = 2/(λ√(2π)), λ_target ≈ 160 for ε = 0.005) the module is replaced by an exact
@@ -97,7 +106,7 @@ class ReluizeResult:
 
 
 def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Module | None = None,
-            loss: Callable | None = None, schedule: str = "anneal", anneal: float = 0.5,
+            loss: Callable | None = None, schedule: str = "swap", anneal: float = 0.5,
             epsilon: float | None = None, lr: float = 5e-5, weight_decay: float = 0.0,
             optimizer: torch.optim.Optimizer | None = None, sparsity: float = 0.0, progress: bool = False,
             callback: Callable[[dict], None] | None = None) -> ReluizeResult:
@@ -113,8 +122,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         teacher: the network to match; default: a frozen copy of ``model`` before conversion.
         loss: ``loss(student_output, teacher_output, batch) -> scalar``; default
             :func:`distillation_loss`.
-        schedule: ``"anneal"`` (1/λ linear from 1 to 1/λ_target over the first ``anneal`` fraction
-            of the steps, then exact ReLU), ``"swap"`` (exact ReLU from the start) or ``"blockwise"``
+        schedule: ``"swap"`` (exact ReLU from the start; the default), ``"anneal"`` (1/λ linear from
+            1 to 1/λ_target over the first ``anneal`` fraction of the steps, then exact ReLU) or ``"blockwise"``
             (block by block: ReLU, then reconstruct the block's output; see the module's docstring).
         anneal: the fraction of ``steps`` spent annealing, in (0, 1].
         epsilon: the gate's L1 distance to the step at which λ-GELU becomes ReLU

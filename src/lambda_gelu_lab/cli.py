@@ -6,7 +6,7 @@
     lambda-gelu report [--out DIR] [--output FILE]
     lambda-gelu export --csv [--out DIR]
     lambda-gelu deploy [--out DIR] [--task T...]   int8 ONNX, verification, sparsity of stored models
-    lambda-gelu reluize MODEL --out DIR [--steps N | --minutes M] [--text FILE...] [--schedule anneal|swap|blockwise]
+    lambda-gelu reluize MODEL --out DIR [--steps N | --minutes M] [--text FILE...] [--schedule swap|anneal|blockwise]
                      [--overwrite]                  a pretrained Hugging Face GELU model → exact ReLU
     lambda-gelu reluize-report DIR... --output FILE  several conversions (seeds, schedules) side by side
     lambda-gelu tasks
@@ -94,9 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--steps", type=int, default=None, help="conversion steps (default: what fits --minutes)")
     budget.add_argument("--minutes", type=float, default=None, help="time budget in minutes (default 15)")
     rz.add_argument("--text", nargs="+", default=[], metavar="FILE", help="your own training text, one sentence a line")
-    rz.add_argument("--schedule", choices=("anneal", "swap", "blockwise"), default="anneal",
-                    help="anneal the gates to ReLU while distilling (default), swap to ReLU at once, "
-                         "or reconstruct block by block")
+    rz.add_argument("--schedule", choices=("swap", "anneal", "blockwise"), default="swap",
+                    help="swap to ReLU at once and distil (default: the best measured), anneal the gates to "
+                         "ReLU while distilling, or reconstruct block by block")
     rz.add_argument("--batch-size", type=int, default=32)
     rz.add_argument("--seed", type=int, default=0)
     rz.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")

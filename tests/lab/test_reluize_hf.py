@@ -29,7 +29,8 @@ def tiny_bert(tmp_path_factory):
 
 def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, tmp_path, capsys):
     out = tmp_path / "relu"
-    assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8", "--quiet"]) == 0
+    assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8", "--quiet",
+                 "--schedule", "anneal"]) == 0
     assert json.loads((out / "config.json").read_text())["hidden_act"] == "relu"
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     loaded = transformers.AutoModel.from_pretrained(out)

@@ -124,19 +124,22 @@ def _paired(by_schedule, metrics) -> list[str]:
 
 
 def _points(rs, key):
-    """Mean over seeds of (minutes, metric) at each measured step, for the steps every seed measured,
-    with the step's λ (None: exact ReLU)."""
-    per_step = defaultdict(list)
-    for r in rs:
-        for c in r["curve"]:
-            per_step[c["step"]].append(c)
-    return [(step, float(np.mean([c["minutes"] for c in cs])), float(np.mean([c[key] for c in cs])), cs[0]["lam"])
-            for step, cs in sorted(per_step.items()) if len(cs) == len(rs)]
+    """Mean over seeds at each measured point of the conversion (the k-th of each seed's curve: seeds
+    given a time budget run different steps): (steps, mean minutes, mean metric, λ (None: exact ReLU)),
+    for the points every seed has."""
+    n = min(len(r["curve"]) for r in rs)
+    points = []
+    for k in range(n):
+        cs = [r["curve"][k] for r in rs]
+        points.append((_span([c["step"] for c in cs]), float(np.mean([c["minutes"] for c in cs])),
+                       float(np.mean([c[key] for c in cs])), cs[0]["lam"]))
+    return points
 
 
 def _curve(by_schedule, metrics) -> list[str]:
-    lines = ["## Along the conversion", "", "Mean over seeds at each measured step (λ: the annealed hardness there; "
-             "the last row of each schedule is the exact-ReLU checkpoint).", ""]
+    lines = ["## Along the conversion", "", "Mean over seeds at each of the conversion's measured points, an eighth of "
+             "its steps apart (λ: the annealed hardness there, as on the first seed; the last row of each schedule "
+             "is the exact-ReLU checkpoint).", ""]
     head = " | ".join(label for _, label, _ in metrics)
     lines += [f"| schedule | step | minutes | λ | {head} |", "|---|---|---|---|" + "---|" * len(metrics)]
     for schedule, rs in by_schedule.items():
