@@ -13,5 +13,6 @@ POSTHOC="reluize-anneal reluize-swap reluize-blockwise"
 for task in mnist1d-mlp fmnist-mlp; do
     lambda-gelu run $task --seeds 10 --arms gelu lambda-harden $POSTHOC $T
 done
-lambda-gelu run stdlib-gpt fmnist-vit --seeds 5 --arms gelu $POSTHOC $T
+lambda-gelu run stdlib-gpt --seeds 5 --arms gelu $POSTHOC $T
+lambda-gelu run fmnist-vit --seeds 5 --arms gelu $POSTHOC $T
 lambda-gelu report --out "$OUT" --output docs/posthoc.md

@@ -70,7 +70,8 @@ from .convert import GELU_LIKE, is_gelu_like, replace_modules_
 from .functional import lambda_target as _lambda_target
 from .regularize import SparsityRegularizer
 
-__all__ = ["reluize", "distillation_loss", "mean_pool", "AnnealedGELU", "ReluizeResult", "SCHEDULES"]
+__all__ = ["reluize", "distillation_loss", "mean_pool", "reconstruction_blocks", "ReconstructionBlock", "AnnealedGELU",
+           "ReluizeResult", "SCHEDULES"]
 
 SCHEDULES = ("anneal", "swap", "blockwise")
 _ACT_FIELDS = ("hidden_act", "activation_function", "hidden_activation")  # Hugging Face config names
@@ -224,7 +225,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
 
 
 @dataclass
-class _Block:
+class ReconstructionBlock:
     """A stretch of the network reconstructed as one: ``modules`` run in turn (one module, or a slice
     of an ``nn.Sequential``), holding the GELU-like ``activations``."""
     name: str
@@ -236,7 +237,7 @@ class _Stop(Exception):
     """Raised from a hook once what it came for is captured: the rest of the forward is not needed."""
 
 
-def reconstruction_blocks(model: nn.Module, batch) -> list[_Block]:
+def reconstruction_blocks(model: nn.Module, batch) -> list[ReconstructionBlock]:
     """The blocks of ``schedule="blockwise"``, in the order ``batch``'s forward reaches them."""
     order: list[str] = []
     handles = [m.register_forward_pre_hook(lambda mod, args, name=name: order.append(name) if name not in order else None)
@@ -247,7 +248,7 @@ def reconstruction_blocks(model: nn.Module, batch) -> list[_Block]:
     finally:
         for h in handles:
             h.remove()
-    blocks: dict[str, _Block] = {}
+    blocks: dict[str, ReconstructionBlock] = {}
     for fqn in order:
         parent_name = fqn.rpartition(".")[0]
         parent = model.get_submodule(parent_name)
@@ -259,13 +260,13 @@ def reconstruction_blocks(model: nn.Module, batch) -> list[_Block]:
             i = ends.index(children.index(fqn))
             start, stop = (ends[i - 1] + 1 if i else 0), (ends[i] + 1 if i + 1 < len(ends) else len(children))
             name = f"{parent_name or '<root>'}[{start}:{stop}]"
-            blocks.setdefault(name, _Block(name, children[start:stop])).activations.append(fqn)
+            blocks.setdefault(name, ReconstructionBlock(name, children[start:stop])).activations.append(fqn)
         else:
-            blocks.setdefault(parent_name, _Block(parent_name or "<root>", [parent_name])).activations.append(fqn)
+            blocks.setdefault(parent_name, ReconstructionBlock(parent_name or "<root>", [parent_name])).activations.append(fqn)
     return list(blocks.values())
 
 
-def _block_input(model: nn.Module, block: _Block, batch):
+def _block_input(model: nn.Module, block: ReconstructionBlock, batch):
     """The (args, kwargs) the first module of ``block`` receives when ``model`` runs ``batch``."""
     seen = {}
 
@@ -285,7 +286,7 @@ def _block_input(model: nn.Module, block: _Block, batch):
     return seen["in"]
 
 
-def _block_output(model: nn.Module, block: _Block, batch) -> torch.Tensor:
+def _block_output(model: nn.Module, block: ReconstructionBlock, batch) -> torch.Tensor:
     """What the last module of ``block`` returns when ``model`` runs ``batch``."""
     seen = {}
 
@@ -303,7 +304,7 @@ def _block_output(model: nn.Module, block: _Block, batch) -> torch.Tensor:
     return _tensor_output(seen["out"], block)
 
 
-def _run_block(model: nn.Module, block: _Block, args, kwargs) -> torch.Tensor:
+def _run_block(model: nn.Module, block: ReconstructionBlock, args, kwargs) -> torch.Tensor:
     modules = [model.get_submodule(n) for n in block.modules]
     out = modules[0](*args, **kwargs)
     for m in modules[1:]:
@@ -311,7 +312,7 @@ def _run_block(model: nn.Module, block: _Block, args, kwargs) -> torch.Tensor:
     return _tensor_output(out, block)
 
 
-def _tensor_output(out, block: _Block) -> torch.Tensor:
+def _tensor_output(out, block: ReconstructionBlock) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"block {block.name} returns {type(out).__name__}, not a tensor: schedule='blockwise' "
                         "reconstructs tensor outputs; use schedule='anneal' or 'swap'")
