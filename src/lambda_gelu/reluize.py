@@ -279,16 +279,9 @@ def _block_input(model: nn.Module, block: ReconstructionBlock, batch):
         seen["in"] = (args, kwargs)
         raise _Stop
 
-    h = model.get_submodule(block.modules[0]).register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        _call(model, batch)
-    except _Stop:
-        pass
-    finally:
-        h.remove()
-    if "in" not in seen:
-        raise RuntimeError(f"block {block.name} was not reached by the forward")
-    return seen["in"]
+    first = model.get_submodule(block.modules[0])
+    _run_to_hook(model, batch, first.register_forward_pre_hook(grab, with_kwargs=True))
+    return _reached(seen, "in", block)
 
 
 def _block_output(model: nn.Module, block: ReconstructionBlock, batch) -> torch.Tensor:
@@ -299,14 +292,24 @@ def _block_output(model: nn.Module, block: ReconstructionBlock, batch) -> torch.
         seen["out"] = output
         raise _Stop
 
-    h = model.get_submodule(block.modules[-1]).register_forward_hook(grab)
+    _run_to_hook(model, batch, model.get_submodule(block.modules[-1]).register_forward_hook(grab))
+    return _tensor_output(_reached(seen, "out", block), block)
+
+
+def _run_to_hook(model: nn.Module, batch, handle) -> None:
+    """Run ``batch`` through ``model`` until the hook behind ``handle`` has what it came for; remove it."""
     try:
         _call(model, batch)
     except _Stop:
         pass
     finally:
-        h.remove()
-    return _tensor_output(seen["out"], block)
+        handle.remove()
+
+
+def _reached(seen: dict, key: str, block: ReconstructionBlock):
+    if key not in seen:
+        raise RuntimeError(f"block {block.name} was not reached by the forward")
+    return seen[key]
 
 
 def _run_block(model: nn.Module, block: ReconstructionBlock, args, kwargs) -> torch.Tensor:
