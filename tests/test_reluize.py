@@ -171,7 +171,8 @@ def test_blockwise_blocks_are_the_modules_that_call_the_activations():
     for name, model, x in [("mlp", _mlp(), torch.randn(4, 12)),
                            ("vit", ViT(8, 4, 1, 5, nn.GELU, dim=16, depth=2, heads=2), torch.randn(2, 1, 8, 8)),
                            ("resnet", ResNet(1, 5, nn.GELU, widths=(4, 8, 8)), torch.randn(2, 1, 8, 8)),
-                           ("gpt2", _hf_models()["gpt2"](), _batches(1)[0]), ("bert", _hf_models()["bert"](), _batches(1)[0])]:
+                           ("gpt2", _hf_models()["gpt2"](), _batches(1)[0]), ("bert", _hf_models()["bert"](), _batches(1)[0]),
+                           ("mpnet", _hf_models()["mpnet"](), _batches(1)[0])]:
         blocks[name] = [(b.name, b.modules, b.activations) for b in reconstruction_blocks(model.eval(), x)]
     # a plain MLP: each stretch of the Sequential ending at an activation, the last one through the head
     assert blocks["mlp"] == [("<root>[0:3]", ["0", "1", "2"], ["2"]), ("<root>[3:6]", ["3", "4", "5"], ["4"])]
@@ -179,7 +180,11 @@ def test_blockwise_blocks_are_the_modules_that_call_the_activations():
     assert blocks["resnet"][:2] == [("stem", ["stem"], ["stem.2"]),
                                     ("stages.0", ["stages.0"], ["stages.0.act1", "stages.0.act2"])]
     assert [b[0] for b in blocks["gpt2"]] == ["transformer.h.0.mlp", "transformer.h.1.mlp"]
-    assert [b[0] for b in blocks["bert"]] == ["encoder.layer.0.intermediate", "encoder.layer.1.intermediate"]
+    # BERT's intermediate ends at its activation and the projection reading it sits beside it, in
+    # output: the block is the whole layer, so that projection learns too
+    for kind in ("bert", "mpnet"):
+        assert blocks[kind] == [(f"encoder.layer.{i}", [f"encoder.layer.{i}"],
+                                 [f"encoder.layer.{i}.intermediate.intermediate_act_fn"]) for i in (0, 1)]
     assert transformers
 
 
@@ -214,6 +219,25 @@ def test_blockwise_on_a_hugging_face_decoder_ends_as_a_relu_checkpoint(tmp_path)
     model.save_pretrained(tmp_path)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     assert loaded.config.activation_function == "relu" and not any(lg.is_gelu_like(m) for m in loaded.modules())
+
+
+def test_blockwise_on_bert_style_layers_adapts_the_projection_after_the_activation():
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = _hf_models()["mpnet"]().eval()  # its layers return tuples: the block output is the hidden state
+    teacher = copy.deepcopy(model)
+    direct = copy.deepcopy(model)
+    lg.to_relu_(direct, include_gelu=True)
+    result = reluize(model, _batches(), steps=80, schedule="blockwise", lr=3e-3)
+    assert [e["block"] for e in result.log] == ["encoder.layer.0"] * 40 + ["encoder.layer.1"] * 40
+    assert not torch.equal(model.encoder.layer[0].output.dense.weight, teacher.encoder.layer[0].output.dense.weight)
+
+    def error(m):
+        with torch.no_grad():
+            b = _batches(1, seed=1)[0]
+            s, t = m(**b).last_hidden_state, teacher(**b).last_hidden_state
+            return ((s - t).pow(2).sum() / t.pow(2).sum()).item()
+    assert error(model) < error(direct) / 2
 
 
 def test_bad_input_is_refused_before_the_model_changes():

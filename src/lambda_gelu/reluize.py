@@ -244,15 +244,8 @@ class _Stop(Exception):
 
 def reconstruction_blocks(model: nn.Module, batch) -> list[ReconstructionBlock]:
     """The blocks of ``schedule="blockwise"``, in the order ``batch``'s forward reaches them."""
-    order: list[str] = []
-    handles = [m.register_forward_pre_hook(lambda mod, args, name=name: order.append(name) if name not in order else None)
-               for name, m in model.named_modules() if is_gelu_like(m)]
-    try:
-        with torch.no_grad():
-            _call(model, batch)
-    finally:
-        for h in handles:
-            h.remove()
+    start, end = _forward_order(model, batch)
+    order = sorted((n for n in start if is_gelu_like(model.get_submodule(n))), key=start.get)
     blocks: dict[str, ReconstructionBlock] = {}
     for fqn in order:
         parent_name = fqn.rpartition(".")[0]
@@ -263,12 +256,63 @@ def reconstruction_blocks(model: nn.Module, batch) -> list[ReconstructionBlock]:
             children = [f"{prefix}{n}" for n, _ in parent.named_children()]
             ends = sorted(children.index(n) for n in siblings)
             i = ends.index(children.index(fqn))
-            start, stop = (ends[i - 1] + 1 if i else 0), (ends[i] + 1 if i + 1 < len(ends) else len(children))
-            name = f"{parent_name or '<root>'}[{start}:{stop}]"
-            blocks.setdefault(name, ReconstructionBlock(name, children[start:stop])).activations.append(fqn)
+            start_at, stop = (ends[i - 1] + 1 if i else 0), (ends[i] + 1 if i + 1 < len(ends) else len(children))
+            name = f"{parent_name or '<root>'}[{start_at}:{stop}]"
+            blocks.setdefault(name, ReconstructionBlock(name, children[start_at:stop])).activations.append(fqn)
         else:
             blocks.setdefault(parent_name, ReconstructionBlock(parent_name or "<root>", [parent_name])).activations.append(fqn)
-    return list(blocks.values())
+    return _enclose_what_follows(model, list(blocks.values()), start, end)
+
+
+def _forward_order(model: nn.Module, batch) -> tuple[dict[str, int], dict[str, int]]:
+    """When each submodule first starts and last ends in ``batch``'s forward, on one clock."""
+    clock, start, end = itertools.count(), {}, {}
+
+    def started(name):
+        def hook(mod, args):  # returns None: a pre-hook's return value would replace the input
+            start.setdefault(name, next(clock))
+        return hook
+
+    def ended(name):
+        def hook(mod, args, out):
+            end[name] = next(clock)
+        return hook
+
+    handles = [h for name, m in model.named_modules() if name
+               for h in (m.register_forward_pre_hook(started(name)), m.register_forward_hook(ended(name)))]
+    try:
+        with torch.no_grad():
+            _call(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return start, end
+
+
+def _enclose_what_follows(model, blocks, start, end) -> list[ReconstructionBlock]:
+    """A block that ends at its activation cannot shape its own output: the projection reading it must
+    learn too. Where the next module with parameters belongs to no block but sits in the block's own
+    parent (BERT's ``output.dense`` beside ``intermediate``), the block becomes that parent (the layer)."""
+    def inside(name, root):
+        return name == root or name.startswith(root + ".")
+
+    def owned(name):
+        return any(inside(name, m) for b in blocks for m in b.modules)
+
+    out: dict[str, ReconstructionBlock] = {}
+    for b in blocks:
+        parent = b.modules[0].rpartition(".")[0]
+        if len(b.modules) == 1 and parent:
+            after = [n for n in start if start[n] > end[b.modules[0]]
+                     and next(model.get_submodule(n).parameters(recurse=False), None) is not None]
+            follower = min(after, key=start.get, default=None)
+            if follower is not None and not owned(follower) and inside(follower, parent):
+                b = ReconstructionBlock(parent, [parent], b.activations)
+        if b.name in out:
+            out[b.name].activations += b.activations
+        else:
+            out[b.name] = b
+    return list(out.values())
 
 
 def _block_input(model: nn.Module, block: ReconstructionBlock, batch):
@@ -321,6 +365,8 @@ def _run_block(model: nn.Module, block: ReconstructionBlock, args, kwargs) -> to
 
 
 def _tensor_output(out, block: ReconstructionBlock) -> torch.Tensor:
+    if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+        out = out[0]  # a Hugging Face layer's (hidden_states, attentions...)
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"block {block.name} returns {type(out).__name__}, not a tensor: schedule='blockwise' "
                         "reconstructs tensor outputs; use schedule='anneal' or 'swap'")
