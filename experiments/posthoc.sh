@@ -3,7 +3,7 @@
 # gelu arm is converted to exact ReLU with lambda_gelu.reluize — annealed (reluize-anneal), swapped at once
 # (reluize-swap), or reconstructed block by block (reluize-blockwise) — distilling from itself for 10% of its
 # training steps; paired against each other, the GELU original and, on the MLPs, the network annealed
-# during training (lambda-harden). 10 seeds on mnist1d-mlp and fmnist-mlp, 5 on stdlib-gpt and fmnist-vit.
+# during training (lambda-harden). 10 seeds on mnist1d-mlp and fmnist-mlp, 5 on stdlib-gpt, fmnist-vit and fmnist-resnet.
 # Resumable; about 80 minutes on 2 idle cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +15,5 @@ for task in mnist1d-mlp fmnist-mlp; do
 done
 lambda-gelu run stdlib-gpt --seeds 5 --arms gelu $POSTHOC $T
 lambda-gelu run fmnist-vit --seeds 5 --arms gelu $POSTHOC $T
+lambda-gelu run fmnist-resnet --seeds 5 --arms gelu $POSTHOC $T
 lambda-gelu report --out "$OUT" --output docs/posthoc.md

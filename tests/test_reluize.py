@@ -221,6 +221,31 @@ def test_blockwise_on_a_hugging_face_decoder_ends_as_a_relu_checkpoint(tmp_path)
     assert loaded.config.activation_function == "relu" and not any(lg.is_gelu_like(m) for m in loaded.modules())
 
 
+def test_blockwise_repair_trains_the_whole_network_end_to_end_after_the_blocks():
+    x = torch.randn(64, 12)
+    model = _mlp()
+    teacher = copy.deepcopy(model).eval()
+    seen, after_blocks = [], []
+
+    def loss(student, target, batch):
+        seen.append(batch is x)
+        return (student - target).pow(2).mean()
+
+    def callback(entry):
+        if entry["step"] == 30:  # the last block's last step: what the end-to-end steps start from
+            with torch.no_grad():
+                after_blocks.append(loss(model(x), teacher(x), x).item())
+    result = reluize(model, x, steps=40, schedule="blockwise", repair=0.25, lr=1e-3, loss=loss, callback=callback)
+    blocks, repair = result.log[:30], result.log[30:]
+    assert [e["block"] for e in blocks] == ["<root>[0:3]"] * 15 + ["<root>[3:6]"] * 15
+    assert [e["step"] for e in result.log] == list(range(1, 41)) and not any("block" in e for e in repair)
+    assert len(seen) == 11 and all(seen)  # the given loss, on the repair steps only (and once above)
+    assert repair[0]["loss"] == pytest.approx(after_blocks[0], rel=1e-6)  # the whole network's loss, as it was
+    assert repair[-1]["loss"] < repair[0]["loss"]
+    assert [e["seconds"] for e in result.log] == sorted(e["seconds"] for e in result.log)
+    assert not any(lg.is_gelu_like(m) for m in model.modules())
+
+
 def test_blockwise_on_bert_style_layers_adapts_the_projection_after_the_activation():
     pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -254,12 +279,15 @@ def test_bad_input_is_refused_before_the_model_changes():
                             ({"steps": 3, "schedule": "cosine"}, "schedule must be one of anneal, swap"),
                             ({"steps": 3, "anneal": 0.0}, r"anneal is the fraction of steps"),
                             ({"steps": 3, "epsilon": 2.0}, "epsilon must be in"),
-                            ({"steps": 3, "sparsity": -0.1}, "sparsity is the activation penalty's final factor")]:
+                            ({"steps": 3, "sparsity": -0.1}, "sparsity is the activation penalty's final factor"),
+                            ({"steps": 3, "schedule": "blockwise", "repair": 1.0}, r"repair is the fraction .* in \[0, 1\)"),
+                            ({"steps": 3, "repair": 0.5}, "repair: used by schedule='blockwise' only")]:
         with pytest.raises(ValueError, match=message):
             reluize(gelu_net, x, **kwargs)
     with pytest.raises(ValueError, match="reluize got no batches"):
         reluize(gelu_net, [], steps=3)
-    for kwargs, message in [({"loss": distillation_loss}, "loss: not used by schedule='blockwise'"),
+    for kwargs, message in [({"loss": distillation_loss}, r"loss: not used by schedule='blockwise'.*give repair > 0"),
+                            ({"sparsity": 1.0, "repair": 0.5}, "sparsity: not used by"),
                             ({"sparsity": 1.0}, "sparsity: not used by"),
                             ({"optimizer": torch.optim.SGD(gelu_net.parameters(), 0.1)}, "optimizer: not used by")]:
         with pytest.raises(ValueError, match=message):

@@ -113,7 +113,7 @@ class ReluizeResult:
 
 def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Module | None = None,
             loss: Callable | None = None, schedule: str = "swap", anneal: float = 0.5,
-            epsilon: float | None = None, lr: float = 5e-5, weight_decay: float = 0.0,
+            repair: float = 0.0, epsilon: float | None = None, lr: float = 5e-5, weight_decay: float = 0.0,
             optimizer: torch.optim.Optimizer | None = None, sparsity: float = 0.0, progress: bool = False,
             callback: Callable[[dict], None] | None = None) -> ReluizeResult:
     """Turn ``model``'s GELU-like activations into exact ``nn.ReLU``, in place, training it for
@@ -127,11 +127,13 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         steps: optimizer steps in all (anneal and repair).
         teacher: the network to match; default: a frozen copy of ``model`` before conversion.
         loss: ``loss(student_output, teacher_output, batch) -> scalar``; default
-            :func:`distillation_loss`.
+            :func:`distillation_loss` (blockwise: used by its ``repair`` steps only).
         schedule: ``"swap"`` (exact ReLU from the start; the default), ``"anneal"`` (1/λ linear from
             1 to 1/λ_target over the first ``anneal`` fraction of the steps, then exact ReLU) or ``"blockwise"``
             (block by block: ReLU, then reconstruct the block's output; see the module's docstring).
         anneal: the fraction of ``steps`` spent annealing, in (0, 1].
+        repair: with ``"blockwise"``, the fraction of ``steps`` that, once every block is
+            reconstructed, train the whole network end to end with ``loss`` as the swap does; in [0, 1).
         epsilon: the gate's L1 distance to the step at which λ-GELU becomes ReLU
             (default :data:`lambda_gelu.DEFAULTS`'s 0.005, λ_target ≈ 160).
         lr, weight_decay: for the default optimizer, AdamW over every trainable parameter.
@@ -167,35 +169,59 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         raise ValueError(f"{functional[0]} applies gelu as a function, which no module replacement can make "
                          "ReLU; make it an nn.GELU module (or give reluize a model without it)")
 
+    if not isinstance(repair, (int, float)) or isinstance(repair, bool) or not 0.0 <= repair < 1.0:
+        raise ValueError(f"repair is the fraction of steps spent end to end after the blocks, in [0, 1); got {repair!r}")
+    if repair and schedule != "blockwise":
+        raise ValueError(f"repair: used by schedule='blockwise' only (schedule={schedule!r} repairs after its "
+                         "swap or anneal anyway); leave it out")
     if schedule == "blockwise":
-        given = [name for name, value in (("loss", loss), ("optimizer", optimizer), ("sparsity", sparsity)) if value]
+        given = [name for name, value in (("loss", loss), ("optimizer", optimizer), ("sparsity", sparsity)) if value
+                 and (name == "sparsity" or not repair)]
         if given:
             raise ValueError(f"{', '.join(given)}: not used by schedule='blockwise', which reconstructs each block's "
-                             "output (relative squared error) with an AdamW of its own per block; leave them out")
+                             "output (relative squared error) with an AdamW of its own per block"
+                             f"{'' if 'sparsity' in given else ' (give repair > 0 for end-to-end steps that use it)'}; "
+                             "leave them out")
     if teacher is None:
         teacher = copy.deepcopy(model)
     teacher.eval().requires_grad_(False)
     if schedule == "blockwise":
-        return _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress, callback)
+        blocks_steps = steps - round(repair * steps)
+        result = _blockwise(model, teacher, stream, blocks_steps, first, lr, weight_decay, progress, callback)
+        if blocks_steps < steps:
+            _distill(model, teacher, stream, range(blocks_steps, steps), loss or distillation_loss,
+                     optimizer or _adamw(model, lr, weight_decay), result, progress, callback)
+        _relu_config(model)
+        return result
     if schedule == "swap":
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
     else:
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), AnnealedGELU, "GELU")
-    annealed = [m for m in model.modules() if isinstance(m, AnnealedGELU)]
-    model.eval()
-    loss = loss or distillation_loss
-    if optimizer is None:
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    anneal_steps = max(1, round(anneal * steps))
     converted = set(replaced)  # the same names hold the annealed GELUs, then their ReLUs
     regularizer = SparsityRegularizer(model, steps, sparsity, end=anneal, stages=3,
                                       filter_fn=lambda m, fqn: fqn in converted) if sparsity else None
     result = ReluizeResult(replaced)
-    bar = _progress(steps, progress)
-    t0 = time.perf_counter()
+    _distill(model, teacher, stream, range(steps), loss or distillation_loss,
+             optimizer or _adamw(model, lr, weight_decay), result, progress, callback,
+             anneal_steps=max(1, round(anneal * steps)), lam_target=lam_target, regularizer=regularizer)
+    _relu_config(model)
+    return result
+
+
+def _adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+
+
+def _distill(model, teacher, stream, steps: range, loss, optimizer, result: ReluizeResult, progress, callback, *,
+             anneal_steps: int = 0, lam_target: float = float("inf"), regularizer=None) -> None:
+    """Train the whole ``model`` to match ``teacher`` with ``loss`` for ``steps`` (numbered from their
+    start); the annealed GELUs, if any, harden over the first ``anneal_steps`` and then become ReLU."""
+    annealed = [m for m in model.modules() if isinstance(m, AnnealedGELU)]
+    model.eval()
+    bar = _progress(len(steps), progress)
+    t0 = time.perf_counter() - result.seconds
     with regularizer if regularizer is not None else contextlib.nullcontext():  # its hooks go, whatever happens
-        for step in range(steps):
+        for step in steps:
             if annealed and step >= anneal_steps:  # within ε of the step: the exact ReLU from here on
                 _swap_to_relu(model)
                 annealed = []
@@ -224,9 +250,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     bar.close()
     if annealed:
         _swap_to_relu(model)
-    _relu_config(model)
     result.seconds = time.perf_counter() - t0
-    return result
 
 
 @dataclass
@@ -414,7 +438,6 @@ def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress,
             bar.update()
     bar.close()
     result.replaced += replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")  # never called
-    _relu_config(model)
     result.seconds = time.perf_counter() - t0
     return result
 

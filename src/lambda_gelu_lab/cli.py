@@ -97,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     rz.add_argument("--schedule", choices=("swap", "anneal", "blockwise"), default="swap",
                     help="swap to ReLU at once and distil (default: the best measured), anneal the gates to "
                          "ReLU while distilling, or reconstruct block by block")
+    rz.add_argument("--repair", type=float, default=0.0, metavar="F",
+                    help="with --schedule blockwise: the fraction of steps that then train the whole network "
+                         "end to end, as the swap does (default 0)")
     rz.add_argument("--batch-size", type=int, default=32)
     rz.add_argument("--seed", type=int, default=0)
     rz.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             from .reluize_hf import run
             minutes = 15.0 if args.steps is None and args.minutes is None else args.minutes
             print(run(args.model, args.out, args.steps, minutes, args.text, args.schedule, args.overwrite,
-                      args.batch_size, args.seed, progress=not args.quiet))
+                      args.batch_size, args.seed, progress=not args.quiet, repair=args.repair))
             return 0
         if args.command == "reluize-report":
             from .report.conversions import conversions_report
@@ -211,6 +214,11 @@ def _check_args(args) -> None:
         raise ConfigError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
     if getattr(args, "minutes", None) is not None and not args.minutes > 0:
         raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
+    if args.command == "reluize" and not 0.0 <= args.repair < 1.0:
+        raise ConfigError(f"--repair is a fraction of the steps, in [0, 1); got {args.repair}")
+    if args.command == "reluize" and args.repair and args.schedule != "blockwise":
+        raise ConfigError(f"--repair is for --schedule blockwise (--schedule {args.schedule} repairs after its "
+                          "swap or anneal anyway); leave it out")
 
 
 def _require_store(out: str) -> None:

@@ -67,6 +67,9 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(tiny_bert), "--out", out, "--minutes", "0"], "--minutes must be > 0"),
         (["reluize", str(tiny_bert), "--out", out, "--steps", "2", "--minutes", "1"], "not allowed with argument"),
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "cosine"], "invalid choice: 'cosine'"),
+        (["reluize", str(tiny_bert), "--out", out, "--schedule", "blockwise", "--repair", "1"],
+         r"--repair is a fraction of the steps, in \[0, 1\); got 1.0"),
+        (["reluize", str(tiny_bert), "--out", out, "--repair", "0.5"], "--repair is for --schedule blockwise"),
     ]
 
 

@@ -47,8 +47,8 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     output = Path(output)
     img_dir = output.parent / (output.stem + "_img")
     by_schedule = defaultdict(list)
-    for r in sorted(reports, key=lambda r: (r["schedule"], r.get("seed", 0))):
-        by_schedule[r["schedule"]].append(r)
+    for r in sorted(reports, key=lambda r: (_schedule(r), r.get("seed", 0))):
+        by_schedule[_schedule(r)].append(r)
     metrics = [m for m in _METRICS if all(m[0] in r["reluized"] for r in reports)]
     first = reports[0]
     lines = [f"# {first['model']} → exact ReLU: {len(reports)} conversions", "",
@@ -73,7 +73,7 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     figure = _plot(by_schedule, metrics, img_dir)
     if figure is not None:
         lines += [f"![curve]({os.path.relpath(figure, output.parent)})", ""]
-    lines += ["Conversions:", ""] + [f"- `{r['dir']}`: {r['schedule']}, seed {r.get('seed', '?')}, {r['steps']} steps"
+    lines += ["Conversions:", ""] + [f"- `{r['dir']}`: {_schedule(r)}, seed {r.get('seed', '?')}, {r['steps']} steps"
                                      for s in by_schedule.values() for r in s] + [""]
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -88,6 +88,11 @@ def _mean_sd(values, fmt: str) -> str:
 def _span(values) -> str:
     lo, hi = min(values), max(values)
     return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
+
+def _schedule(r: dict) -> str:
+    """The schedule as the report names it: blockwise with end-to-end repair steps is its own recipe."""
+    return r["schedule"] + (f" + repair {r['repair']:g}" if r.get("repair") else "")
 
 
 def _goal(by_schedule, metrics) -> list[str]:
