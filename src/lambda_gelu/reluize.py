@@ -4,14 +4,15 @@ step, swap them at once, or reconstruct block by block.
     result = lambda_gelu.reluize(model, batches, steps=300)     # model is now an exact-ReLU network
 
 Which schedule. The default is ``"swap"``, the one recipe never far from the best measured: at equal
-steps the anneal has not beaten it anywhere — on the real all-MiniLM-L6-v2 (15 minutes, 3 seeds) the swap kept
-more on every seed (cosine 0.9882 against 0.9873, top-10 neighbours 0.902 against 0.896; the paired
-interval still contains 0), on the lab's trained networks the two are equivalent or the difference is
-not detected. ``"blockwise"`` was best on four of the five lab networks (not on mnist1d-mlp) and, on
-MiniLM with ``repair=0.5`` (one seed), matched the swap's 15-minute result in 11 minutes — not beyond
-it: every recipe tried so far levels off near cosine 0.988 there. ``"anneal"`` is the one whose every step is a network between the original and the ReLU
-(step 0 is the original bit for bit); its early checkpoints are far closer to the original than
-the swap's (0.996 at λ ≈ 1.3), which it loses again crossing λ ≈ 2–4.
+steps the anneal has not beaten it anywhere — on the real all-MiniLM-L6-v2 (15 minutes, 3 seeds) the
+swap kept more on every seed (cosine 0.9882 against 0.9873, top-10 neighbours 0.902 against 0.896; the
+paired interval still contains 0), on the lab's trained networks the two are equivalent or the
+difference is not detected. ``"blockwise"`` was best on four of the five lab networks (not on
+mnist1d-mlp) and, on MiniLM with ``repair=0.5`` (one seed), matched the swap's 15-minute result in 11
+minutes — not beyond it: every recipe tried so far levels off near cosine 0.988 there. ``"anneal"``
+is the one whose every step is a network between the original and the ReLU (step 0 is the original
+bit for bit); its early checkpoints are far closer to the original than the swap's (0.996 at
+λ ≈ 1.3), which it loses again crossing λ ≈ 2–4.
 
 Annealing: every GELU-like module ``g`` (see :data:`lambda_gelu.GELU_LIKE`) becomes ``x ↦ g(λx)/λ``
 for a hardness λ set by the schedule, not learned. At λ = 1 that *is* the original module, called as it
@@ -172,7 +173,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
                          "ReLU; make it an nn.GELU module (or give reluize a model without it)")
 
     if not isinstance(repair, (int, float)) or isinstance(repair, bool) or not 0.0 <= repair < 1.0:
-        raise ValueError(f"repair is the fraction of steps spent end to end after the blocks, in [0, 1); got {repair!r}")
+        raise ValueError("repair is the fraction of steps spent end to end after the blocks, in [0, 1); "
+                         f"got {repair!r}")
     if repair and schedule != "blockwise":
         raise ValueError(f"repair: used by schedule='blockwise' only (schedule={schedule!r} repairs after its "
                          "swap or anneal anyway); leave it out")
@@ -402,7 +404,8 @@ def _tensor_output(out, block: ReconstructionBlock) -> torch.Tensor:
 def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress, callback) -> ReluizeResult:
     blocks = reconstruction_blocks(model, first)
     if steps < len(blocks):
-        raise ValueError(f"schedule='blockwise' needs at least one step per block: {len(blocks)} blocks, {steps} steps")
+        raise ValueError(f"schedule='blockwise' needs at least one step per block: {len(blocks)} blocks, {steps} "
+                         "steps for them")
     for b in blocks:
         for name in b.modules:
             try:

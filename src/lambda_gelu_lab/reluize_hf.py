@@ -126,7 +126,8 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
         sample = [encode(train[i * batch_size:(i + 1) * batch_size]) for i in range(TIMING_SAMPLE)]
         mean = sum(b["input_ids"].shape[1] for b in sample) / len(sample)
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
-        steps = _steps_for(model, min(sample, key=lambda b: abs(b["input_ids"].shape[1] - mean)), minutes * 60 / step_cost)
+        typical = min(sample, key=lambda b: abs(b["input_ids"].shape[1] - mean))
+        steps = _steps_for(model, typical, minutes * 60 / step_cost)
     batches = (encode(train[(i * batch_size) % len(train):][:batch_size]) for i in range(steps))
     curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
     marks = {max(1, round(steps * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS + 1)}
@@ -145,7 +146,8 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     final = _scores(_evaluate(model, held_batches), reference)
     curve.append({"step": steps, "minutes": seconds / 60, "lam": None, **final})
 
-    report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": repair, "seed": seed, "steps": steps,
+    report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": repair, "seed": seed,
+              "steps": steps,
               "batch_size": batch_size, "max_tokens": MAX_TOKENS, "train_sentences": len(train),
               "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
               "replaced": result.replaced, "direct_swap": swap_scores, "reluized": final, "curve": curve}
