@@ -123,9 +123,14 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
             assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8",
                          "--schedule", schedule, "--seed", str(seed), "--quiet"]) == 0
             dirs.append(str(out))
+    blockwise = tmp_path / "blockwise-0"  # blockwise with end-to-end repair steps: a recipe of its own
+    assert main(["reluize", str(tiny_bert), "--out", str(blockwise), "--steps", "4", "--batch-size", "8",
+                 "--schedule", "blockwise", "--repair", "0.5", "--quiet"]) == 0
+    assert "(the last 50% of the steps end to end)" in (blockwise / "reluize_report.md").read_text()
     output = tmp_path / "docs" / "summary.md"
-    assert main(["reluize-report", *dirs, "--output", str(output)]) == 0
+    assert main(["reluize-report", *dirs, str(blockwise), "--output", str(output)]) == 0
     text = output.read_text()
+    assert "| blockwise + repair 0.5 | 1 | 4 |" in text
     reports = {(r["schedule"], r["seed"]): r for r in (json.loads((tmp_path / d / "reluize_report.json").read_text())
                                                         for d in dirs)}
     diff = [reports["anneal", s]["reluized"]["cosine"] - reports["swap", s]["reluized"]["cosine"] for s in (0, 1)]
