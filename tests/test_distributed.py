@@ -1,5 +1,5 @@
-"""Hardening under DistributedDataParallel: two gloo ranks on this machine, through the switch and the
-anneal, with DDP's default find_unused_parameters=False (freezing once broke it at the switch)."""
+"""Hardening under DistributedDataParallel and FSDP: two gloo ranks on this machine, through the switch
+and the anneal, with DDP's default find_unused_parameters=False (freezing once broke it at the switch)."""
 import datetime
 import os
 import socket
@@ -130,34 +130,76 @@ def test_ddp_auto_switch_follows_rank_0(tmp_path):
         assert torch.equal(value, ranks[1]["state"][key]), key
 
 
-def _fsdp_run(rank, out):
+def _fsdp_run(rank, out, replicated):
+    """FSDP2 as its docs shard a model: layer by layer, then the root; λ kept out with replicate_lambdas."""
     from torch.distributed.fsdp import fully_shard
-    model = nn.Sequential(nn.Linear(8, 32), lg.LambdaGELU(num_channels=32), nn.Linear(32, 1))
-    fully_shard(model)
-    try:
-        lg.HardeningSchedule(model, total_steps=STEPS)
-        message = "no error"
-    except NotImplementedError as e:
-        message = str(e)
-    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
-        f.write(message)
+    model = _model()
+    if not replicated:  # the per-channel λ sharded like any other parameter: refused before training
+        fully_shard(model[3])
+        try:
+            lg.HardeningSchedule(model, total_steps=STEPS)
+            message = "no error"
+        except ValueError as e:
+            message = str(e)
+        try:
+            lg.replicate_lambdas(model)
+            late = "no error"
+        except ValueError as e:
+            late = str(e)
+        torch.save({"message": message, "late": late}, os.path.join(out, f"rank{rank}.pt"))
+        return
+    lambdas = lg.replicate_lambdas(model)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, ignored_params=lambdas)
+    fully_shard(model, ignored_params=lambdas)
+    sched = _train(model, model, rank, WORLD)
+    state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+    torch.save({"state": state, "lambdas": sched.current_lambdas(), "sharded": hasattr(model[0].weight, "full_tensor")},
+               os.path.join(out, f"rank{rank}.pt"))
 
 
-def _fsdp_rank(rank, port, out):
+def _fsdp_rank(rank, port, out, replicated):
     _init(rank, port)
     try:
-        _fsdp_run(rank, out)
+        _fsdp_run(rank, out, replicated)
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_fsdp_sharded_lambdas_are_refused_clearly(tmp_path):
-    """FSDP shards λ's raw parameter, and freezing would read a shard as λ: refused with one message,
-    on every rank, rather than annealing from wrong values."""
+def test_fsdp_with_replicated_lambdas_through_switch_and_anneal_matches_a_single_process(tmp_path):
+    """FSDP shards the weights; λ, left whole on every rank, gets the averaged gradient DDP would give
+    it: the same model on every rank, equal to one process on the whole batch."""
     pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP")
-    _spawn(_fsdp_rank, str(tmp_path))
+    _spawn(_fsdp_rank, str(tmp_path), True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert ranks[0]["sharded"]  # the weights really were sharded
+    for key, value in ranks[0]["state"].items():
+        assert torch.equal(value, ranks[1]["state"][key]), key
+    single = _model()
+    sched = _train(single, single)
+    for key, value in single.state_dict().items():
+        torch.testing.assert_close(ranks[0]["state"][key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert ranks[0]["lambdas"].keys() == sched.current_lambdas().keys() == {"1", "3"}
+    assert ranks[0]["state"]["1.lambda_frozen"] and not torch.equal(ranks[0]["state"]["1.lambda_start"],
+                                                                    torch.tensor(1.5))  # λ learned, then annealed
+
+
+@pytest.mark.slow
+def test_fsdp_sharded_lambdas_are_refused_clearly(tmp_path):
+    """Without replicate_lambdas FSDP shards a per-channel λ, and freezing would read a shard as λ:
+    refused with one message, on every rank, that says what to do; so is replicate_lambdas called
+    after fully_shard."""
+    pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP")
+    _spawn(_fsdp_rank, str(tmp_path), False)
     for r in range(WORLD):
-        message = (tmp_path / f"rank{r}.txt").read_text()
-        assert "sharded (FSDP's fully_shard)" in message and "DistributedDataParallel" in message, message
+        messages = torch.load(tmp_path / f"rank{r}.pt")
+        assert "sharded by FSDP" in messages["message"] and "replicate_lambdas" in messages["message"], messages
+        assert "'3' is sharded already: call replicate_lambdas before fully_shard" in messages["late"], messages
+
+
+def test_replicate_lambdas_needs_a_process_group_and_a_lambda_gelu():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        lg.replicate_lambdas(_model())

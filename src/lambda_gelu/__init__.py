@@ -7,7 +7,8 @@ The pieces, one per file: ``config`` (``LambdaGELUConfig``, the paper's settings
 ``module`` (``LambdaGELU``), ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``),
 ``convert`` (model surgery), ``registry`` (activations by name), ``reluize`` (a pretrained GELU
 network → exact ReLU: annealed distillation from its frozen original), ``regularize``
-(``SparsityRegularizer``: a progressive L1 penalty on the activations, for more exact zeros).
+(``SparsityRegularizer``: a progressive L1 penalty on the activations, for more exact zeros),
+``distributed`` (``replicate_lambdas``: λ kept whole on every rank under FSDP).
 Imported on demand: ``sparse`` (linear layers that read only their non-zero inputs; activation
 sparsity), ``deploy`` (ONNX export, int8 with ONNX Runtime; the ``[deploy]`` extra) and ``verify``
 (interval/CROWN bounds and exact MILP verification of ReLU networks; scipy only);
@@ -15,6 +16,7 @@ sparsity), ``deploy`` (ONNX export, int8 with ONNX Runtime; the ``[deploy]`` ext
 """
 from .config import DEFAULTS, LambdaGELUConfig
 from .convert import GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, replace_modules_, to_relu_
+from .distributed import replicate_lambdas
 from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target, set_backend
 from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
 from .optim import lambda_param_groups
@@ -29,7 +31,7 @@ __all__ = [
     "LambdaGELUConfig", "DEFAULTS",
     "lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "backend", "set_backend", "get_backend",
     "LambdaGELU", "lambda_to_raw", "raw_to_lambda",
-    "lambda_param_groups", "HardeningSchedule", "AutoSwitch",
+    "lambda_param_groups", "HardeningSchedule", "AutoSwitch", "replicate_lambdas",
     "convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
     "get_act_layer", "create_act",
     "reluize", "ReluizeResult",

@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from .config import DEFAULTS, LambdaGELUConfig
 from .convert import lambda_modules
+from .distributed import _is_sharded
 from .functional import lambda_target as _lambda_target
 
 __all__ = ["HardeningSchedule", "AutoSwitch"]
@@ -26,14 +27,6 @@ def canonical_name(name: str) -> str:
     while name.startswith(_WRAPPERS):
         name = name.split(".", 1)[1]
     return name.replace("._orig_mod.", ".")
-
-
-def _is_sharded(p: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch built without distributed support
-        return False
-    return isinstance(p, DTensor)
 
 
 @dataclass(frozen=True)
@@ -178,9 +171,9 @@ class HardeningSchedule:
                              "call lambda_gelu.convert_to_lambda_gelu_(model) first")
         sharded = [name for name, m in self.modules.items() if _is_sharded(m.s)]
         if sharded:  # freeze() would read a shard of s as if it were λ's raw value
-            raise NotImplementedError(
-                f"the λ parameters of {sharded[0]!r} are sharded (FSDP's fully_shard), which the hardening "
-                "schedule does not support yet; wrap the model with DistributedDataParallel instead")
+            raise ValueError(
+                f"the λ of {sharded[0]!r} is sharded by FSDP's fully_shard, but the schedule reads every λ whole: "
+                "keep λ out of FSDP with fully_shard(..., ignored_params=lambda_gelu.replicate_lambdas(model))")
         hardened_otherwise = [name for name, m in self.modules.items()
                               if (m.frozen and not freeze) or (bool(m.lambda_annealing) and freeze)]
         if hardened_otherwise:

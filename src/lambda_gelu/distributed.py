@@ -1,0 +1,71 @@
+"""λ under FSDP: every λ kept whole on every rank, its gradient averaged across the ranks.
+
+FSDP (``torch.distributed.fsdp.fully_shard``) shards every parameter along its first dimension. A
+per-layer λ is a 0-dim parameter, which ``fully_shard`` refuses, and a per-channel λ would be split
+across ranks, while the hardening schedule reads λ whole to freeze and anneal it. λ is a few numbers
+per layer, so nothing is gained by sharding it: leave it out of FSDP and average its gradient like
+DDP does::
+
+    model = convert_to_lambda_gelu_(model).to(device)   # on its device first: FSDP won't move λ
+    lambdas = lambda_gelu.replicate_lambdas(model)
+    for block in model.blocks:
+        fully_shard(block, ignored_params=lambdas)
+    fully_shard(model, ignored_params=lambdas)
+    opt = torch.optim.AdamW(lambda_param_groups(model, lr=3e-4))
+    schedule = HardeningSchedule(model, total_steps)      # as without FSDP
+
+Every rank then holds the same λ, its state (the schedule's buffers) and its optimizer state, as
+under DDP.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .convert import lambda_modules
+
+__all__ = ["replicate_lambdas"]
+
+
+def replicate_lambdas(model: nn.Module, group: dist.ProcessGroup | None = None) -> set[nn.Parameter]:
+    """The λ parameters of ``model``, to pass as ``fully_shard(..., ignored_params=...)``, each with a
+    hook that averages its gradient over ``group`` (default: the whole world) after every backward.
+
+    FSDP neither shards nor reduces the parameters it ignores; the hook does the reduction. It runs
+    on every rank in the same order (one λ after another, as autograd reaches them), so the
+    collectives match. Averaging an already averaged gradient changes nothing, so gradient
+    accumulation without sync and a second call are both harmless. Call it after the process group
+    is initialized and before ``fully_shard``.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("replicate_lambdas averages λ's gradients across ranks and needs a process group: "
+                           "call torch.distributed.init_process_group() first")
+    params = {name: m.s for name, m in lambda_modules(model)}
+    if not params:
+        raise ValueError("replicate_lambdas found no LambdaGELU in the model; "
+                         "call lambda_gelu.convert_to_lambda_gelu_(model) first")
+    sharded = [name for name, p in params.items() if _is_sharded(p)]
+    if sharded:
+        raise ValueError(f"the λ of {sharded[0]!r} is sharded already: call replicate_lambdas before fully_shard "
+                         "and pass its result as fully_shard(..., ignored_params=...)")
+    world = dist.get_world_size(group)
+
+    def average(p: nn.Parameter) -> None:
+        dist.all_reduce(p.grad, group=group)
+        p.grad.div_(world)
+
+    for p in params.values():
+        if not getattr(p, "_lambda_gelu_replicated", False):
+            p.register_post_accumulate_grad_hook(average)
+            p._lambda_gelu_replicated = True
+    return set(params.values())
+
+
+def _is_sharded(p: torch.Tensor) -> bool:
+    """A DTensor: a parameter FSDP manages (and shards)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed support
+        return False
+    return isinstance(p, DTensor)
