@@ -152,16 +152,24 @@ def test_per_channel_learns_the_channel_counts_from_an_example():
     assert model(torch.randn(3, 4)).shape == (3, 5)
 
 
-def test_timm_activations_are_recognised_and_lambda_gelu_is_a_timm_act_layer():
-    """timm's own GELU modules (ConvNeXt and others use them) and its act_layer convention (every
-    activation takes `inplace`). timm itself needs torchvision at import, which does not load beside
-    every torch build; then the classes are checked by their qualified names, as the library does."""
-    assert type(LambdaGELU(inplace=True)(torch.ones(1))) is torch.Tensor
+def _timm():
+    """timm, or None where it does not import: it needs torchvision, which does not load beside every
+    torch build (e.g. PyPI's torchvision beside a CPU-only torch)."""
     try:
         import timm
-        from timm.layers import GELU, GELUTanh
+        return timm
     except Exception:  # noqa: BLE001 - ImportError, or torchvision's RuntimeError on a mismatched build
-        timm = None
+        return None
+
+
+def test_timm_activations_are_recognised_and_lambda_gelu_is_a_timm_act_layer():
+    """timm's own GELU modules (ConvNeXt and others use them) and its act_layer convention (every
+    activation takes `inplace`). Where timm does not import, the classes are checked by their
+    qualified names, as the library recognises them."""
+    assert type(LambdaGELU(inplace=True)(torch.ones(1))) is torch.Tensor
+    if _timm() is not None:
+        from timm.layers import GELU, GELUTanh
+    else:
         GELU = type("GELU", (nn.Module,), {"__module__": "timm.layers.activations", "forward": lambda s, x: F.gelu(x)})
         GELUTanh = type("GELUTanh", (nn.Module,), {"__module__": "timm.layers.activations",
                                                    "forward": lambda s, x: F.gelu(x, approximate="tanh")})
@@ -169,8 +177,25 @@ def test_timm_activations_are_recognised_and_lambda_gelu_is_a_timm_act_layer():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # timm's F.gelu inside GELU.forward is not "functional gelu" to warn about
         assert convert_to_lambda_gelu_(model) == ["1", "3"]
-    if timm is not None:
-        for name in ("vit_tiny_patch16_224", "convnext_atto"):
-            m = timm.create_model(name, pretrained=False, num_classes=3)
-            assert convert_to_lambda_gelu_(m) and not any(is_gelu_like(x) for x in m.modules())
-            assert timm.create_model("vit_tiny_patch16_224", pretrained=False, act_layer=LambdaGELU) is not None
+
+
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "convnext_atto"])
+def test_real_timm_models_convert_exactly_build_with_lambda_gelu_and_become_relu(name):
+    """Real timm models built without weights: a ViT (nn.GELU) and a ConvNeXt (timm's GELU). Converted
+    at λ = 1 they compute what they computed; built with act_layer=LambdaGELU every block has one."""
+    timm = _timm()
+    if timm is None:
+        pytest.skip("timm does not import here (it needs a torchvision that loads beside this torch)")
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=3).eval()
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        before = model(x)
+        replaced = convert_to_lambda_gelu_(model, config=LambdaGELUConfig(init_lambda=1.0))
+        assert replaced and not any(is_gelu_like(m) for m in model.modules())
+        torch.testing.assert_close(model(x), before, rtol=1e-4, atol=1e-5)  # λ = 1 is GELU
+    assert len(to_relu_(model)) == len(replaced) and not any(isinstance(m, LambdaGELU) for m in model.modules())
+
+    built = timm.create_model(name, pretrained=False, num_classes=3, act_layer=LambdaGELU)
+    assert sum(isinstance(m, LambdaGELU) for m in built.modules()) == len(replaced)
+    assert built(x).shape == (2, 3)
