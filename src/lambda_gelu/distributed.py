@@ -34,9 +34,10 @@ def replicate_lambdas(model: nn.Module, group: dist.ProcessGroup | None = None) 
 
     FSDP neither shards nor reduces the parameters it ignores; the hook does the reduction. It runs
     on every rank in the same order (one λ after another, as autograd reaches them), so the
-    collectives match. Averaging an already averaged gradient changes nothing, so gradient
-    accumulation without sync and a second call are both harmless. Call it after the process group
-    is initialized and before ``fully_shard``.
+    collectives match. It averages on every backward, also where FSDP skips its own reduction
+    (``set_requires_gradient_sync(False)`` for gradient accumulation): the average of an average plus
+    the new gradients is still the exact average, at the cost of a few floats sent. A second call adds
+    no second hook. Call it after the process group is initialized and before ``fully_shard``.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("replicate_lambdas averages λ's gradients across ranks and needs a process group: "
