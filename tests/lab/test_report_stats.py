@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from lambda_gelu_lab.report.stats import MARGIN, findings, paired, tost_p
+from lambda_gelu_lab.report.stats import MARGIN, experiment_labels, findings, paired, tost_p
 
 
 def test_tost_by_hand():
@@ -125,3 +125,17 @@ def test_drift_section_correlates_what_lambda_learned_with_the_relu_networks_qua
     assert not any("x[switch_at=0.5]" in row for row in rows)  # 4 runs: too few for a row
     assert "| 15 |" in by[("all λ runs", "Δλ", "after ReLU")]
     assert (tmp_path / "drift_scatter_t.png").exists()
+
+
+def test_experiments_of_one_task_are_named_by_the_settings_they_differ_in():
+    """Two training lengths of one task are two experiments: each finding and heading names its own,
+    by the shared settings that differ (not the arm's own, nor the seed)."""
+    def runs(epochs, arm_setting):
+        lam = {"a.0": 1.6, "a.1": 3.0, "a.2": 9.0}
+        return [{**_run("lambda", s, 0.9, 0.5, lam_end={k: v + s for k, v in lam.items()}),
+                 "config": {"epochs": epochs, "lr": 0.002, "temperature": 0.1, "multiplier": arm_setting,
+                            "init_lambda": 1.5, "seed": s}} for s in range(3)]
+    experiments = {("toy", "a"): runs(2, 9.0), ("toy", "b"): runs(8, 3.0), ("other", "c"): runs(2, 9.0)}
+    assert experiment_labels(experiments) == {("toy", "a"): "toy (epochs=2)", ("toy", "b"): "toy (epochs=8)",
+                                              ("other", "c"): "other"}
+    assert sorted(f.task for f in findings(experiments)) == ["other", "toy (epochs=2)", "toy (epochs=8)"]

@@ -10,6 +10,7 @@ Statistics are data (:mod:`.stats`); the Markdown is in :mod:`.sections`, :mod:`
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from ..store import Store
 from .deployment import deployment_section
 from .predict import drift_section
 from .sections import experiment_section, findings_table
-from .stats import findings
+from .stats import experiment_labels, findings
 
 __all__ = ["build_report"]
 
@@ -56,9 +57,11 @@ def _write_report(store: Store, output, command) -> Path:
     experiments = defaultdict(list)
     for r in runs:
         experiments[(r["task"], r["base_hash"])].append(r)
+    labels = experiment_labels(experiments)
+    experiments = dict(sorted(experiments.items(), key=lambda kv: (kv[0][0], _natural(labels[kv[0]]))))
     body, summary = [], []
     for (task, base), rs in experiments.items():
-        body += experiment_section(task, base, rs, lambda_rows, img_dir, output.parent, summary)
+        body += experiment_section(task, base, rs, lambda_rows, img_dir, output.parent, summary, labels[task, base])
     lines += findings_table(findings(experiments))
     if summary:
         lines += ["## Summary: does annealing lose less than the direct swap?", "",
@@ -70,3 +73,9 @@ def _write_report(store: Store, output, command) -> Path:
     lines += drift_section(runs, store.deploy_rows(), img_dir, output.parent)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return output
+
+
+def _natural(label: str) -> list:
+    """Sorts ``epochs=8`` before ``epochs=10``: numbers compare as numbers."""
+    return [(0, float(t), "") if re.fullmatch(r"\d+(\.\d+)?", t) else (1, 0.0, t)
+            for t in re.split(r"(\d+(?:\.\d+)?)", label) if t]

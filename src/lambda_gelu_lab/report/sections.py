@@ -96,11 +96,14 @@ def findings_table(found: list[Finding]) -> list[str]:
             *[f"| {f.claim} | {f.task} | {f.measured} | {f.holds} |" for f in found], ""]
 
 
-def experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, summary: list[str]) -> list[str]:
+def experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, summary: list[str],
+                       label: str | None = None) -> list[str]:
+    """``label`` names the experiment in headings (default: the task; see ``stats.experiment_labels``)."""
+    label = label or task
     variants = by_variant(rs)
     order = sorted(variants, key=lambda v: (list(ARM_LABEL).index(variants[v][0]["arm"])
                                               if variants[v][0]["arm"] in ARM_LABEL else 99, v))
-    lines = [f"## {task}", "", f"Experiment `{base}`: {_settings(rs[0]['config'])}.", "",
+    lines = [f"## {label}", "", f"Experiment `{base}`: {_settings(rs[0]['config'])}.", "",
              "| arm | seeds | test acc | after ReLU | drop | val acc | test loss → after ReLU |",
              "|---|---|---|---|---|---|---|"]
     for v in order:
@@ -134,7 +137,7 @@ def experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, s
                 b_mean = np.mean([b_runs[s][b_key] for s in seeds])
                 drop_a = np.mean([a_runs[s]["test_acc"] - a_runs[s][a_key] for s in seeds])
                 drop_b = np.mean([b_runs[s]["test_acc"] - b_runs[s][b_key] for s in seeds])
-                summary.append(f"- **{task}** (`{base}`, {c.n} seeds): annealed→ReLU {100 * a_mean:.2f}% "
+                summary.append(f"- **{label}** (`{base}`, {c.n} seeds): annealed→ReLU {100 * a_mean:.2f}% "
                                f"(drop {100 * drop_a:.2f}) vs direct swap {100 * b_mean:.2f}% (drop {100 * drop_b:.2f}): "
                                f"{100 * c.mean:+.2f} points, 95% CI {_ci(c)}, p = {_fmt_p(c.p_t)} — "
                                f"annealed→ReLU minus direct swap: {reading(c)}.")

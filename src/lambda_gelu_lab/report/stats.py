@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 from scipy import stats
 
 from ..analysis import drift, pairwise_spearman
+from ..config import ARM_FIELDS, RunConfig
 
 MARGIN = 0.005     # equivalence margin: ±0.5 accuracy points
 ALPHA = 0.05
@@ -128,16 +129,33 @@ def _one_seed(c: Comparison) -> str | None:
     return "n/a (one seed)" if c.n < 2 else None
 
 
+def experiment_labels(experiments: dict[tuple[str, str], list[dict]]) -> dict[tuple[str, str], str]:
+    """A readable name for each experiment: its task, and where the task has several experiments, the
+    shared settings they differ in, e.g. ``fmnist-vit (epochs=8)``."""
+    shared = {f.name for f in fields(RunConfig)} - set(ARM_FIELDS) - {"seed", "arm", "task"}
+    settings = {key: {k: v for k, v in rs[0]["config"].items() if k in shared} for key, rs in experiments.items()}
+    labels = {}
+    for key in experiments:
+        others = [settings[k] for k in experiments if k[0] == key[0] and k != key]
+        differ = sorted({k for o in others for k in o.keys() | settings[key].keys()
+                         if o.get(k) != settings[key].get(k)})
+        labels[key] = key[0] + (f" ({', '.join(f'{k}={settings[key].get(k)}' for k in differ)})" if differ else "")
+    return labels
+
+
 def findings(experiments: dict[tuple[str, str], list[dict]]) -> list[Finding]:
-    """The paper's findings, one per task where the runs can test them, with the verdict they give."""
+    """The paper's findings, one per experiment where its runs can test them, with the verdict they
+    give; the task column names the experiment (:func:`experiment_labels`)."""
     out = []
-    for (task, _), rs in experiments.items():
+    labels = experiment_labels(experiments)
+    for key, rs in experiments.items():
+        task = key[0]
         variants = by_variant(rs)
         seeds = {v: by_seed(g) for v, g in variants.items()}
         if "lambda-harden" in seeds and "gelu" in seeds:
             c, _ = paired_by_seed(seeds["lambda-harden"], "sub_test_acc", seeds["gelu"], "sub_test_acc")
             holds = _one_seed(c) or {"higher": "yes", "lower": "no"}.get(c.difference, "not detected")
-            out.append(Finding("annealed→ReLU keeps more accuracy than a direct GELU→ReLU swap", task, _points(c), holds))
+            out.append(Finding("annealed→ReLU keeps more accuracy than a direct GELU→ReLU swap", labels[key], _points(c), holds))
             c, _ = paired_by_seed(seeds["lambda-harden"], "sub_test_acc", seeds["gelu"], "test_acc")
             if task == "stdlib-gpt":
                 holds = _one_seed(c) or ("yes" if c.difference == "lower" else
@@ -149,12 +167,12 @@ def findings(experiments: dict[tuple[str, str], list[dict]]) -> list[Finding]:
                                          if c.difference == "higher" else "no (a loss)" if c.difference == "lower"
                                          else "inconclusive")
                 claim = "the annealed ReLU network matches the GELU original"
-            out.append(Finding(claim, task, _points(c) + " vs GELU", holds))
+            out.append(Finding(claim, labels[key], _points(c) + " vs GELU", holds))
         if "lambda" in variants:
             profs = list(profiles(variants["lambda"], "lambda_end").values())
             r = pairwise_spearman(profs)
             if r["pairs"] and len(profs[0]) >= 3:  # over two layers ρ is ±1 whatever happens
-                out.append(Finding("layerwise hardness profiles are stable across seeds", task,
+                out.append(Finding("layerwise hardness profiles are stable across seeds", labels[key],
                                    f"mean Spearman ρ {r['mean']:.2f} (min {r['min']:.2f}) over {r['pairs']} pairs",
                                    "yes" if r["mean"] >= STABLE_RHO else "no"))
         init, cells = drift_cells(variants)
@@ -164,7 +182,7 @@ def findings(experiments: dict[tuple[str, str], list[dict]]) -> list[Finding]:
             rho_c = stats.spearmanr([c for _, c in keys], means)[0]
             rho_t = stats.spearmanr([t for t, _ in keys], means)[0]
             out.append(Finding("hardness drift Δλ grows with the effective step c·σ(s/t)²/t² (with c, and as t falls)",
-                               task, f"Spearman of cell-mean Δλ with c {rho_c:+.2f}, with t {rho_t:+.2f} ({len(keys)} cells)",
+                               labels[key], f"Spearman of cell-mean Δλ with c {rho_c:+.2f}, with t {rho_t:+.2f} ({len(keys)} cells)",
                                "yes" if rho_c > 0.5 and rho_t < -0.5 else "partly" if rho_c > 0.5 or rho_t < -0.5
                                else "no"))
     return sorted(out, key=lambda f: (f.claim, f.task))
