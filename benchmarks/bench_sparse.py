@@ -9,7 +9,9 @@
 2. The lab's stdlib-gpt, trained with the lambda-harden arm and substituted to exact ReLU, generating
    bytes greedily, bytes per second dense vs sparsified, and the fraction of zeros its FFNs see: with
    its whole 64-byte context re-read per byte (64 rows per FFN call, a wide union of active units), and
-   as a decoder with a key-value cache (a 16-byte prompt, then one row per call, 48 new bytes).
+   as a decoder with a key-value cache (a 16-byte prompt, then one row per call, 48 new bytes); and
+   the share of the dense generation's time spent in the layers sparsify_ replaces, which bounds what
+   any sparse kernel can gain there.
 3. For reference, the same FFN as a static int8 ONNX Runtime graph (QGemm, calibrated on the case's
    inputs, the same thread count), timed in the same interleaved rounds: the other road to speed a
    ReLU network opens. Skipped without the [deploy] extra.
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -76,6 +80,31 @@ def ffn_cases(reps: int, quick: bool, threads: int) -> list[dict]:
     return out
 
 
+def time_share(model: nn.Module, names: list[str], run, reps: int = 5) -> float:
+    """The fraction of ``run()``'s time spent inside the modules ``names`` of ``model`` (timed by forward
+    hooks; median of ``reps``): the most that making those modules free could save (Amdahl)."""
+    modules = dict(model.named_modules())
+    start, shares = {}, []
+    spent = [0.0]
+
+    def enter(mod, args):
+        start[mod] = time.perf_counter()
+
+    def leave(mod, args, out):
+        spent[0] += time.perf_counter() - start[mod]
+
+    handles = [h for n in names for h in (modules[n].register_forward_pre_hook(enter),
+                                           modules[n].register_forward_hook(leave))]
+    for _ in range(reps):
+        spent[0] = 0.0
+        t0 = time.perf_counter()
+        run()
+        shares.append(spent[0] / (time.perf_counter() - t0))
+    for h in handles:
+        h.remove()
+    return statistics.median(shares)
+
+
 CACHED_PROMPT = 16  # bytes of prompt before the cached decoder generates
 
 
@@ -126,16 +155,18 @@ def generation(reps: int, quick: bool) -> dict:
         cached_zeros = sum(zeros) / len(zeros)
         for h in hooks:
             h.remove()
+        share = time_share(model, replaced, lambda: generate(model))
+        share_cached = time_share(model, replaced, lambda: generate_cached(model))
         t = interleaved({"dense": lambda: generate(model), "sparse": lambda: generate(sparse),
                          "dense_cached": lambda: generate_cached(model), "sparse_cached": lambda: generate_cached(sparse)},
                         max(3, reps // 10))
     return {"layers": replaced, "zeros": re_read, "same_bytes": same, "new_bytes": new,
             "dense_bytes_per_s": new / t["dense"], "sparse_bytes_per_s": new / t["sparse"],
-            "speedup": t["dense"] / t["sparse"], "relu_test_acc": run.metrics["sub_test_acc"],
+            "speedup": t["dense"] / t["sparse"], "relu_test_acc": run.metrics["sub_test_acc"], "dense_share": share,
             "cached": {"zeros": cached_zeros, "same_bytes": same_cached, "new_bytes": cached_new,
                        "dense_bytes_per_s": cached_new / t["dense_cached"],
                        "sparse_bytes_per_s": cached_new / t["sparse_cached"],
-                       "speedup": t["dense_cached"] / t["sparse_cached"]}}
+                       "speedup": t["dense_cached"] / t["sparse_cached"], "dense_share": share_cached}}
 
 
 def main():
@@ -155,10 +186,12 @@ def main():
                  "int8 ORT × dense"])
     gen = generation(args.reps, args.quick)
     print(f"stdlib-gpt greedy generation: {gen['speedup']:.2f}× dense ({gen['sparse_bytes_per_s']:.0f} vs "
-          f"{gen['dense_bytes_per_s']:.0f} bytes/s), FFN input zeros {gen['zeros']:.3f}, same bytes: {gen['same_bytes']}")
+          f"{gen['dense_bytes_per_s']:.0f} bytes/s), FFN input zeros {gen['zeros']:.3f}, same bytes: {gen['same_bytes']}; "
+          f"the replaced layers take {gen['dense_share']:.1%} of the dense time")
     c = gen["cached"]
     print(f"  with a key-value cache (one row per call): {c['speedup']:.2f}× dense ({c['sparse_bytes_per_s']:.0f} vs "
-          f"{c['dense_bytes_per_s']:.0f} bytes/s), FFN input zeros {c['zeros']:.3f}, same bytes: {c['same_bytes']}")
+          f"{c['dense_bytes_per_s']:.0f} bytes/s), FFN input zeros {c['zeros']:.3f}, same bytes: {c['same_bytes']}; "
+          f"the replaced layers take {c['dense_share']:.1%} of the dense time")
     print(save("sparse", {"header": head, "reps": args.reps, "quick": args.quick, "ffn": ffn, "generation": gen}))
 
 

@@ -119,18 +119,27 @@ def main():
                   f"{gen['relu_test_acc']:.3f}) generating {gen['new_bytes']} bytes greedily: "
                   f"{gen['dense_bytes_per_s']:.0f} bytes/s dense, {gen['sparse_bytes_per_s']:.0f} sparsified "
                   f"({gen['speedup']:.2f}×), its FFN projections seeing {gen['zeros']:.0%} zeros; the same bytes: "
-                  f"{'yes' if gen['same_bytes'] else '**no**'}."]
+                  f"{'yes' if gen['same_bytes'] else '**no**'}.{_amdahl(gen)}"]
         c = gen.get("cached")
         if c:
             lines += ["", f"As a decoder with a key-value cache (a 16-byte prompt, then {c['new_bytes']} bytes, one row "
                       f"per FFN call): {c['dense_bytes_per_s']:.0f} bytes/s dense, {c['sparse_bytes_per_s']:.0f} "
                       f"sparsified ({c['speedup']:.2f}×), {c['zeros']:.0%} zeros; the same bytes: "
-                      f"{'yes' if c['same_bytes'] else '**no**'}."]
+                      f"{'yes' if c['same_bytes'] else '**no**'}.{_amdahl(c)}"]
         lines.append("")
     lines += goals()
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(OUT)
+
+
+def _amdahl(gen: dict) -> str:
+    """What the replaced layers' share of the dense generation time allows, if measured."""
+    if "dense_share" not in gen:
+        return ""
+    share = gen["dense_share"]
+    return (f" The layers `sparsify_` replaces take {share:.1%} of the dense generation's time: were they free, "
+            f"generation would be at most {1 / (1 - share):.2f}× faster.")
 
 
 def goals() -> list[str]:

@@ -163,9 +163,19 @@ int64_t lg_active_union_f32(const float *x, int64_t n, int64_t in, int64_t *acti
  * zero entries, Wt the transposed weight (in, out). Only the rows of Wt whose input is non-zero in some
  * row of x (the batch's union, `active`, listed by the caller) are read, each once for the whole batch:
  * the memory traffic is that fraction of a dense layer's. Threads split the active rows (whole rows:
- * long sequential reads, the next row prefetched) into partial sums that are added at the end. The
+ * long sequential reads, requested a few rows ahead) into partial sums that are added at the end. The
  * same sum as the dense layer up to float rounding (zeros contribute exactly nothing to a sum of finite
  * products; the order of the terms differs). `partial` has room for (nt − 1) · n · out floats. */
+/* Rows are scattered, so the hardware prefetcher, which follows one stream at a time and stops at
+ * page boundaries, starts cold on each; requesting them a few rows ahead, into L2, keeps enough
+ * reads in flight. In a cold-cache test (batch 1, the 3072 → 768 layer at 10% density, one core)
+ * this took 86 µs where one row ahead into L1 took 150. */
+#define PREFETCH_ROWS 4
+static inline void prefetch_row(const float *row, int64_t n) {
+    for (int64_t j = 0; j < n; j += 16)  /* one 64-byte line per 16 floats */
+        __builtin_prefetch(row + j, 0, 2);
+}
+
 void lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, float *y, float *partial,
                           const int64_t *active, int64_t n_active, int64_t n, int64_t in, int64_t out, int nt) {
     #pragma omp parallel num_threads(nt) if(nt > 1)
@@ -176,12 +186,13 @@ void lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, fl
             acc[k] = 0.0f;
         int64_t chunk = (n_active + threads - 1) / threads;
         int64_t a0 = t * chunk, a1 = a0 + chunk < n_active ? a0 + chunk : n_active;
+        for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++)
+            prefetch_row(wt + active[a] * out, out);
         for (int64_t a = a0; a < a1; a++) {
             int64_t i = active[a];
             const float *w = wt + i * out;
-            if (a + 1 < a1)
-                for (int64_t j = 0; j < out; j += 16)
-                    __builtin_prefetch(wt + active[a + 1] * out + j);
+            if (a + PREFETCH_ROWS < a1)
+                prefetch_row(wt + active[a + PREFETCH_ROWS] * out, out);
             for (int64_t r = 0; r < n; r++) {
                 float v = x[r * in + i];
                 if (v == 0.0f)
