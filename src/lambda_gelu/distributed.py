@@ -6,7 +6,8 @@ across ranks, while the hardening schedule reads λ whole to freeze and anneal i
 per layer, so nothing is gained by sharding it: leave it out of FSDP and average its gradient like
 DDP does::
 
-    model = convert_to_lambda_gelu_(model).to(device)   # on its device first: FSDP won't move λ
+    convert_to_lambda_gelu_(model)
+    model.to(device)                                      # before FSDP, which won't move λ
     lambdas = lambda_gelu.replicate_lambdas(model)
     for block in model.blocks:
         fully_shard(block, ignored_params=lambdas)
