@@ -165,6 +165,10 @@ def _fsdp_rank(rank, port, out, replicated):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Once in a full run of the suite a rank aborted in C++ teardown at interpreter exit ("terminate
+    # called without an active exception"), its results already written; what the test checks is in
+    # those files, so the rank leaves without the interpreter's teardown.
+    os._exit(0)
 
 
 @pytest.mark.slow
