@@ -97,9 +97,8 @@ def findings_table(found: list[Finding]) -> list[str]:
 
 
 def experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, summary: list[str],
-                       label: str | None = None) -> list[str]:
-    """``label`` names the experiment in headings (default: the task; see ``stats.experiment_labels``)."""
-    label = label or task
+                       label: str) -> list[str]:
+    """``label`` names the experiment in headings (``stats.experiment_labels``)."""
     variants = by_variant(rs)
     order = sorted(variants, key=lambda v: (list(ARM_LABEL).index(variants[v][0]["arm"])
                                               if variants[v][0]["arm"] in ARM_LABEL else 99, v))
