@@ -28,9 +28,18 @@ def assert_close_to_dense(y, x, weight_t, bias):
     assert (err <= bound + 1e-30).all(), (err - bound).max()
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request):
+    """The kernel's serial path and its parallel one (taken when the work exceeds a grain per thread)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("n", [1, 4, 16])
 @pytest.mark.parametrize("zeros", [0.5, 0.9, 0.99, 1.0])
-def test_sparse_linear_equals_dense_within_rounding(n, zeros):
+def test_sparse_linear_equals_dense_within_rounding(n, zeros, threads):
     torch.manual_seed(0)
     dense = nn.Linear(384, 96)
     x = _relu_input(n, 384, zeros)
@@ -98,9 +107,31 @@ def test_inference_only():
 def test_state_dict_is_the_dense_layers():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    sparsify_(model)
+    sparsify_(model, min_weights=0)
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_load_state_dict_reaches_the_sparse_path():
+    torch.manual_seed(0)
+    model, other = (nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 8)) for _ in range(2))
+    sparsify_(model, max_density=1.0, min_weights=0)
+    model.load_state_dict(other.state_dict())  # writes `weight`; the kernel reads the transposed copy
+    x = torch.randn(3, 8)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), other(x))
+
+
+def test_float32_layer_under_a_float64_default_dtype():
+    dense = nn.Linear(64, 16)
+    x = _relu_input(2, 64, 0.9)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # the kernel's buffers must not follow it
+    try:
+        with torch.inference_mode():
+            torch.testing.assert_close(SparseLinear.from_dense(dense, 1.0)(x), dense(x))
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def test_sparsify_sequential_only_after_relu():
@@ -109,7 +140,7 @@ def test_sparsify_sequential_only_after_relu():
     x = torch.randn(5, 8)
     with torch.inference_mode():
         ref = model(x)
-        assert sparsify_(model) == ["2", "5.1"]
+        assert sparsify_(model, min_weights=0) == ["2", "5.1"]
         assert isinstance(model[4], nn.Linear)  # fed by a GELU (negative outputs, no zeros): left alone
         torch.testing.assert_close(model(x), ref)
 
@@ -122,6 +153,24 @@ def test_sparsify_refuses_models_without_eligible_layers():
         weird[1].weight[0, 0] = float("inf")  # a skipped zero input would hide 0·inf = NaN
     with pytest.raises(ValueError, match="no linear layer"):
         sparsify_(weird)
+
+
+def test_sparsify_leaves_small_layers_dense():
+    """Below MIN_WEIGHTS the sparse path's fixed cost per call outweighs its saving: such layers stay
+    nn.Linear unless min_weights=0; a model with only small ones gets an error saying so."""
+    from lambda_gelu.sparse import MIN_WEIGHTS
+    small, large = 64, MIN_WEIGHTS // 64  # layer 2: 64 × 64 weights; 4: 64 × large = MIN_WEIGHTS; 6: large × 4
+    model = nn.Sequential(nn.Linear(8, small), nn.ReLU(), nn.Linear(small, small), nn.ReLU(), nn.Linear(small, large),
+                          nn.ReLU(), nn.Linear(large, 4))
+    assert sparsify_(model) == ["4"]
+    assert type(model[2]) is nn.Linear and isinstance(model[4], SparseLinear) and type(model[6]) is nn.Linear
+    assert sparsify_(model, min_weights=0) == ["2", "6"]  # the rest; "4" is no longer an nn.Linear
+    only_small = nn.Sequential(nn.Linear(8, small), nn.ReLU(), nn.Linear(small, 4))
+    with pytest.raises(ValueError, match=r"all are smaller than min_weights=\d+ weights \(largest: 256\).*min_weights=0"):
+        sparsify_(only_small)
+    for bad in (-1, 0.5, True):
+        with pytest.raises(ValueError, match="min_weights is a number of weights"):
+            sparsify_(only_small, min_weights=bad)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "bert", "mpnet"])
@@ -142,7 +191,7 @@ def test_sparsify_hugging_face_blocks(family):
     ids = torch.randint(0, 50, (2, 7))
     with torch.inference_mode():
         ref = model(input_ids=ids).last_hidden_state
-        assert sparsify_(model, max_density=1.0) == expected
+        assert sparsify_(model, max_density=1.0, min_weights=0) == expected
         torch.testing.assert_close(model(input_ids=ids).last_hidden_state, ref, rtol=1e-4, atol=1e-5)
 
 
@@ -159,5 +208,5 @@ def test_lab_models_after_relu_substitution():
     mlp, block = MLP(20, (64, 64), 5, nn.GELU), Block(16, 2, 4, nn.GELU)
     for model in (mlp, block):
         lg.to_relu_(model, include_gelu=True)  # the direct swap
-    assert sparsify_(mlp) == ["3", "5"]  # Flatten, Linear, ReLU, Linear, ReLU, Linear
-    assert sparsify_(block) == ["mlp.2"]
+    assert sparsify_(mlp, min_weights=0) == ["3", "5"]  # Flatten, Linear, ReLU, Linear, ReLU, Linear
+    assert sparsify_(block, min_weights=0) == ["mlp.2"]

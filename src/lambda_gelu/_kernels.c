@@ -176,32 +176,45 @@ static inline void prefetch_row(const float *row, int64_t n) {
         __builtin_prefetch(row + j, 0, 2);
 }
 
+/* acc (n, out) = the rows active[a0:a1] of Wt, weighted by their inputs in x, summed */
+static void sparse_rows_f32(const float *x, const float *wt, float *acc, const int64_t *active, int64_t a0,
+                            int64_t a1, int64_t n, int64_t in, int64_t out) {
+    for (int64_t k = 0; k < n * out; k++)
+        acc[k] = 0.0f;
+    for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++)
+        prefetch_row(wt + active[a] * out, out);
+    for (int64_t a = a0; a < a1; a++) {
+        int64_t i = active[a];
+        const float *w = wt + i * out;
+        if (a + PREFETCH_ROWS < a1)
+            prefetch_row(wt + active[a + PREFETCH_ROWS] * out, out);
+        for (int64_t r = 0; r < n; r++) {
+            float v = x[r * in + i];
+            if (v == 0.0f)
+                continue;
+            float *yr = acc + r * out;
+            for (int64_t j = 0; j < out; j++)
+                yr[j] = FMA(v, w[j], yr[j]);
+        }
+    }
+}
+
 void lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, float *y, float *partial,
                           const int64_t *active, int64_t n_active, int64_t n, int64_t in, int64_t out, int nt) {
-    #pragma omp parallel num_threads(nt) if(nt > 1)
+    if (nt <= 1) {  /* no parallel region: entering one, even for one thread, costs as much as a small layer */
+        sparse_rows_f32(x, wt, y, active, 0, n_active, n, in, out);
+        if (bias)
+            for (int64_t k = 0; k < n * out; k++)
+                y[k] += bias[k % out];
+        return;
+    }
+    #pragma omp parallel num_threads(nt)
     {
         int t = omp_get_thread_num(), threads = omp_get_num_threads();
-        float *acc = t == 0 ? y : partial + (int64_t)(t - 1) * n * out;
-        for (int64_t k = 0; k < n * out; k++)
-            acc[k] = 0.0f;
         int64_t chunk = (n_active + threads - 1) / threads;
-        int64_t a0 = t * chunk, a1 = a0 + chunk < n_active ? a0 + chunk : n_active;
-        for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++)
-            prefetch_row(wt + active[a] * out, out);
-        for (int64_t a = a0; a < a1; a++) {
-            int64_t i = active[a];
-            const float *w = wt + i * out;
-            if (a + PREFETCH_ROWS < a1)
-                prefetch_row(wt + active[a + PREFETCH_ROWS] * out, out);
-            for (int64_t r = 0; r < n; r++) {
-                float v = x[r * in + i];
-                if (v == 0.0f)
-                    continue;
-                float *yr = acc + r * out;
-                for (int64_t j = 0; j < out; j++)
-                    yr[j] = FMA(v, w[j], yr[j]);
-            }
-        }
+        int64_t a0 = t * chunk < n_active ? t * chunk : n_active;
+        int64_t a1 = a0 + chunk < n_active ? a0 + chunk : n_active;
+        sparse_rows_f32(x, wt, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, active, a0, a1, n, in, out);
         #pragma omp barrier
         int64_t per = (n * out + threads - 1) / threads;  /* then each thread adds up one slice */
         int64_t k0 = t * per, k1 = k0 + per < n * out ? k0 + per : n * out;

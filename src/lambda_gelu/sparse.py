@@ -25,10 +25,13 @@ from torch import Tensor
 from . import _native
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
-           "MAX_DENSITY"]
+           "MAX_DENSITY", "MIN_WEIGHTS"]
 
 MAX_DENSITY = 0.35  # fraction of active inputs above which the layer runs dense; conservative: the 3072-input
 # FFN of benchmarks/bench_sparse.py still gains at 0.6, small layers gain less (a fixed cost per call)
+MIN_WEIGHTS = 1 << 17  # layers with fewer weights stay dense: the sparse path's fixed cost per call (about
+# 10 µs of Python and ctypes) outweighs what it saves. benchmarks/bench_sparse.py's layer sizes at batch 1 and
+# 90% zeros: 384 × 96 runs 0.6× dense, 384 × 384 (147k weights) 1.0×, 512 × 512 1.5×
 
 
 def active_inputs(x: Tensor) -> Tensor:
@@ -52,7 +55,8 @@ class SparseLinear(nn.Module):
 
     Keeps the original ``weight`` (and ``bias``) as they were, so ``state_dict()`` is the dense layer's,
     plus the transposed weight as a non-persistent buffer (one more copy of the weight; for GPT-2's
-    ``Conv1D``, which stores it transposed already, none). Build it with :meth:`from_dense`.
+    ``Conv1D``, which stores it transposed already, none), made again by ``load_state_dict``; write new
+    weights through ``load_state_dict``, not in place. Build it with :meth:`from_dense`.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, weight_t: Tensor, max_density: float = MAX_DENSITY,
@@ -67,6 +71,12 @@ class SparseLinear(nn.Module):
         self.max_density = float(max_density)
         self.layout = layout  # how `weight` is stored: "linear" (out, in) or "conv1d" (in, out)
 
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        with torch.no_grad():  # loading writes into `weight`: the kernel's transposed copy must follow
+            w = self.weight.detach()
+            self.weight_t = (w.t() if self.layout == "linear" else w).contiguous()
+
     @classmethod
     def from_dense(cls, layer: nn.Module, max_density: float = MAX_DENSITY) -> "SparseLinear":
         """From an ``nn.Linear`` (weight (out, in)) or a Hugging Face ``Conv1D`` (weight (in, out))."""
@@ -80,25 +90,27 @@ class SparseLinear(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
             raise RuntimeError("SparseLinear is for inference and has no backward: run the model under "
                                "torch.inference_mode() or torch.no_grad() (or restore the dense layers to train)")
-        fast = x.dtype == self.weight_t.dtype == torch.float32 and x.device.type == self.weight_t.device.type == "cpu"
+        wt, bias = self.weight_t, self.bias  # each module attribute read costs a microsecond: read once
+        fast = x.dtype is wt.dtype is torch.float32 and x.is_cpu and wt.is_cpu
         kernels = _native.library() if fast else None
         if kernels is None:
             active = active_inputs(x)
             if active.numel() > self.max_density * self.in_features:
                 return self._dense(x)
-            return sparse_linear_reference(x, self.weight_t, self.bias, active)
+            return sparse_linear_reference(x, wt, bias, active)
         x2 = x.reshape(-1, self.in_features).contiguous()
+        rows = x2.shape[0]
         active = torch.empty(self.in_features, dtype=torch.int64)  # the union, listed by the kernel
-        n_active = kernels.active_union_f32(x2.data_ptr(), x2.shape[0], self.in_features, active.data_ptr())
+        n_active = kernels.active_union_f32(x2.data_ptr(), rows, self.in_features, active.data_ptr())
         if n_active > self.max_density * self.in_features:
             return self._dense(x)
-        y = torch.empty(x2.shape[0], self.out_features, dtype=x.dtype)
-        bias = self.bias if self.bias is None or self.bias.is_contiguous() else self.bias.contiguous()
-        work = n_active * self.out_features * max(1, x2.shape[0])
-        nt = max(1, min(torch.get_num_threads(), work // _native.GRAIN))
-        partial = torch.empty((nt - 1) * x2.shape[0] * self.out_features, dtype=x.dtype)
-        kernels.sparse_linear_f32(x2.data_ptr(), self.weight_t.data_ptr(), None if bias is None else bias.data_ptr(),
-                                  y.data_ptr(), partial.data_ptr(), active.data_ptr(), n_active, x2.shape[0],
+        y = torch.empty(rows, self.out_features, dtype=torch.float32)
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()
+        nt = max(1, min(torch.get_num_threads(), n_active * self.out_features * max(1, rows) // _native.GRAIN))
+        partial = torch.empty((nt - 1) * rows * self.out_features, dtype=torch.float32) if nt > 1 else None
+        kernels.sparse_linear_f32(x2.data_ptr(), wt.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
+                                  None if partial is None else partial.data_ptr(), active.data_ptr(), n_active, rows,
                                   self.in_features, self.out_features, nt)
         return y.reshape(*x.shape[:-1], self.out_features)
 
@@ -136,14 +148,17 @@ def _eligible(model: nn.Module):
             yield prefix + "output.dense", out, "dense"
 
 
-def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY) -> list[str]:
+def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: int = MIN_WEIGHTS) -> list[str]:
     """Replace, in place, every linear layer whose input comes straight from an ``nn.ReLU`` by a
     :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
     ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face GPT-2 blocks
     (``mlp.c_proj``, a ``Conv1D``) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
     is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``). Layers whose input is not
     guaranteed to come from a ReLU are left alone, as are layers with non-finite weights (a skipped
-    zero input would turn 0·inf = NaN into 0)."""
+    zero input would turn 0·inf = NaN into 0) and layers of fewer than ``min_weights`` weights, where
+    the sparse path costs more than it saves (:data:`MIN_WEIGHTS`; 0 replaces every eligible layer)."""
+    if isinstance(min_weights, bool) or not isinstance(min_weights, int) or min_weights < 0:
+        raise ValueError(f"min_weights is a number of weights ≥ 0, got {min_weights!r}")
     found = [(name, parent, attr) for name, parent, attr in _eligible(model)
              if torch.isfinite(getattr(parent, attr).weight).all()]
     if not found:
@@ -151,9 +166,15 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY) -> list[str]:
                          "right after nn.ReLU in an nn.Sequential, and for the second FFN projection of Hugging Face "
                          "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation (convert GELU first, e.g. "
                          "with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
-    for _, parent, attr in found:
+    large = [(name, parent, attr) for name, parent, attr in found if getattr(parent, attr).weight.numel() >= min_weights]
+    if not large:
+        sizes = sorted({getattr(parent, attr).weight.numel() for _, parent, attr in found})
+        raise ValueError(f"sparsify_ found {len(found)} linear layer(s) fed by an nn.ReLU, but all are smaller than "
+                         f"min_weights={min_weights} weights (largest: {sizes[-1]}), where the sparse path is slower "
+                         f"than the dense layer; pass min_weights=0 to replace them anyway")
+    for _, parent, attr in large:
         setattr(parent, attr, SparseLinear.from_dense(getattr(parent, attr), max_density))
-    return [name for name, _, _ in found]
+    return [name for name, _, _ in large]
 
 
 @torch.no_grad()
