@@ -5,14 +5,20 @@
 1. An FFN 768 → 3072 → ReLU → 768 (a BERT/GPT-2-base block's MLP) at 50/80/90/95% zeros in its hidden
    activations and batch 1/4/16: the whole FFN dense, and with its second projection sparsified. The
    zeros are set by the first layer's bias (per unit, independent across inputs — the worst case for
-   a batch's union of active units; trained networks share their active units more).
-2. The lab's stdlib-gpt, trained with the lambda-harden arm and substituted to exact ReLU, generating
-   bytes greedily, bytes per second dense vs sparsified, and the fraction of zeros its FFNs see: with
-   its whole 64-byte context re-read per byte (64 rows per FFN call, a wide union of active units), and
+   a batch's union of active units; trained networks share their active units more). And its first
+   projection and ReLU alone, timed in the same rounds: the dense FFN's time over theirs is what the
+   FFN would gain were the second projection free (Amdahl), the most any sparse kernel can give it.
+2. One layer alone at 90% zeros, dense vs forced sparse, from 384 → 96 to 3072 → 768 weights, batch
+   1/4/16: where the sparse path's fixed cost per call stops outweighing its saving, the measurement
+   behind lambda_gelu.sparse.MIN_WEIGHTS (smaller layers stay dense unless min_weights=0).
+3. The lab's stdlib-gpt, trained with the lambda-harden arm and substituted to exact ReLU, generating
+   bytes greedily, bytes per second dense vs sparsified (forced, min_weights=0: its 384 → 96 FFN
+   projections are under MIN_WEIGHTS, so by default sparsify_ leaves them dense), and the fraction of
+   zeros its FFNs see: with its whole 64-byte context re-read per byte (64 rows per FFN call, a wide union of active units), and
    as a decoder with a key-value cache (a 16-byte prompt, then one row per call, 48 new bytes); and
    the share of the dense generation's time spent in the layers sparsify_ replaces, which bounds what
    any sparse kernel can gain there.
-3. For reference, the same FFN as a static int8 ONNX Runtime graph (QGemm, calibrated on the case's
+4. For reference, the same FFN as a static int8 ONNX Runtime graph (QGemm, calibrated on the case's
    inputs, the same thread count), timed in the same interleaved rounds: the other road to speed a
    ReLU network opens. Skipped without the [deploy] extra.
 Writes benchmarks/results/sparse.json.
@@ -32,7 +38,7 @@ import torch.nn as nn
 
 import lambda_gelu as lg
 from _common import header, interleaved, print_table, save
-from lambda_gelu.sparse import active_inputs, sparsify_
+from lambda_gelu.sparse import MIN_WEIGHTS, SparseLinear, active_inputs, sparsify_
 
 
 def int8_runner(model: nn.Module, x: torch.Tensor, workdir: Path, threads: int):
@@ -72,11 +78,33 @@ def ffn_cases(reps: int, quick: bool, threads: int) -> list[dict]:
                 measured = (hidden == 0).double().mean().item()
                 union = active_inputs(hidden).numel() / h
                 t = interleaved({"dense": lambda: dense(x), "sparse": lambda: sparse(x),
-                                 **({"int8": int8} if int8 else {})}, reps)
+                                 "first": lambda: dense[1](dense[0](x)), **({"int8": int8} if int8 else {})}, reps)
             out.append({"zeros": zeros, "batch": batch, "measured_zeros": measured, "union_active": union,
                         "dense_ms": t["dense"] * 1e3, "sparse_ms": t["sparse"] * 1e3,
-                        "speedup": t["dense"] / t["sparse"],
+                        "speedup": t["dense"] / t["sparse"], "first_ms": t["first"] * 1e3,
+                        "bound": t["dense"] / t["first"],
                         **({"int8_ms": t["int8"] * 1e3, "int8_speedup": t["dense"] / t["int8"]} if int8 else {})})
+    return out
+
+
+LAYER_SIZES = [(384, 96), (384, 384), (512, 512), (768, 384), (1536, 384), (3072, 768)]  # (in, out)
+
+
+def layer_sizes(reps: int, quick: bool) -> list[dict]:
+    """One layer alone, dense against forced sparse, at 90% zeros (independent per input) and batch 1/4/16,
+    over layer sizes: where the sparse path's fixed cost per call stops outweighing its saving (the
+    library's MIN_WEIGHTS)."""
+    out = []
+    for n_in, n_out in LAYER_SIZES[:3] if quick else LAYER_SIZES:
+        for batch in (1, 4, 16):
+            torch.manual_seed(0)
+            dense = nn.Linear(n_in, n_out).eval()
+            sparse = SparseLinear.from_dense(dense, max_density=1.0)
+            x = torch.randn(batch, n_in).abs() * (torch.rand(batch, n_in) >= 0.9)
+            with torch.inference_mode():
+                t = interleaved({"dense": lambda: dense(x), "sparse": lambda: sparse(x)}, reps * 4)
+            out.append({"in": n_in, "out": n_out, "weights": n_in * n_out, "batch": batch,
+                        "dense_us": t["dense"] * 1e6, "sparse_us": t["sparse"] * 1e6, "speedup": t["dense"] / t["sparse"]})
     return out
 
 
@@ -121,8 +149,12 @@ def generation(reps: int, quick: bool) -> dict:
     model.load_state_dict(run.state_dict)
     relu_ize_(model)
     model.eval()
+    try:
+        default = sparsify_(copy.deepcopy(model))
+    except ValueError:  # every FFN projection is under MIN_WEIGHTS: the default leaves the model dense
+        default = []
     sparse = copy.deepcopy(model)
-    replaced = sparsify_(sparse)
+    replaced = sparsify_(sparse, min_weights=0)  # forced: what the sparse path would do at this size
     prompt = splits.x_test[:1]
     new = 16 if quick else 64
     zeros = []
@@ -160,7 +192,7 @@ def generation(reps: int, quick: bool) -> dict:
         t = interleaved({"dense": lambda: generate(model), "sparse": lambda: generate(sparse),
                          "dense_cached": lambda: generate_cached(model), "sparse_cached": lambda: generate_cached(sparse)},
                         max(3, reps // 10))
-    return {"layers": replaced, "zeros": re_read, "same_bytes": same, "new_bytes": new,
+    return {"layers": replaced, "default_layers": default, "zeros": re_read, "same_bytes": same, "new_bytes": new,
             "dense_bytes_per_s": new / t["dense"], "sparse_bytes_per_s": new / t["sparse"],
             "speedup": t["dense"] / t["sparse"], "relu_test_acc": run.metrics["sub_test_acc"], "dense_share": share,
             "cached": {"zeros": cached_zeros, "same_bytes": same_cached, "new_bytes": cached_new,
@@ -181,9 +213,16 @@ def main():
     print_table("FFN 768-3072-768: dense vs second projection sparsified (and int8 ONNX Runtime for reference)", head,
                 [[f"{r['zeros']:.0%}", r["batch"], f"{r['measured_zeros']:.3f}", f"{r['union_active']:.3f}",
                   f"{r['dense_ms']:.3f}", f"{r['sparse_ms']:.3f}", f"{r['speedup']:.2f}",
-                  f"{r['int8_speedup']:.2f}" if "int8_speedup" in r else "—"] for r in ffn],
+                  f"{r['bound']:.2f}", f"{r['int8_speedup']:.2f}" if "int8_speedup" in r else "—"]
+                 for r in ffn],
                 ["zeros", "batch", "measured zeros", "union active", "dense ms", "sparse ms", "× dense",
-                 "int8 ORT × dense"])
+                 "bound (second free)", "int8 ORT × dense"])
+    sizes = layer_sizes(args.reps, args.quick)
+    print_table("One layer at 90% zeros: dense vs forced sparse, by size (the library's MIN_WEIGHTS "
+                f"= {MIN_WEIGHTS} weights)", head,
+                [[f"{r['in']} → {r['out']}", r["weights"], r["batch"], f"{r['dense_us']:.1f}", f"{r['sparse_us']:.1f}",
+                  f"{r['speedup']:.2f}"] for r in sizes],
+                ["layer", "weights", "batch", "dense µs", "sparse µs", "× dense"])
     gen = generation(args.reps, args.quick)
     print(f"stdlib-gpt greedy generation: {gen['speedup']:.2f}× dense ({gen['sparse_bytes_per_s']:.0f} vs "
           f"{gen['dense_bytes_per_s']:.0f} bytes/s), FFN input zeros {gen['zeros']:.3f}, same bytes: {gen['same_bytes']}; "
@@ -192,7 +231,8 @@ def main():
     print(f"  with a key-value cache (one row per call): {c['speedup']:.2f}× dense ({c['sparse_bytes_per_s']:.0f} vs "
           f"{c['dense_bytes_per_s']:.0f} bytes/s), FFN input zeros {c['zeros']:.3f}, same bytes: {c['same_bytes']}; "
           f"the replaced layers take {c['dense_share']:.1%} of the dense time")
-    print(save("sparse", {"header": head, "reps": args.reps, "quick": args.quick, "ffn": ffn, "generation": gen}))
+    print(save("sparse", {"header": head, "reps": args.reps, "quick": args.quick, "ffn": ffn, "sizes": sizes,
+                          "min_weights": MIN_WEIGHTS, "generation": gen}))
 
 
 if __name__ == "__main__":

@@ -109,17 +109,29 @@ def main():
                   f"{h['threads']} threads, {h['machine']}.", "",
                   "For reference, the dense FFN as a static int8 ONNX Runtime graph (QGemm, same threads, timed in "
                   "the same rounds), where measured.", "",
-                  "| zeros | batch | union of active units | dense ms | sparse ms | × dense | int8 ORT ms | int8 × dense |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "*Bound*: the dense FFN's time over that of its first projection and ReLU alone, timed in the same "
+                  "rounds: what the FFN would gain were the second projection free (Amdahl).", "",
+                  "| zeros | batch | union of active units | dense ms | sparse ms | × dense | bound | int8 ORT ms | int8 × dense |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in d["ffn"]:
             int8 = f"{r['int8_ms']:.3f} | {r['int8_speedup']:.2f}" if "int8_ms" in r else "— | —"
+            bound = f"{r['bound']:.2f}" if "bound" in r else "—"
             lines.append(f"| {r['zeros']:.0%} | {r['batch']} | {r['union_active']:.2f} | {r['dense_ms']:.3f} | "
-                         f"{r['sparse_ms']:.3f} | {r['speedup']:.2f} | {int8} |")
+                         f"{r['sparse_ms']:.3f} | {r['speedup']:.2f} | {bound} | {int8} |")
+        if "sizes" in d:
+            lines += ["", f"One layer alone at 90% zeros, dense against forced sparse, by size: below "
+                      f"`MIN_WEIGHTS` = {d['min_weights']} weights `sparsify_` leaves a layer dense (`min_weights=0` "
+                      "overrides), as there the sparse path's fixed cost per call outweighs its saving.", "",
+                      "| layer | weights | batch | dense µs | sparse µs | × dense |", "|---|---|---|---|---|---|"]
+            lines += [f"| {r['in']} → {r['out']} | {r['weights']} | {r['batch']} | {r['dense_us']:.1f} | "
+                      f"{r['sparse_us']:.1f} | {r['speedup']:.2f} |" for r in d["sizes"]]
+        forced = (" Its FFN projections are under `MIN_WEIGHTS`, so by default `sparsify_` leaves them dense; "
+                  "the sparsified figures force them (`min_weights=0`)." if gen.get("default_layers") == [] else "")
         lines += ["", f"The lab's stdlib-gpt (lambda-harden, then exact ReLU; after-ReLU test accuracy "
                   f"{gen['relu_test_acc']:.3f}) generating {gen['new_bytes']} bytes greedily: "
                   f"{gen['dense_bytes_per_s']:.0f} bytes/s dense, {gen['sparse_bytes_per_s']:.0f} sparsified "
                   f"({gen['speedup']:.2f}×), its FFN projections seeing {gen['zeros']:.0%} zeros; the same bytes: "
-                  f"{'yes' if gen['same_bytes'] else '**no**'}.{_amdahl(gen)}"]
+                  f"{'yes' if gen['same_bytes'] else '**no**'}.{_amdahl(gen)}{forced}"]
         c = gen.get("cached")
         if c:
             lines += ["", f"As a decoder with a key-value cache (a 16-byte prompt, then {c['new_bytes']} bytes, one row "
