@@ -31,7 +31,7 @@ MAX_DENSITY = 0.35  # fraction of active inputs above which the layer runs dense
 # FFN of benchmarks/bench_sparse.py still gains at 0.6, small layers gain less (a fixed cost per call)
 MIN_WEIGHTS = 1 << 17  # layers with fewer weights stay dense: the sparse path's fixed cost per call (about
 # 10 µs of Python and ctypes) outweighs what it saves. benchmarks/bench_sparse.py's layer sizes at batch 1 and
-# 90% zeros: 384 × 96 runs 0.6× dense, 384 × 384 (147k weights) 1.0×, 512 × 512 1.5×
+# 90% zeros: 384 → 96 runs 0.65× dense, 384 → 384 (147k weights) 1.0–1.2×, 512 → 512 1.5–1.6×
 
 
 def active_inputs(x: Tensor) -> Tensor:
