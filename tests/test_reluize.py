@@ -64,6 +64,21 @@ def test_hf_models_start_as_the_original_and_end_as_exact_relu_that_loads_withou
     torch.testing.assert_close(theirs, ours, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("kind", ["bert", "mpnet", "gpt2"])
+def test_the_default_loss_sees_every_hidden_state_of_hugging_face_models(kind):
+    """transformers 5 takes output_hidden_states through **kwargs on BERT and GPT-2: the default loss
+    must still get the hidden states (its per-layer term), for the student and the teacher alike."""
+    torch.manual_seed(0)
+    model = _hf_models()[kind]().eval()
+    seen = []
+
+    def spy(student, teacher, batch):
+        seen.append((len(student.hidden_states or ()), len(teacher.hidden_states or ())))
+        return distillation_loss(student, teacher, batch)
+    reluize(model, _batches(2), steps=2, loss=spy)
+    assert seen == [(3, 3)] * 2  # the embeddings and 2 layers
+
+
 def test_the_anneal_is_linear_in_the_gates_distance_to_the_step():
     target = lg.lambda_target(0.005)
     assert _paced_lambda(0.0, target) == 1.0 and _paced_lambda(1.0, target) == pytest.approx(target)

@@ -468,12 +468,20 @@ def _relu_config(model: nn.Module) -> None:
 def _call(model: nn.Module, batch):
     if isinstance(batch, dict):
         kwargs = dict(batch)
-        if "output_hidden_states" in _forward_parameters(type(model)):
+        if _takes_hidden_states(model):
             kwargs.setdefault("output_hidden_states", True)
         return model(**kwargs)
     if isinstance(batch, (tuple, list)):
         return model(*batch)
     return model(batch)
+
+
+def _takes_hidden_states(model: nn.Module) -> bool:
+    """Whether ``model`` can be asked for its hidden states: its forward names ``output_hidden_states``,
+    or it is a Hugging Face model (its config has the field), whose forward may take it through
+    ``**kwargs`` (BERT, RoBERTa, GPT-2 in transformers 5)."""
+    return ("output_hidden_states" in _forward_parameters(type(model))
+            or hasattr(getattr(model, "config", None), "output_hidden_states"))
 
 
 @functools.lru_cache(maxsize=None)
