@@ -4,12 +4,12 @@ step, swap them at once, or reconstruct block by block.
     result = lambda_gelu.reluize(model, batches, steps=300)     # model is now an exact-ReLU network
 
 Which schedule. The default is ``"swap"``, the one recipe never far from the best measured: at equal
-steps the anneal has not beaten it anywhere — on the real all-MiniLM-L6-v2 (15 minutes, 3 seeds) the
-swap kept more on every seed (cosine 0.9882 against 0.9873, top-10 neighbours 0.902 against 0.896; the
-paired interval still contains 0), on the lab's trained networks the two are equivalent or the
-difference is not detected. ``"blockwise"`` was best on four of the five lab networks (not on
-mnist1d-mlp) and, on MiniLM with ``repair=0.5`` (one seed), matched the swap's 15-minute result in 11
-minutes — not beyond it: every recipe tried so far levels off near cosine 0.988 there. ``"anneal"``
+steps the anneal has not beaten it anywhere — on the real all-MiniLM-L6-v2 (15-minute budget, 3 seeds)
+the swap kept more on every seed (cosine 0.9899 against 0.9892, paired interval above 0; top-10
+neighbours 0.906 against 0.901, not distinguished), on the lab's trained networks the two are
+equivalent or the difference is not detected. ``"blockwise"`` was best on four of the five lab
+networks (not on mnist1d-mlp); on MiniLM (one seed, measured before the default loss had its
+hidden-state term there) it matched the swap, not more. ``"anneal"``
 is the one whose every step is a network between the original and the ReLU (step 0 is the original
 bit for bit); its early checkpoints are far closer to the original than the swap's (0.996 at
 λ ≈ 1.3), which it loses again crossing λ ≈ 2–4.
