@@ -117,7 +117,7 @@ class RunConfig:
     @property
     def base_hash(self) -> str:
         """The hash of what all arms of one experiment share (task, data, training budget)."""
-        return _hash({k: v for k, v in self.relevant().items() if k not in ("seed", "arm") + ARM_FIELDS})
+        return _hash({k: v for k, v in self.relevant().items() if k in EXPERIMENT_FIELDS})
 
     @property
     def variant(self) -> str:
@@ -126,6 +126,11 @@ class RunConfig:
         defaults = {f.name: f.default for f in fields(RunConfig)}
         own = [f"{k}={_label(getattr(self, k))}" for k in ARMS[self.arm] if getattr(self, k) != defaults[k]]
         return self.arm + (f"[{','.join(own)}]" if own else "")
+
+
+# The settings all arms and seeds of one experiment share: what base_hash hashes (relevant() filters
+# them further), and what the report names experiments by.
+EXPERIMENT_FIELDS = frozenset(f.name for f in fields(RunConfig)) - {"seed", "arm", *ARM_FIELDS}
 
 
 def _label(v) -> str:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
 from ..analysis import drift, pairwise_spearman
-from ..config import ARM_FIELDS, RunConfig
+from ..config import EXPERIMENT_FIELDS
 
 MARGIN = 0.005     # equivalence margin: ±0.5 accuracy points
 ALPHA = 0.05
@@ -132,7 +132,7 @@ def _one_seed(c: Comparison) -> str | None:
 def experiment_labels(experiments: dict[tuple[str, str], list[dict]]) -> dict[tuple[str, str], str]:
     """A readable name for each experiment: its task, and where the task has several experiments, the
     shared settings they differ in, e.g. ``fmnist-vit (epochs=8)``."""
-    shared = {f.name for f in fields(RunConfig)} - set(ARM_FIELDS) - {"seed", "arm", "task"}
+    shared = EXPERIMENT_FIELDS - {"task"}
     settings = {key: {k: v for k, v in rs[0]["config"].items() if k in shared} for key, rs in experiments.items()}
     labels = {}
     for key in experiments:
