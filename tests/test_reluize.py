@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import lambda_gelu as lg
 from lambda_gelu.reluize import (AnnealedGELU, _block_input, _block_output, _paced_lambda, distillation_loss,
-                                 reconstruction_blocks, reluize)
+                                 reconstruction_blocks, refit_after_swap_, refit_consumers, reluize)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -280,6 +280,65 @@ def test_blockwise_on_bert_style_layers_adapts_the_projection_after_the_activati
     assert error(model) < error(direct) / 2
 
 
+def test_refit_is_the_least_squares_solution_for_each_layer_after_an_activation_in_turn():
+    torch.manual_seed(1)
+    model, batches = _mlp().double(), [torch.randn(96, 12, dtype=torch.float64) for _ in range(3)]
+    original = copy.deepcopy(model)
+    assert refit_consumers(model, batches[0]) == {"2": "3", "4": "5"}
+    assert refit_after_swap_(model, batches, ridge=0.0) == ["2", "4"]
+    x = torch.cat(batches)
+    with torch.no_grad():  # the reference: each layer solved on its own, from what reaches it once the
+        # layers before are refit, by a QR least squares on the rows themselves (no normal equations)
+        for act, layer, upstream in [(2, 3, model[:2]), (4, 5, model[:4])]:
+            h = upstream(x)
+            design = torch.cat([torch.relu(h), torch.ones(len(h), 1, dtype=h.dtype)], 1)
+            target = original[layer](original[act](h))
+            solution = torch.linalg.lstsq(design, target).solution
+            torch.testing.assert_close(model[layer].weight, solution[:-1].T, rtol=1e-7, atol=1e-9)
+            torch.testing.assert_close(model[layer].bias, solution[-1], rtol=1e-7, atol=1e-9)
+    assert isinstance(model[2], nn.ReLU) and isinstance(model[4], nn.ReLU)
+
+
+@pytest.mark.parametrize("kind", ["bert", "mpnet", "gpt2"])
+def test_swap_with_refit_starts_closer_to_the_original_and_trains_on_the_same_batches(kind):
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = _hf_models()[kind]().eval()
+    teacher, direct = copy.deepcopy(model), copy.deepcopy(model)
+    lg.to_relu_(direct, include_gelu=True)
+    batches, seen = _batches(8), []
+    layer = "transformer.h.{}.mlp.c_proj" if kind == "gpt2" else "encoder.layer.{}.output.dense"
+    assert list(refit_consumers(model, batches[0]).values()) == [layer.format(0), layer.format(1)]
+
+    def loss(student, target, batch):
+        seen.append(batch["input_ids"])
+        return distillation_loss(student, target, batch)
+    result = reluize(model, batches, steps=3, schedule="swap", refit=6, lr=0.0, loss=loss)
+    assert result.refit == [layer.format(0), layer.format(1)]
+    assert [e["step"] for e in result.log] == [0, 1, 2, 3] and result.log[0]["seconds"] <= result.log[1]["seconds"]
+    assert all(torch.equal(a, b["input_ids"]) for a, b in zip(seen, batches))  # the steps start at batch 0
+
+    def error(m):  # on a batch not among the refit's: closer than the direct swap
+        with torch.no_grad():
+            b = _batches(1, seed=1)[0]
+            out = "logits" if kind == "gpt2" else "last_hidden_state"
+            s, t = getattr(m(**b), out), getattr(teacher(**b), out)
+            return ((s - t).pow(2).sum() / t.pow(2).sum()).item()
+    assert error(model) < error(direct) / 2
+    assert not any(lg.is_gelu_like(m) for m in model.modules())
+
+
+def test_refit_finds_the_layer_after_the_activation_in_the_lab_vit_and_nothing_in_a_convnet():
+    from lambda_gelu_lab.models import ResNet, ViT
+    vit = ViT(8, 4, 1, 5, nn.GELU, dim=16, depth=2, heads=2).eval()
+    assert refit_consumers(vit, torch.randn(2, 1, 8, 8)) == {f"blocks.{i}.mlp.{a}": f"blocks.{i}.mlp.{b}"
+                                                            for i in (0, 1) for a, b in [("1", "2")]}
+    resnet = ResNet(1, 5, nn.GELU, widths=(4, 8, 8)).eval()
+    with pytest.raises(ValueError, match="refit found no linear layer reading a GELU's output directly"):
+        reluize(resnet, torch.randn(2, 1, 8, 8), steps=1, refit=1)
+    assert any(lg.is_gelu_like(m) for m in resnet.modules())  # untouched
+
+
 def test_bad_input_is_refused_before_the_model_changes():
     x = torch.randn(8, 4)
     relu_net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
@@ -296,7 +355,10 @@ def test_bad_input_is_refused_before_the_model_changes():
                             ({"steps": 3, "epsilon": 2.0}, "epsilon must be in"),
                             ({"steps": 3, "sparsity": -0.1}, "sparsity is the activation penalty's final factor"),
                             ({"steps": 3, "schedule": "blockwise", "repair": 1.0}, r"repair is the fraction .* in \[0, 1\)"),
-                            ({"steps": 3, "repair": 0.5}, "repair: used by schedule='blockwise' only")]:
+                            ({"steps": 3, "repair": 0.5}, "repair: used by schedule='blockwise' only"),
+                            ({"steps": 3, "refit": -1}, "refit is a number of batches ≥ 0"),
+                            ({"steps": 3, "refit": 2, "schedule": "anneal"}, "refit: used by schedule='swap' only"),
+                            ({"steps": 3, "refit": 2, "ridge": -1.0}, "ridge is a finite factor ≥ 0")]:
         with pytest.raises(ValueError, match=message):
             reluize(gelu_net, x, **kwargs)
     with pytest.raises(ValueError, match="reluize got no batches"):

@@ -50,6 +50,11 @@ def is_gelu_like(module: nn.Module) -> bool:
     return cls.__name__ in _GELU_NAMES.get(cls.__module__.split(".")[0], ())
 
 
+def _is_conv1d(m: nn.Module) -> bool:
+    """Hugging Face's ``Conv1D`` (GPT-2): a linear layer whose weight is stored (in, out)."""
+    return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.") and m.weight.dim() == 2
+
+
 def lambda_modules(model: nn.Module) -> Iterator[tuple[str, LambdaGELU]]:
     """``(qualified name, module)`` for every ``LambdaGELU`` in ``model``, each instance once."""
     for name, m in model.named_modules():

@@ -47,6 +47,15 @@ equally by the blocks; a step runs the networks only up to the block, so it cost
 anneal or swap step. ``repair`` spends a fraction of the steps after the blocks on the whole network,
 end to end, with the swap's loss.
 
+Refit. ``refit=N`` (with ``"swap"``) starts the steps from a better network at the cost of some
+forward passes: right after the swap, the linear layer that reads each activation (BERT's
+``output.dense``, GPT-2's ``c_proj``, the second layer of an MLP) is solved in closed form, layer by layer
+in forward order, to give from the ReLU's output what it gave from the GELU's on the first ``N`` batches
+(:func:`refit_after_swap_`; a ridge least squares). On all-MiniLM-L6-v2 it takes the swap from cosine
+0.56 to 0.986 (top-10 neighbours 0.56 → 0.90) in one minute of 1024 sentences (2048: 0.987 in two,
+4096: 0.988 in four), about as far as 15 minutes of distillation bring the plain swap; the distillation
+then goes on from there.
+
 Batches are tensors (one positional argument), tuples (positional arguments) or dicts (keyword
 arguments, as a Hugging Face tokenizer returns them); they are cycled if there are fewer than
 ``steps``. The model is converted in place; when it carries a Hugging Face ``config``, its activation
@@ -59,6 +68,7 @@ stages), then held during the repair: more exact zeros in the ReLU network, for 
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import functools
@@ -74,14 +84,16 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .config import DEFAULTS
-from .convert import GELU_LIKE, is_gelu_like, replace_modules_
+from .convert import GELU_LIKE, _is_conv1d, is_gelu_like, replace_modules_
 from .functional import lambda_target as _lambda_target
 from .regularize import SparsityRegularizer
 
 __all__ = ["reluize", "distillation_loss", "mean_pool", "reconstruction_blocks", "ReconstructionBlock", "AnnealedGELU",
-           "ReluizeResult", "SCHEDULES"]
+           "ReluizeResult", "SCHEDULES", "refit_after_swap_", "refit_consumers"]
 
 SCHEDULES = ("anneal", "swap", "blockwise")
+RIDGE = 1e-3  # the refit's ridge factor; all-MiniLM-L6-v2 (2048 sentences) keeps cosine 0.987 at 1e-4 and 1e-3,
+# 0.985 at 1e-2
 _ACT_FIELDS = ("hidden_act", "activation_function", "hidden_activation")  # Hugging Face config names
 
 
@@ -104,10 +116,12 @@ class AnnealedGELU(nn.Module):
 
 @dataclass
 class ReluizeResult:
-    """What :func:`reluize` did: the modules it replaced, one log entry per step, the time it took."""
+    """What :func:`reluize` did: the modules it replaced, the layers it refit, one log entry per step
+    (with ``refit``, a first one for step 0: the refit, no loss), the time it took."""
     replaced: list[str]
     log: list[dict] = field(default_factory=list)  # {"step", "lam", "loss", "seconds"[, "penalty"]}
     seconds: float = 0.0
+    refit: list[str] = field(default_factory=list)
 
     @property
     def final_loss(self) -> float:
@@ -117,8 +131,9 @@ class ReluizeResult:
 def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Module | None = None,
             loss: Callable | None = None, schedule: str = "swap", anneal: float = 0.5,
             repair: float = 0.0, epsilon: float | None = None, lr: float = 5e-5, weight_decay: float = 0.0,
-            optimizer: torch.optim.Optimizer | None = None, sparsity: float = 0.0, progress: bool = False,
-            callback: Callable[[dict], None] | None = None) -> ReluizeResult:
+            optimizer: torch.optim.Optimizer | None = None, sparsity: float = 0.0, refit: int = 0,
+            ridge: float = RIDGE, progress: bool = False, callback: Callable[[dict], None] | None = None
+            ) -> ReluizeResult:
     """Turn ``model``'s GELU-like activations into exact ``nn.ReLU``, in place, training it for
     ``steps`` optimizer steps to keep its function.
 
@@ -143,6 +158,11 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         optimizer: your own, built over ``model``'s parameters (``lr``/``weight_decay`` then unused).
         sparsity: the final factor of an L1 penalty on the converted activations (0: none); it rises
             over the first ``anneal`` fraction of the steps (see :class:`lambda_gelu.SparsityRegularizer`).
+        refit: with ``"swap"``, the number of batches (the first of ``batches``; the steps use them
+            again) over which, right after the swap and before any step, the linear layer that reads
+            each activation is solved by least squares to give what it gave the GELU's output
+            (see :func:`refit_after_swap_`); 0: none.
+        ridge: the refit's ridge factor, relative to the mean diagonal of its Gram matrix.
         progress: a progress bar (needs ``tqdm``).
         callback: called after every step with its log entry.
 
@@ -175,6 +195,14 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     if not isinstance(repair, (int, float)) or isinstance(repair, bool) or not 0.0 <= repair < 1.0:
         raise ValueError("repair is the fraction of steps spent end to end after the blocks, in [0, 1); "
                          f"got {repair!r}")
+    if isinstance(refit, bool) or not isinstance(refit, int) or refit < 0:
+        raise ValueError(f"refit is a number of batches ≥ 0, got {refit!r}")
+    if refit and schedule != "swap":
+        raise ValueError(f"refit: used by schedule='swap' only (it refits the layers after an exact ReLU before "
+                         f"the first step; schedule={schedule!r} has none yet); leave it out")
+    if not isinstance(ridge, (int, float)) or isinstance(ridge, bool) or not 0.0 <= ridge < float("inf"):
+        raise ValueError(f"ridge is a finite factor ≥ 0, got {ridge!r}")
+    consumers = refit_consumers(model, first) if refit else {}
     if repair and schedule != "blockwise":
         raise ValueError(f"repair: used by schedule='blockwise' only (schedule={schedule!r} repairs after its "
                          "swap or anneal anyway); leave it out")
@@ -197,14 +225,25 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
                      optimizer or _adamw(model, lr, weight_decay), result, progress, callback)
         _relu_config(model)
         return result
-    if schedule == "swap":
+    if schedule == "swap" and refit:
+        calibration = [next(stream) for _ in range(refit)]
+        stream = itertools.chain(calibration, stream)
+        t0 = time.perf_counter()
+        replaced = refit_after_swap_(model, calibration, ridge=ridge, consumers=consumers)
+        result = ReluizeResult(replaced, refit=list(consumers.values()))
+        result.seconds = time.perf_counter() - t0
+        result.log.append({"step": 0, "lam": float("inf"), "loss": float("nan"), "seconds": result.seconds})
+        if callback is not None:
+            callback(result.log[-1])
+    elif schedule == "swap":
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
     else:
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), AnnealedGELU, "GELU")
     converted = set(replaced)  # the same names hold the annealed GELUs, then their ReLUs
     regularizer = SparsityRegularizer(model, steps, sparsity, end=anneal, stages=3,
                                       filter_fn=lambda m, fqn: fqn in converted) if sparsity else None
-    result = ReluizeResult(replaced)
+    if not refit:
+        result = ReluizeResult(replaced)
     _distill(model, teacher, stream, range(steps), loss or distillation_loss,
              optimizer or _adamw(model, lr, weight_decay), result, progress, callback,
              anneal_steps=max(1, round(anneal * steps)), lam_target=lam_target, regularizer=regularizer)
@@ -445,6 +484,99 @@ def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress,
     result.replaced += replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")  # never called
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def refit_after_swap_(model: nn.Module, batches: Iterable, *, ridge: float = RIDGE,
+                      consumers: dict[str, str] | None = None) -> list[str]:
+    """Swap every GELU-like module of ``model`` for an exact ``nn.ReLU``, then solve the linear layer that
+    reads each one's output, in forward order, by least squares: on ``batches``, it is to give from the
+    ReLU's output what it gave from the GELU's. For the rows h that reach the activation (once the
+    layers before are refit; positions a batch's ``attention_mask`` masks out are left out), W' and b'
+    minimise Σ‖W'·relu(h) + b' − (W·gelu(h) + b)‖² + ridge·mean(diag)·‖W'‖². No gradient step: a closed-form
+    start for the distillation (on all-MiniLM-L6-v2, cosine to the original 0.56 → 0.986 from 1024
+    sentences). Returns the names replaced; the layers refit are :func:`refit_consumers`'."""
+    batches = [batches] if isinstance(batches, torch.Tensor) else list(batches)
+    if not batches:
+        raise ValueError("refit_after_swap_ got no batches")
+    consumers = refit_consumers(model, batches[0]) if consumers is None else consumers
+    originals = dict(model.named_modules())
+    replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
+    for act, layer in consumers.items():
+        _refit(model, act, originals[act], model.get_submodule(layer), batches, ridge)
+    return replaced
+
+
+def refit_consumers(model: nn.Module, batch) -> dict[str, str]:
+    """{GELU-like module: the linear layer that reads its output}, in forward order, found by running
+    ``batch``: the layer (``nn.Linear`` or Hugging Face ``Conv1D``) is called once, on exactly the tensor
+    the activation, called once, returned. Raises ``ValueError`` if there is none."""
+    outputs, inputs, calls = {}, {}, collections.Counter()
+
+    def returned(name):
+        def hook(mod, args, out):
+            calls[name] += 1
+            outputs[name] = out
+        return hook
+
+    def reads(name):
+        def hook(mod, args):
+            calls[name] += 1
+            inputs[name] = args[0] if args else None
+        return hook
+
+    handles = []
+    for name, m in model.named_modules():
+        if is_gelu_like(m):
+            handles.append(m.register_forward_hook(returned(name)))
+        elif isinstance(m, nn.Linear) or _is_conv1d(m):
+            handles.append(m.register_forward_pre_hook(reads(name)))
+    training = model.training
+    try:
+        with torch.no_grad():
+            _call(model.eval(), batch)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(training)
+    by_tensor = {id(out): name for name, out in outputs.items() if calls[name] == 1}  # the tensors are alive
+    found = {by_tensor[id(x)]: layer for layer, x in inputs.items() if id(x) in by_tensor and calls[layer] == 1}
+    if not found:
+        raise ValueError("refit found no linear layer reading a GELU's output directly (an nn.Linear or Hugging "
+                         "Face Conv1D called once on exactly the tensor a GELU module returned); leave refit out")
+    order = list(outputs)
+    return dict(sorted(found.items(), key=lambda kv: order.index(kv[0])))
+
+
+@torch.no_grad()
+def _refit(model: nn.Module, act: str, original: nn.Module, layer: nn.Module, batches: list, ridge: float) -> None:
+    relu, conv1d = model.get_submodule(act), _is_conv1d(layer)
+    gram = rhs = None
+    for batch in batches:
+        seen = {}
+
+        def grab(mod, args):
+            seen["h"] = args[0]
+            raise _Stop
+
+        _run_to_hook(model, batch, relu.register_forward_pre_hook(grab))
+        if "h" not in seen:
+            raise RuntimeError(f"refit: {act} was not reached by the forward")
+        h, mask = seen["h"], batch.get("attention_mask") if isinstance(batch, dict) else None
+        h = h[mask.bool()] if mask is not None and mask.shape == h.shape[:-1] else h.reshape(-1, h.shape[-1])
+        target = layer(original(h)).double()
+        a = torch.relu(h)
+        if layer.bias is not None:
+            a = torch.cat([a, a.new_ones(len(a), 1)], 1)
+        g, r = (a.T @ a).double(), a.T.double() @ target  # each batch's Gram in the layer's dtype, summed in float64
+        gram, rhs = (g, r) if gram is None else (gram + g, rhs + r)
+    n_in = h.shape[-1]
+    penalty = torch.zeros(len(gram), dtype=gram.dtype)
+    penalty[:n_in] = ridge * gram.diagonal()[:n_in].mean()  # the bias, if any, is not shrunk
+    solution = torch.linalg.lstsq(gram + torch.diag(penalty), rhs, driver="gelsd").solution  # rank-deficient too
+    weight = solution[:n_in] if conv1d else solution[:n_in].T  # Conv1D stores (in, out), nn.Linear (out, in)
+    layer.weight.copy_(weight.to(layer.weight.dtype))
+    if layer.bias is not None:
+        layer.bias.copy_(solution[n_in].to(layer.bias.dtype))
 
 
 def _paced_lambda(a: float, lam_target: float) -> float:

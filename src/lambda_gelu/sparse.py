@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _native
+from .convert import _is_conv1d
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
            "MAX_DENSITY", "MIN_WEIGHTS"]
@@ -122,10 +123,6 @@ class SparseLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"max_density={self.max_density:g}")
-
-
-def _is_conv1d(m: nn.Module) -> bool:
-    return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.") and m.weight.dim() == 2
 
 
 def _eligible(model: nn.Module):
