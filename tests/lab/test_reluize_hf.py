@@ -70,6 +70,9 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "blockwise", "--repair", "1"],
          r"--repair is a fraction of the steps, in \[0, 1\); got 1.0"),
         (["reluize", str(tiny_bert), "--out", out, "--repair", "0.5"], "--repair is for --schedule blockwise"),
+        (["reluize", str(tiny_bert), "--out", out, "--refit", "-1"], "--refit is a number of sentences ≥ 0, got -1"),
+        (["reluize", str(tiny_bert), "--out", out, "--schedule", "anneal", "--refit", "8"],
+         "--refit is for --schedule swap"),
     ]
 
 
@@ -118,11 +121,15 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     finished conversion is one line, exit 2."""
     dirs = []
     for seed in (0, 1):
-        for schedule in ("anneal", "swap"):
-            out = tmp_path / f"{schedule}-{seed}"
+        for schedule, refit in (("anneal", "0"), ("swap", "0"), ("swap", "16")):
+            out = tmp_path / f"{schedule}-{refit}-{seed}"
             assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8",
-                         "--schedule", schedule, "--seed", str(seed), "--quiet"]) == 0
+                         "--schedule", schedule, "--refit", refit, "--seed", str(seed), "--quiet"]) == 0
             dirs.append(str(out))
+    refit = json.loads((tmp_path / "swap-16-0" / "reluize_report.json").read_text())
+    assert refit["refit"] == ["encoder.layer.0.output.dense", "encoder.layer.1.output.dense"]
+    assert [c["step"] for c in refit["curve"]][:2] == [0, 1]  # the refit alone, measured before the first step
+    assert "after a least-squares refit of 2 layers over 16 sentences" in (tmp_path / "swap-16-0" / "reluize_report.md").read_text()
     blockwise = tmp_path / "blockwise-0"  # blockwise with end-to-end repair steps: a recipe of its own
     assert main(["reluize", str(tiny_bert), "--out", str(blockwise), "--steps", "4", "--batch-size", "8",
                  "--schedule", "blockwise", "--repair", "0.5", "--quiet"]) == 0
@@ -132,10 +139,12 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     text = output.read_text()
     assert "| blockwise + repair 0.5 | 1 | 4 |" in text
     reports = {(r["schedule"], r["seed"]): r for r in (json.loads((tmp_path / d / "reluize_report.json").read_text())
-                                                        for d in dirs)}
+                                                        for d in dirs) if not r["refit"]}
     diff = [reports["anneal", s]["reluized"]["cosine"] - reports["swap", s]["reluized"]["cosine"] for s in (0, 1)]
     assert f"- cosine: {sum(diff) / 2:+.4f}" in text
-    assert "| anneal | 2 | 4 |" in text and "| swap | 2 | 4 |" in text
+    assert "| anneal | 2 | 4 |" in text and "| swap | 2 | 4 |" in text and "| swap + refit 16 | 2 | 4 |" in text
+    assert "Anneal − swap, paired by seed at equal steps (2 pairs" in text
+    assert "Swap + refit 16 − swap, paired by seed at equal steps (2 pairs" in text
     met = sum(r["reluized"]["cosine"] >= 0.99 and r["reluized"]["top10_overlap"] >= 0.92
               for (schedule, _), r in reports.items() if schedule == "swap")
     assert f"- swap: **{'met' if met == 2 else 'not met'}** ({met} of 2 seeds)" in text

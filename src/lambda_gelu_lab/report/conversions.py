@@ -3,8 +3,8 @@
     lambda-gelu reluize-report runs/minilm/* --output docs/minilm.md
 
 Reads each directory's ``reluize_report.json``; per schedule the final metrics over seeds (mean ±
-sample std), the conversion goal judged seed by seed, the annealed schedule against the abrupt swap
-paired by seed where both ran the same steps (95% t-interval of the mean difference), the curve of
+sample std), the conversion goal judged seed by seed, each recipe against the plain abrupt swap
+paired by seed where both ran the same steps or the same time budget (95% t-interval of the mean difference), the curve of
 each metric against minutes (mean over seeds at each measured step), and a plot of it.
 """
 from __future__ import annotations
@@ -91,8 +91,10 @@ def _span(values) -> str:
 
 
 def _schedule(r: dict) -> str:
-    """The schedule as the report names it: blockwise with end-to-end repair steps is its own recipe."""
-    return r["schedule"] + (f" + repair {r['repair']:g}" if r.get("repair") else "")
+    """The schedule as the report names it: blockwise with end-to-end repair steps, or a swap after a
+    least-squares refit, is its own recipe."""
+    return (r["schedule"] + (f" + repair {r['repair']:g}" if r.get("repair") else "")
+            + (f" + refit {r['refit_sentences']}" if r.get("refit_sentences") else ""))
 
 
 def _goal(by_schedule, metrics) -> list[str]:
@@ -110,22 +112,31 @@ def _goal(by_schedule, metrics) -> list[str]:
 
 
 def _paired(by_schedule, metrics) -> list[str]:
-    if not {"anneal", "swap"} <= set(by_schedule):
+    """Each recipe against the plain swap, paired by seed where both ran the same steps or the same
+    time budget."""
+    if "swap" not in by_schedule:
         return []
-    swap = {(r.get("seed"), r["steps"]): r for r in by_schedule["swap"]}
-    pairs = [(a, swap[(a.get("seed"), a["steps"])]) for a in by_schedule["anneal"] if (a.get("seed"), a["steps"]) in swap]
-    if not pairs:
-        return []
-    lines = [f"Anneal − swap, paired by seed at equal steps ({len(pairs)} pairs; mean difference and 95% t-interval):", ""]
-    for key, label, fmt in metrics:
-        c = paired([a["reluized"][key] for a, _ in pairs], [s["reluized"][key] for _, s in pairs])
-        ci = "" if math.isnan(c.lo) else f" [{c.lo:+.4f}, {c.hi:+.4f}]"
-        better = {"higher": "anneal higher", "lower": "swap higher", "not detected": "no difference detected",
-                  "n/a": "one pair: no interval"}[c.difference]
-        if key == "perplexity_ratio" and c.difference in ("higher", "lower"):
-            better = {"higher": "anneal worse", "lower": "anneal better"}[c.difference]
-        lines.append(f"- {label}: {c.mean:+.4f}{ci} — {better}.")
-    return lines + [""]
+    swap = {r.get("seed"): r for r in by_schedule["swap"]}
+    lines = []
+    for name, rs in by_schedule.items():
+        pairs = [(r, swap[r.get("seed")]) for r in rs if name != "swap" and r.get("seed") in swap]
+        steps = all(a["steps"] == b["steps"] for a, b in pairs)
+        budget = {a.get("budget_minutes") for a, b in pairs} | {b.get("budget_minutes") for a, b in pairs}
+        if not pairs or not (steps or (len(budget) == 1 and None not in budget)):
+            continue
+        basis = "at equal steps" if steps else f"at an equal budget of {budget.pop():g} minutes"
+        lines += [f"{name[0].upper()}{name[1:]} − swap, paired by seed {basis} ({len(pairs)} pairs; mean difference "
+                  "and 95% t-interval):", ""]
+        for key, label, fmt in metrics:
+            c = paired([a["reluized"][key] for a, _ in pairs], [s["reluized"][key] for _, s in pairs])
+            ci = "" if math.isnan(c.lo) else f" [{c.lo:+.4f}, {c.hi:+.4f}]"
+            better = {"higher": f"{name} higher", "lower": "swap higher", "not detected": "no difference detected",
+                      "n/a": "one pair: no interval"}[c.difference]
+            if key == "perplexity_ratio" and c.difference in ("higher", "lower"):
+                better = {"higher": f"{name} worse", "lower": f"{name} better"}[c.difference]
+            lines.append(f"- {label}: {c.mean:+.4f}{ci} — {better}.")
+        lines.append("")
+    return lines
 
 
 def _points(rs, key):

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Regenerates docs/minilm_refit.md: the real all-MiniLM-L6-v2 converted to exact ReLU by `lambda-gelu reluize`
+# with its defaults (abrupt swap, least-squares refit of the layer after each activation over 1024 sentences,
+# then distillation; 15 minutes on this machine's cores) and without the refit (--refit 0) in the same budget,
+# 3 seeds, paired by seed. Resumable: a finished conversion is kept. Run it on an idle machine: the step count
+# is what fits the budget here. About 95 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/minilm-refit}
+SEEDS=${SEEDS:-"0 1 2"}
+convert() {  # DIR ARGS...: a conversion, unless DIR already holds a finished one
+    local dir=$1; shift
+    [ -f "$dir/reluize_report.json" ] || lambda-gelu reluize all-minilm-l6-v2 --out "$dir" --quiet "$@"
+}
+for seed in $SEEDS; do
+    convert "$OUT/refit-$seed" --minutes 15 --seed "$seed"
+    convert "$OUT/swap-$seed" --minutes 15 --refit 0 --seed "$seed"
+done
+lambda-gelu reluize-report "$OUT"/refit-* "$OUT"/swap-* --output docs/minilm_refit.md
