@@ -299,6 +299,20 @@ def test_refit_is_the_least_squares_solution_for_each_layer_after_an_activation_
     assert isinstance(model[2], nn.ReLU) and isinstance(model[4], nn.ReLU)
 
 
+def test_refit_of_a_bfloat16_network_solves_in_float32_at_least():
+    torch.manual_seed(1)
+    model, x = _mlp().to(torch.bfloat16), torch.randn(256, 12, dtype=torch.bfloat16)
+    original, direct = copy.deepcopy(model), copy.deepcopy(model)
+    lg.to_relu_(direct, include_gelu=True)
+    refit_after_swap_(model, [x])
+    assert model[3].weight.dtype == torch.bfloat16
+
+    def error(m):
+        with torch.no_grad():
+            return (m(x).float() - original(x).float()).pow(2).mean().item()
+    assert error(model) < error(direct) / 2
+
+
 @pytest.mark.parametrize("kind", ["bert", "mpnet", "gpt2"])
 def test_swap_with_refit_starts_closer_to_the_original_and_trains_on_the_same_batches(kind):
     pytest.importorskip("transformers")
