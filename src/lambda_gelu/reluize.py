@@ -227,25 +227,24 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
                      optimizer or _adamw(model, lr, weight_decay), result, progress, callback)
         _relu_config(model)
         return result
-    if schedule == "swap" and refit:
+    t0 = time.perf_counter()
+    if refit:
         calibration = [next(stream) for _ in range(refit)]
-        stream = itertools.chain(calibration, stream)
-        t0 = time.perf_counter()
+        stream = itertools.chain(calibration, stream)  # the steps start from the first batch again
         replaced = refit_after_swap_(model, calibration, ridge=ridge, consumers=consumers)
-        result = ReluizeResult(replaced, refit=list(consumers.values()))
-        result.seconds = time.perf_counter() - t0
-        result.log.append({"step": 0, "lam": float("inf"), "loss": float("nan"), "seconds": result.seconds})
-        if callback is not None:
-            callback(result.log[-1])
     elif schedule == "swap":
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
     else:
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), AnnealedGELU, "GELU")
+    result = ReluizeResult(replaced, refit=list(consumers.values()))
+    if refit:  # the refit's time is conversion time, logged as step 0
+        result.seconds = time.perf_counter() - t0
+        result.log.append({"step": 0, "lam": float("inf"), "loss": float("nan"), "seconds": result.seconds})
+        if callback is not None:
+            callback(result.log[-1])
     converted = set(replaced)  # the same names hold the annealed GELUs, then their ReLUs
     regularizer = SparsityRegularizer(model, steps, sparsity, end=anneal, stages=3,
                                       filter_fn=lambda m, fqn: fqn in converted) if sparsity else None
-    if not refit:
-        result = ReluizeResult(replaced)
     _distill(model, teacher, stream, range(steps), loss or distillation_loss,
              optimizer or _adamw(model, lr, weight_decay), result, progress, callback,
              anneal_steps=max(1, round(anneal * steps)), lam_target=lam_target, regularizer=regularizer)

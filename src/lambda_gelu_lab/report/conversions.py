@@ -119,7 +119,9 @@ def _paired(by_schedule, metrics) -> list[str]:
     swap = {r.get("seed"): r for r in by_schedule["swap"]}
     lines = []
     for name, rs in by_schedule.items():
-        pairs = [(r, swap[r.get("seed")]) for r in rs if name != "swap" and r.get("seed") in swap]
+        if name == "swap":
+            continue
+        pairs = [(r, swap[r.get("seed")]) for r in rs if r.get("seed") in swap]
         steps = all(a["steps"] == b["steps"] for a, b in pairs)
         budget = {a.get("budget_minutes") for a, b in pairs} | {b.get("budget_minutes") for a, b in pairs}
         if not pairs or not (steps or (len(budget) == 1 and None not in budget)):
