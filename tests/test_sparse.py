@@ -89,6 +89,12 @@ def test_leading_dimensions_no_bias_and_dense_fallback():
         assert torch.equal(SparseLinear.from_dense(dense, max_density=0.35)(busy), dense(busy))
 
 
+def test_wrong_input_width_is_one_clear_error():
+    layer = SparseLinear.from_dense(nn.Linear(64, 16), max_density=1.0)
+    with torch.inference_mode(), pytest.raises(ValueError, match=r"last dimension must be 64"):
+        layer(torch.rand(4, 32))  # 128 numbers: as many as two rows of 64, so only the check can tell
+
+
 def test_other_dtypes_use_the_reference():
     dense = nn.Linear(64, 16).double()
     x = _relu_input(3, 64, 0.8).double()

@@ -17,6 +17,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 
@@ -161,11 +162,11 @@ int64_t lg_active_union_f32(const float *x, int64_t n, int64_t in, int64_t *acti
 
 /* Sparse-input linear layer, float32 (lambda_gelu.sparse): y = x · Wt + b for x (n, in) with mostly
  * zero entries, Wt the transposed weight (in, out). Only the rows of Wt whose input is non-zero in some
- * row of x (the batch's union, `active`, listed by the caller) are read, each once for the whole batch:
- * the memory traffic is that fraction of a dense layer's. Threads split the active rows (whole rows:
- * long sequential reads, requested a few rows ahead) into partial sums that are added at the end. The
+ * row of x (the batch's union of active inputs) are read, each once for the whole batch: the memory
+ * traffic is that fraction of a dense layer's. Threads split the active rows (whole rows: long
+ * sequential reads, requested a few rows ahead) into partial sums that are added at the end. The
  * same sum as the dense layer up to float rounding (zeros contribute exactly nothing to a sum of finite
- * products; the order of the terms differs). `partial` has room for (nt − 1) · n · out floats. */
+ * products; the order of the terms differs). */
 /* Rows are scattered, so the hardware prefetcher, which follows one stream at a time and stops at
  * page boundaries, starts cold on each; requesting them a few rows ahead, into L2, keeps enough
  * reads in flight. In a cold-cache test (batch 1, the 3072 → 768 layer at 10% density, one core)
@@ -199,14 +200,34 @@ static void sparse_rows_f32(const float *x, const float *wt, float *acc, const i
     }
 }
 
-void lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, float *y, float *partial,
-                          const int64_t *active, int64_t n_active, int64_t n, int64_t in, int64_t out, int nt) {
+/* One call does it all, as each call from Python costs microseconds, a sizeable share of a small
+ * layer's time at batch 1: lists the active inputs, and if there are at most `max_active`, writes y and
+ * returns how many; if more, returns that count and leaves y alone (the caller runs the dense layer);
+ * −1 if its buffers could not be allocated. Threads: at most `max_threads`, one per `grain` multiply-adds. */
+int64_t lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, float *y, int64_t n, int64_t in,
+                             int64_t out, int64_t max_active, int max_threads, int64_t grain) {
+    int64_t *active = malloc((size_t)(in > 0 ? in : 1) * sizeof *active);
+    if (!active)
+        return -1;
+    int64_t n_active = lg_active_union_f32(x, n, in, active);
+    if (n_active > max_active) {
+        free(active);
+        return n_active;
+    }
+    int64_t work = n_active * out * (n > 1 ? n : 1) / grain;
+    int nt = work < max_threads ? (int)work : max_threads;
     if (nt <= 1) {  /* no parallel region: entering one, even for one thread, costs as much as a small layer */
         sparse_rows_f32(x, wt, y, active, 0, n_active, n, in, out);
         if (bias)
             for (int64_t k = 0; k < n * out; k++)
                 y[k] += bias[k % out];
-        return;
+        free(active);
+        return n_active;
+    }
+    float *partial = malloc((size_t)(nt - 1) * n * out * sizeof *partial);  /* the other threads' sums */
+    if (!partial) {
+        free(active);
+        return -1;
     }
     #pragma omp parallel num_threads(nt)
     {
@@ -225,4 +246,7 @@ void lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, fl
             y[k] = sum + (bias ? bias[k % out] : 0.0f);
         }
     }
+    free(partial);
+    free(active);
+    return n_active;
 }
