@@ -200,35 +200,20 @@ static void sparse_rows_f32(const float *x, const float *wt, float *acc, const i
     }
 }
 
-/* One call does it all, as each call from Python costs microseconds, a sizeable share of a small
- * layer's time at batch 1: lists the active inputs, and if there are at most `max_active`, writes y and
- * returns how many; if more, returns that count and leaves y alone (the caller runs the dense layer);
- * −1 if its buffers could not be allocated. Threads: at most `max_threads`, one per `grain` multiply-adds. */
-int64_t lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, float *y, int64_t n, int64_t in,
-                             int64_t out, int64_t max_active, int max_threads, int64_t grain) {
-    int64_t *active = malloc((size_t)(in > 0 ? in : 1) * sizeof *active);
-    if (!active)
-        return -1;
-    int64_t n_active = lg_active_union_f32(x, n, in, active);
-    if (n_active > max_active) {
-        free(active);
-        return n_active;
-    }
-    int64_t work = n_active * out * (n > 1 ? n : 1) / grain;
-    int nt = work < max_threads ? (int)work : max_threads;
+/* y from the active rows (x, active as lg_active_union_f32 lists them), on nt threads; −1 if the other
+ * threads' partial sums could not be allocated, else 0. */
+static int sparse_product_f32(const float *x, const float *wt, const float *bias, float *y, const int64_t *active,
+                              int64_t n_active, int64_t n, int64_t in, int64_t out, int nt) {
     if (nt <= 1) {  /* no parallel region: entering one, even for one thread, costs as much as a small layer */
         sparse_rows_f32(x, wt, y, active, 0, n_active, n, in, out);
         if (bias)
             for (int64_t k = 0; k < n * out; k++)
                 y[k] += bias[k % out];
-        free(active);
-        return n_active;
+        return 0;
     }
     float *partial = malloc((size_t)(nt - 1) * n * out * sizeof *partial);  /* the other threads' sums */
-    if (!partial) {
-        free(active);
+    if (!partial)
         return -1;
-    }
     #pragma omp parallel num_threads(nt)
     {
         int t = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -247,6 +232,25 @@ int64_t lg_sparse_linear_f32(const float *x, const float *wt, const float *bias,
         }
     }
     free(partial);
+    return 0;
+}
+
+/* One call does it all, as each call from Python costs microseconds, a sizeable share of a small
+ * layer's time at batch 1: lists the active inputs, and if there are at most `max_active`, writes y and
+ * returns how many; if more, returns that count and leaves y alone (the caller runs the dense layer);
+ * −1 if its buffers could not be allocated. Threads: at most `max_threads`, one per `grain` multiply-adds. */
+int64_t lg_sparse_linear_f32(const float *x, const float *wt, const float *bias, float *y, int64_t n, int64_t in,
+                             int64_t out, int64_t max_active, int max_threads, int64_t grain) {
+    int64_t *active = malloc((size_t)(in > 0 ? in : 1) * sizeof *active);
+    if (!active)
+        return -1;
+    int64_t n_active = lg_active_union_f32(x, n, in, active);
+    if (n_active <= max_active) {
+        int64_t work = n_active * out * (n > 1 ? n : 1) / grain;
+        int nt = work < max_threads ? (int)work : max_threads;
+        if (sparse_product_f32(x, wt, bias, y, active, n_active, n, in, out, nt) != 0)
+            n_active = -1;
+    }
     free(active);
     return n_active;
 }
