@@ -204,7 +204,6 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
                          f"the first step; schedule={schedule!r} has none yet); leave it out")
     if not isinstance(ridge, (int, float)) or isinstance(ridge, bool) or not 0.0 <= ridge < float("inf"):
         raise ValueError(f"ridge is a finite factor ≥ 0, got {ridge!r}")
-    consumers = refit_consumers(model, first) if refit else {}
     if repair and schedule != "blockwise":
         raise ValueError(f"repair: used by schedule='blockwise' only (schedule={schedule!r} repairs after its "
                          "swap or anneal anyway); leave it out")
@@ -216,6 +215,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
                              "output (relative squared error) with an AdamW of its own per block"
                              f"{'' if 'sparsity' in given else ' (give repair > 0 for end-to-end steps that use it)'}; "
                              "leave them out")
+    consumers = refit_consumers(model, first) if refit else {}  # a probe forward: after every check
     if teacher is None:
         teacher = copy.deepcopy(model)
     teacher.eval().requires_grad_(False)
