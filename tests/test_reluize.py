@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 import lambda_gelu as lg
 from lambda_gelu.reluize import (AnnealedGELU, _block_input, _block_output, _paced_lambda, distillation_loss,
-                                 reconstruction_blocks, refit_after_swap_, refit_consumers, reluize)
+                                 reconstruction_blocks, recalibrate_batchnorm_, refit_after_swap_, refit_consumers,
+                                 reluize)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -353,6 +354,56 @@ def test_refit_finds_the_layer_after_the_activation_in_the_lab_vit_and_nothing_i
     assert any(lg.is_gelu_like(m) for m in resnet.modules())  # untouched
 
 
+def _bn_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.GELU(), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4),
+                         nn.GELU(), nn.Dropout(0.5), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+
+
+def test_batchnorm_recalibration_is_the_plain_average_of_the_batch_statistics():
+    model, batches = _bn_net().train(), [torch.randn(5, 1, 8, 8) * (i + 1) for i in range(3)]
+    bn = model[4]
+    momentum, params = bn.momentum, [p.clone() for p in model.parameters()]
+    seen = []
+    handle = bn.register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone()))
+    assert recalibrate_batchnorm_(model, batches) == ["1", "4"]
+    handle.remove()
+    # reference: each batch's per-channel mean and unbiased variance, averaged with equal weights
+    assert len(seen) == 3
+    mean = torch.stack([h.mean((0, 2, 3)) for h in seen]).mean(0)
+    var = torch.stack([h.var((0, 2, 3), unbiased=True) for h in seen]).mean(0)
+    torch.testing.assert_close(bn.running_mean, mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(bn.running_var, var, rtol=1e-5, atol=1e-6)
+    assert bn.num_batches_tracked.item() == 3
+    assert bn.momentum == momentum and model.training and all(m.training for m in model.modules())
+    assert all(torch.equal(p, q) for p, q in zip(params, model.parameters()))  # statistics only
+    with pytest.raises(ValueError, match="has no BatchNorm with running statistics"):
+        recalibrate_batchnorm_(_mlp(), torch.randn(2, 12))
+
+
+@pytest.mark.parametrize("schedule", ["swap", "anneal"])
+def test_recalibrate_re_estimates_batchnorm_once_the_network_is_relu_on_batches_the_steps_reuse(schedule):
+    batches = [torch.randn(6, 1, 8, 8) for _ in range(5)]
+    model = _bn_net()
+    model(batches[0])  # running statistics of the GELU network, as training leaves them
+    steps, anneal, n = 4, 0.5, 2
+    seen = []
+    frozen = torch.optim.SGD(model.parameters(), lr=0.0)  # no parameter moves: the statistics are the recalibration's
+    result = reluize(model, batches, steps, schedule=schedule, anneal=anneal, recalibrate=n, optimizer=frozen,
+                     callback=seen.append)
+    assert result.recalibrated == ["1", "4"] and not any(lg.is_gelu_like(m) for m in model.modules())
+    # the batches the recalibration saw: the swap's first n; the anneal's next n once it is ReLU (after its steps)
+    first = 0 if schedule == "swap" else round(anneal * steps)
+    reference = _bn_net()
+    reference.load_state_dict(model.state_dict())  # same weights; GELUs in it → ReLU as in the conversion
+    lg.replace_modules_(reference, lambda m, fqn: lg.is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
+    recalibrate_batchnorm_(reference, batches[first:first + n])
+    for name in result.recalibrated:
+        torch.testing.assert_close(model.get_submodule(name).running_mean, reference.get_submodule(name).running_mean)
+        torch.testing.assert_close(model.get_submodule(name).running_var, reference.get_submodule(name).running_var)
+    assert [e["step"] for e in seen] == ([0] if schedule == "swap" else []) + list(range(1, steps + 1))
+
+
 def test_bad_input_is_refused_before_the_model_changes():
     x = torch.randn(8, 4)
     relu_net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
@@ -372,7 +423,11 @@ def test_bad_input_is_refused_before_the_model_changes():
                             ({"steps": 3, "repair": 0.5}, "repair: used by schedule='blockwise' only"),
                             ({"steps": 3, "refit": -1}, "refit is a number of batches ≥ 0"),
                             ({"steps": 3, "refit": 2, "schedule": "anneal"}, "refit: used by schedule='swap' only"),
-                            ({"steps": 3, "refit": 2, "ridge": -1.0}, "ridge is a finite factor ≥ 0")]:
+                            ({"steps": 3, "refit": 2, "ridge": -1.0}, "ridge is a finite factor ≥ 0"),
+                            ({"steps": 3, "recalibrate": True}, "recalibrate is a number of batches ≥ 0"),
+                            ({"steps": 3, "recalibrate": 2}, "the model has no BatchNorm with running statistics"),
+                            ({"steps": 3, "recalibrate": 2, "schedule": "blockwise"},
+                             "recalibrate: used by schedule='swap' or 'anneal' only")]:
         with pytest.raises(ValueError, match=message):
             reluize(gelu_net, x, **kwargs)
     with pytest.raises(ValueError, match="reluize got no batches"):
