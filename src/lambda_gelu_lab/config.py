@@ -14,7 +14,7 @@ from lambda_gelu import DEFAULTS
 LAMBDA_FIELDS = ("init_lambda", "temperature", "multiplier")
 HARDEN_FIELDS = LAMBDA_FIELDS + ("switch_at", "epsilon")
 SPARSE_FIELDS = HARDEN_FIELDS + ("sparsity",)
-POSTHOC_FIELDS = ("epsilon", "posthoc_budget", "posthoc_lr")
+POSTHOC_FIELDS = ("epsilon", "posthoc_budget", "posthoc_lr", "posthoc_recalibrate")
 ARM_FIELDS = SPARSE_FIELDS + POSTHOC_FIELDS[1:]  # every field some arm owns; the others are shared by all arms
 ARMS: dict[str, tuple[str, ...]] = {
     "gelu": (),            # nn.GELU; then the direct swap to ReLU
@@ -37,7 +37,7 @@ ARMS: dict[str, tuple[str, ...]] = {
 }
 DEFAULT_ARMS = ("gelu", "lambda", "lambda-harden", "relu")
 LAMBDA_ARMS = ("lambda", "lambda-harden", "lambda-harden-sparse", "lambda-harden-learn")  # λ-GELU networks
-LATER_FIELDS = ("train_limit",)
+LATER_FIELDS = ("train_limit", "posthoc_recalibrate")
 
 
 class ConfigError(ValueError):
@@ -65,6 +65,9 @@ class RunConfig:
     sparsity: float = 1.0           # lambda-harden-sparse: the activation L1 penalty's final factor
     posthoc_budget: float = 0.1     # reluize-*: conversion steps as a fraction of the GELU training's
     posthoc_lr: float = 1e-3        # reluize-*: AdamW's learning rate during the conversion
+    # reluize-swap/-anneal: batches over which BatchNorm's running statistics are re-estimated once the network is
+    # ReLU; forward passes at a third of a step each, taken from the budget's steps
+    posthoc_recalibrate: int = 0
     train_limit: int = 0            # use only the first N training examples (0: all) — for smoke tests
 
     def __post_init__(self):
@@ -73,9 +76,9 @@ class RunConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be {what}")
 
         need(self.arm in ARMS, "arm", "one of " + ", ".join(ARMS))
-        for name in ("seed", "epochs", "batch_size", "train_limit"):
+        for name in ("seed", "epochs", "batch_size", "train_limit", "posthoc_recalibrate"):
             v = getattr(self, name)
-            nonneg = name in ("seed", "train_limit")
+            nonneg = name in ("seed", "train_limit", "posthoc_recalibrate")
             need(isinstance(v, int) and not isinstance(v, bool) and v >= (0 if nonneg else 1),
                  name, "a non-negative int" if nonneg else "a positive int")
         need(self.optimizer in ("sgd", "adamw"), "optimizer", "'sgd' or 'adamw'")
@@ -87,6 +90,8 @@ class RunConfig:
         need(self.lr > 0, "lr", "> 0")
         need(0 < self.posthoc_budget <= 1, "posthoc_budget", "in (0, 1]: a fraction of the training steps")
         need(self.posthoc_lr > 0, "posthoc_lr", "> 0")
+        need(not self.posthoc_recalibrate or self.arm != "reluize-blockwise", "posthoc_recalibrate",
+             "0 for reluize-blockwise (its blocks train BatchNorm's affine parameters instead)")
         need(self.temperature > 0, "temperature", "> 0")
         need(self.momentum < 1, "momentum", "< 1")
         need(self.warmup < 1, "warmup", "< 1")

@@ -126,17 +126,18 @@ def convert_posthoc(model: nn.Module, cfg: RunConfig, x_train: torch.Tensor, tot
                     gen: torch.Generator) -> lg.ReluizeResult:
     """The trained GELU ``model`` → exact ReLU in place, with lambda_gelu.reluize: distillation (KL of the
     outputs; for blockwise, each block's reconstruction) from its frozen copy over training inputs (no
-    labels), for posthoc_budget × ``total`` steps."""
+    labels), for posthoc_budget × ``total`` steps; re-estimating BatchNorm (posthoc_recalibrate batches, forward
+    passes only) costs a third of a step per batch, taken from them."""
     def batches():
         while True:
             perm = torch.randperm(len(x_train), generator=gen)
             for i in range(0, len(x_train), cfg.batch_size):
                 yield x_train[perm[i:i + cfg.batch_size]]
 
-    steps = max(1, math.ceil(cfg.posthoc_budget * total))
+    steps = max(1, math.ceil(cfg.posthoc_budget * total) - math.ceil(cfg.posthoc_recalibrate / 3))
     schedule = POSTHOC[cfg.arm]
     return lg.reluize(model, batches(), steps, schedule=schedule, epsilon=cfg.epsilon, lr=cfg.posthoc_lr,
-                      loss=None if schedule == "blockwise" else logit_kl)
+                      loss=None if schedule == "blockwise" else logit_kl, recalibrate=cfg.posthoc_recalibrate)
 
 
 def _layer_lambdas(model: nn.Module) -> dict[str, float]:
@@ -220,7 +221,10 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
                                    for name, mod in lg.lambda_modules(model)}
     if cfg.arm in POSTHOC and not diverged:  # test_acc above is the GELU original's; sub_* below the converted
         converted = convert_posthoc(model, cfg, x_train, total, gen)
-        m["posthoc_steps"], m["posthoc_seconds"] = len(converted.log), converted.seconds
+        m["posthoc_steps"] = sum(1 for e in converted.log if e["step"])  # not the step-0 entry of the swap's work
+        m["posthoc_seconds"] = converted.seconds
+        if converted.recalibrated:
+            m["posthoc_recalibrated"] = len(converted.recalibrated)
     if keep_weights:  # the weights as trained (for the post-hoc arms: as converted; they load into GELU modules)
         result.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
 

@@ -31,10 +31,23 @@ def test_the_sparse_arm_owns_its_penalty_and_stored_hashes_stay_valid():
         assert config.run_hash == config.replace(sparsity=3.0).run_hash == stored
 
 
+def test_the_posthoc_recalibration_is_a_variant_and_stored_posthoc_hashes_stay_valid():
+    for arm, stored in [("reluize-swap", "49da3d827679"), ("reluize-blockwise", "ebc89ab8fb09")]:  # from before it
+        assert RunConfig(task="fmnist-resnet", arm=arm).run_hash == stored
+    swap = RunConfig(task="fmnist-resnet", arm="reluize-swap", posthoc_recalibrate=50, posthoc_lr=3e-4)
+    assert swap.variant == "reluize-swap[posthoc_lr=0.0003,posthoc_recalibrate=50]"
+    assert swap.run_hash != RunConfig(task="fmnist-resnet", arm="reluize-swap", posthoc_lr=3e-4).run_hash
+    assert swap.base_hash == RunConfig(task="fmnist-resnet", arm="gelu").base_hash
+
+
 @pytest.mark.parametrize("change, message", [({"arm": "swish"}, "arm='swish'"), ({"epochs": 0}, "epochs=0"),
                                              ({"init_lambda": 0.5}, "init_lambda=0.5"),
                                              ({"lr": float("nan")}, "lr=nan"),
                                              ({"sparsity": -1.0}, "sparsity=-1.0"),
+                                             ({"arm": "reluize-swap", "posthoc_recalibrate": -1},
+                                              "posthoc_recalibrate=-1"),
+                                             ({"arm": "reluize-blockwise", "posthoc_recalibrate": 10},
+                                              "0 for reluize-blockwise"),
                                              ({"arm": "lambda-harden-sparse", "switch_at": "auto"},
                                               "penalty starts rising at the switch point")])
 def test_bad_values_fail_when_built(change, message):

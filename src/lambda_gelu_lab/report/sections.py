@@ -46,8 +46,12 @@ COMPARISONS = [
     ("reluize-blockwise", "sub_test_acc", "gelu", "test_acc", "post-hoc blockwise→ReLU − GELU original"),
     ("reluize-anneal", "sub_test_acc", "gelu", "test_acc", "post-hoc anneal→ReLU − GELU original"),
     ("reluize-swap", "sub_test_acc", "gelu", "test_acc", "post-hoc swap→ReLU − GELU original"),
+    ("reluize-swap", "sub_test_acc", "reluize-blockwise", "sub_test_acc", "post-hoc: swap − blockwise (equal steps)"),
+    ("reluize-swap", "sub_test_acc", "reluize-swap", "sub_test_acc", "post-hoc: swap − swap at the lab's defaults"),
     ("lambda-harden", "sub_test_acc", "reluize-anneal", "sub_test_acc", "annealed→ReLU in training − post-hoc anneal"),
 ]
+# the word that names an arm in COMPARISONS' texts, after which a variant's settings are written
+ARM_WORD = {"reluize-anneal": "anneal", "reluize-swap": "swap", "reluize-blockwise": "blockwise"}
 
 
 def mean_std(values) -> str:
@@ -126,11 +130,12 @@ def experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, s
         a_runs = by_seed(variants[v])
         arm = variants[v][0]["arm"]
         for a_arm, a_key, b_arm, b_key, what in COMPARISONS:
-            if arm != a_arm or b_arm not in variants:
+            if arm != a_arm or b_arm not in variants or v == b_arm:
                 continue
             b_runs = by_seed(variants[b_arm])
             c, seeds = paired_by_seed(a_runs, a_key, b_runs, b_key)
-            name = what if v == arm else what.replace("annealed", f"annealed `{v[len(arm):]}`")
+            word = ARM_WORD.get(arm, "annealed")
+            name = what if v == arm else what.replace(word, f"{word} `{v[len(arm):]}`", 1)
             if v == a_arm == "lambda-harden" and b_arm == "gelu" and b_key == "sub_test_acc" and c.n:
                 a_mean = np.mean([a_runs[s][a_key] for s in seeds])
                 b_mean = np.mean([b_runs[s][b_key] for s in seeds])
