@@ -98,13 +98,13 @@ from .functional import lambda_target as _lambda_target
 from .regularize import SparsityRegularizer
 
 __all__ = ["reluize", "distillation_loss", "mean_pool", "reconstruction_blocks", "ReconstructionBlock", "AnnealedGELU",
-           "ReluizeResult", "SCHEDULES", "refit_after_swap_", "refit_consumers", "recalibrate_batchnorm_",
-           "batchnorms"]
+           "ReluizeResult", "SCHEDULES", "refit_after_swap_", "refit_consumers", "recalibrate_batchnorm_"]
 
 SCHEDULES = ("anneal", "swap", "blockwise")
 RIDGE = 1e-3  # the refit's ridge factor; all-MiniLM-L6-v2 (2048 sentences) keeps cosine 0.987 at 1e-4 and 1e-3,
 # 0.985 at 1e-2
 _ACT_FIELDS = ("hidden_act", "activation_function", "hidden_activation")  # Hugging Face config names
+_NO_BATCHNORM = "recalibrate: the model has no BatchNorm with running statistics; leave it out"
 
 
 class AnnealedGELU(nn.Module):
@@ -223,8 +223,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     if recalibrate and schedule == "blockwise":
         raise ValueError("recalibrate: used by schedule='swap' or 'anneal' only (blockwise trains each block, "
                          "BatchNorm's affine parameters included, against its teacher block); leave it out")
-    if recalibrate and not batchnorms(model):
-        raise ValueError("recalibrate: the model has no BatchNorm with running statistics; leave it out")
+    if recalibrate and not _batchnorms(model):
+        raise ValueError(_NO_BATCHNORM)
     if repair and schedule != "blockwise":
         raise ValueError(f"repair: used by schedule='blockwise' only (schedule={schedule!r} repairs after its "
                          "swap or anneal anyway); leave it out")
@@ -250,8 +250,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         return result
     t0 = time.perf_counter()
     if refit:
-        calibration = [next(stream) for _ in range(refit)]
-        stream = itertools.chain(calibration, stream)  # the steps start from the first batch again
+        calibration, stream = _take_and_keep(stream, refit)
         replaced = refit_after_swap_(model, calibration, ridge=ridge, consumers=consumers)
     elif schedule == "swap":
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
@@ -259,9 +258,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), AnnealedGELU, "GELU")
     result = ReluizeResult(replaced, refit=list(consumers.values()))
     if recalibrate and schedule == "swap":
-        calibration = [next(stream) for _ in range(recalibrate)]
+        calibration, stream = _take_and_keep(stream, recalibrate)
         result.recalibrated = recalibrate_batchnorm_(model, calibration)
-        stream = itertools.chain(calibration, stream)  # the steps start from the first of them again
     if refit or result.recalibrated:  # conversion time, logged as step 0
         result.seconds = time.perf_counter() - t0
         result.log.append({"step": 0, "lam": float("inf"), "loss": float("nan"), "seconds": result.seconds})
@@ -328,11 +326,16 @@ def _anneal_ends(model: nn.Module, stream, recalibrate: int, result: ReluizeResu
     """The annealed GELUs → exact ReLU, then the BatchNorms re-estimated over the next ``recalibrate``
     batches; returns the stream with those batches back in front."""
     replace_modules_(model, lambda m, fqn: isinstance(m, AnnealedGELU), lambda old: nn.ReLU(), "annealed GELU")
-    if not recalibrate:
-        return stream
-    calibration = [next(stream) for _ in range(recalibrate)]
-    result.recalibrated = recalibrate_batchnorm_(model, calibration)
-    return itertools.chain(calibration, stream)
+    if recalibrate:
+        calibration, stream = _take_and_keep(stream, recalibrate)
+        result.recalibrated = recalibrate_batchnorm_(model, calibration)
+    return stream
+
+
+def _take_and_keep(stream, n: int):
+    """The next ``n`` batches of ``stream``, and the stream with them back in front (the steps use them again)."""
+    batches = [next(stream) for _ in range(n)]
+    return batches, itertools.chain(batches, stream)
 
 
 @dataclass
@@ -618,7 +621,7 @@ def _refit(model: nn.Module, act: str, original: nn.Module, layer: nn.Module, ba
         layer.bias.copy_(solution[n_in].to(layer.bias.dtype))
 
 
-def batchnorms(model: nn.Module) -> list[str]:
+def _batchnorms(model: nn.Module) -> list[str]:
     """The names of ``model``'s BatchNorms that keep running statistics (what eval mode normalises with)."""
     return [name for name, m in model.named_modules()
             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None]
@@ -630,11 +633,11 @@ def recalibrate_batchnorm_(model: nn.Module, batches: Iterable) -> list[str]:
     plain average over all of them (momentum ``None``), each BatchNorm in train mode and every other module
     in eval mode (no dropout); no gradient, no parameter changes. Each module's mode and momentum are
     restored. A swap to ReLU shifts every later layer's statistics while eval mode keeps normalising with the
-    GELU network's: on the lab's fmnist-resnet this alone takes the swapped network from 40% to within about
-    a point of the original. Returns the names re-estimated; ``ValueError`` if there are none."""
-    names = batchnorms(model)
+    GELU network's (see the module's docstring). Returns the names re-estimated; ``ValueError`` if there are
+    none."""
+    names = _batchnorms(model)
     if not names:
-        raise ValueError("recalibrate: the model has no BatchNorm with running statistics; leave it out")
+        raise ValueError(_NO_BATCHNORM)
     batches = [batches] if isinstance(batches, torch.Tensor) else list(batches)
     if not batches:
         raise ValueError("recalibrate_batchnorm_ got no batches")
