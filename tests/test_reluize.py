@@ -10,9 +10,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lambda_gelu as lg
-from lambda_gelu.reluize import (AnnealedGELU, _block_input, _block_output, _paced_lambda, distillation_loss,
-                                 reconstruction_blocks, recalibrate_batchnorm_, refit_after_swap_, refit_consumers,
-                                 reluize)
+from lambda_gelu.reluize import (RECALIBRATE, AnnealedGELU, _block_input, _block_output, _paced_lambda,
+                                 distillation_loss, reconstruction_blocks, recalibrate_batchnorm_, refit_after_swap_,
+                                 refit_consumers, reluize)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -402,6 +402,37 @@ def test_recalibrate_re_estimates_batchnorm_once_the_network_is_relu_on_batches_
         torch.testing.assert_close(model.get_submodule(name).running_mean, reference.get_submodule(name).running_mean)
         torch.testing.assert_close(model.get_submodule(name).running_var, reference.get_submodule(name).running_var)
     assert [e["step"] for e in seen] == ([0] if schedule == "swap" else []) + list(range(1, steps + 1))
+
+
+def test_batchnorm_is_re_estimated_by_default_and_kept_with_recalibrate_0():
+    batches = [torch.randn(6, 1, 8, 8) for _ in range(5)]
+    frozen = lambda m: torch.optim.SGD(m.parameters(), lr=0.0)  # noqa: E731 - the statistics alone change
+    model, kept = _bn_net(), _bn_net()
+    model(batches[0]), kept(batches[0])  # the GELU network's statistics
+    stale = kept[4].running_mean.clone()
+    result = reluize(model, batches, 3, optimizer=frozen(model))
+    assert result.recalibrated == ["1", "4"] and model[4].num_batches_tracked.item() == RECALIBRATE
+    reference = _bn_net()  # RECALIBRATE batches cycled from 5: each seen equally often, the same average
+    reference.load_state_dict(model.state_dict())
+    lg.replace_modules_(reference, lambda m, fqn: lg.is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
+    recalibrate_batchnorm_(reference, batches)
+    torch.testing.assert_close(model[4].running_var, reference[4].running_var)
+    assert reluize(kept, batches, 3, optimizer=frozen(kept), recalibrate=0).recalibrated == []
+    assert torch.equal(kept[4].running_mean, stale)
+    # nothing to re-estimate, or a schedule that trains BatchNorm per block: the default does nothing, silently
+    assert reluize(_mlp(), torch.randn(4, 12), 2).recalibrated == []
+    assert reluize(_bn_net(), batches, 2, schedule="blockwise").recalibrated == []
+
+
+def test_recalibration_refuses_batches_with_one_value_per_channel():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.GELU(), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"BatchNorm '1' got one value per channel .* or recalibrate=0"):
+        reluize(model, [torch.randn(1, 3)], 2)
+    assert isinstance(model[2], nn.GELU) and not model[1]._forward_pre_hooks and model.training  # refused up front
+    with pytest.raises(ValueError, match=r"BatchNorm '1' got one value per channel"):
+        recalibrate_batchnorm_(model, [torch.randn(4, 3), torch.randn(1, 3)])
+    assert not model[1]._forward_pre_hooks and model[1].momentum == 0.1 and model.training
+    assert reluize(model, [torch.randn(1, 3)], 2, recalibrate=0, lr=0.0).recalibrated == []
 
 
 def test_bad_input_is_refused_before_the_model_changes():
