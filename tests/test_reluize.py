@@ -406,18 +406,19 @@ def test_recalibrate_re_estimates_batchnorm_once_the_network_is_relu_on_batches_
 
 def test_batchnorm_is_re_estimated_by_default_and_kept_with_recalibrate_0():
     batches = [torch.randn(6, 1, 8, 8) for _ in range(5)]
-    frozen = lambda m: torch.optim.SGD(m.parameters(), lr=0.0)  # noqa: E731 - the statistics alone change
     model, kept = _bn_net(), _bn_net()
     model(batches[0]), kept(batches[0])  # the GELU network's statistics
     stale = kept[4].running_mean.clone()
-    result = reluize(model, batches, 3, optimizer=frozen(model))
+    result = reluize(model, batches, 3, optimizer=torch.optim.SGD(model.parameters(), lr=0.0))  # statistics alone
     assert result.recalibrated == ["1", "4"] and model[4].num_batches_tracked.item() == RECALIBRATE
     reference = _bn_net()  # RECALIBRATE batches cycled from 5: each seen equally often, the same average
     reference.load_state_dict(model.state_dict())
     lg.replace_modules_(reference, lambda m, fqn: lg.is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
     recalibrate_batchnorm_(reference, batches)
-    torch.testing.assert_close(model[4].running_var, reference[4].running_var)
-    assert reluize(kept, batches, 3, optimizer=frozen(kept), recalibrate=0).recalibrated == []
+    for name in ("running_mean", "running_var"):  # 50 updates against 5: rounding apart, the same average
+        torch.testing.assert_close(getattr(model[4], name), getattr(reference[4], name), rtol=1e-5, atol=1e-6)
+    kept_result = reluize(kept, batches, 3, optimizer=torch.optim.SGD(kept.parameters(), lr=0.0), recalibrate=0)
+    assert kept_result.recalibrated == []
     assert torch.equal(kept[4].running_mean, stale)
     # nothing to re-estimate, or a schedule that trains BatchNorm per block: the default does nothing, silently
     assert reluize(_mlp(), torch.randn(4, 12), 2).recalibrated == []
