@@ -209,11 +209,6 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     stream = itertools.chain([first], stream)
     if not any(is_gelu_like(m) for m in model.modules()):
         raise ValueError("reluize found no GELU module to replace (looked for: " + ", ".join(GELU_LIKE) + ")")
-    functional = _functional_gelu_calls(model, first)
-    if functional:
-        raise ValueError(f"{functional[0]} applies gelu as a function, which no module replacement can make "
-                         "ReLU; make it an nn.GELU module (or give reluize a model without it)")
-
     if not isinstance(repair, (int, float)) or isinstance(repair, bool) or not 0.0 <= repair < 1.0:
         raise ValueError("repair is the fraction of steps spent end to end after the blocks, in [0, 1); "
                          f"got {repair!r}")
@@ -224,14 +219,15 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
                          f"the first step; schedule={schedule!r} has none yet); leave it out")
     if not isinstance(ridge, (int, float)) or isinstance(ridge, bool) or not 0.0 <= ridge < float("inf"):
         raise ValueError(f"ridge is a finite factor ≥ 0, got {ridge!r}")
+    norms = _batchnorms(model)
     if recalibrate is None:  # the default: BatchNorm re-estimated wherever it can be
-        recalibrate = RECALIBRATE if schedule != "blockwise" and _batchnorms(model) else 0
+        recalibrate = RECALIBRATE if schedule != "blockwise" and norms else 0
     if isinstance(recalibrate, bool) or not isinstance(recalibrate, int) or recalibrate < 0:
         raise ValueError(f"recalibrate is a number of batches ≥ 0 (or None: the default), got {recalibrate!r}")
     if recalibrate and schedule == "blockwise":
         raise ValueError("recalibrate: used by schedule='swap' or 'anneal' only (blockwise trains each block, "
                          "BatchNorm's affine parameters included, against its teacher block); leave it out")
-    if recalibrate and not _batchnorms(model):
+    if recalibrate and not norms:
         raise ValueError(_NO_BATCHNORM)
     if repair and schedule != "blockwise":
         raise ValueError(f"repair: used by schedule='blockwise' only (schedule={schedule!r} repairs after its "
@@ -244,14 +240,14 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
                              "output (relative squared error) with an AdamW of its own per block"
                              f"{'' if 'sparsity' in given else ' (give repair > 0 for end-to-end steps that use it)'}; "
                              "leave them out")
-    consumers = refit_consumers(model, first) if refit else {}  # a probe forward: after every check
-    if recalibrate:  # the same: the first batch must give the recalibration statistics it can estimate
-        training = model.training
-        try:
-            with torch.no_grad(), _two_values_per_channel(model, _batchnorms(model)):
-                _call(model.eval(), first)
-        finally:
-            model.train(training)
+    # Probe forwards, after every argument check: the one that looks for gelu applied as a function also checks
+    # that the first batch gives the recalibration statistics it can estimate.
+    with _two_values_per_channel(model, norms if recalibrate else []):
+        functional = _functional_gelu_calls(model, first)
+    if functional:
+        raise ValueError(f"{functional[0]} applies gelu as a function, which no module replacement can make "
+                         "ReLU; make it an nn.GELU module (or give reluize a model without it)")
+    consumers = refit_consumers(model, first) if refit else {}
     if teacher is None:
         teacher = copy.deepcopy(model)
     teacher.eval().requires_grad_(False)
