@@ -285,7 +285,7 @@ def test_refit_is_the_least_squares_solution_for_each_layer_after_an_activation_
     torch.manual_seed(1)
     model, batches = _mlp().double(), [torch.randn(96, 12, dtype=torch.float64) for _ in range(3)]
     original = copy.deepcopy(model)
-    assert refit_consumers(model, batches[0]) == {"2": "3", "4": "5"}
+    assert refit_consumers(model, batches[0]) == {"2": ["3"], "4": ["5"]}
     assert refit_after_swap_(model, batches, ridge=0.0) == ["2", "4"]
     x = torch.cat(batches)
     with torch.no_grad():  # the reference: each layer solved on its own, from what reaches it once the
@@ -323,7 +323,7 @@ def test_swap_with_refit_starts_closer_to_the_original_and_trains_on_the_same_ba
     lg.to_relu_(direct, include_gelu=True)
     batches, seen = _batches(8), []
     layer = "transformer.h.{}.mlp.c_proj" if kind == "gpt2" else "encoder.layer.{}.output.dense"
-    assert list(refit_consumers(model, batches[0]).values()) == [layer.format(0), layer.format(1)]
+    assert list(refit_consumers(model, batches[0]).values()) == [[layer.format(0)], [layer.format(1)]]
 
     def loss(student, target, batch):
         seen.append(batch["input_ids"])
@@ -343,15 +343,62 @@ def test_swap_with_refit_starts_closer_to_the_original_and_trains_on_the_same_ba
     assert not any(lg.is_gelu_like(m) for m in model.modules())
 
 
-def test_refit_finds_the_layer_after_the_activation_in_the_lab_vit_and_nothing_in_a_convnet():
+def test_refit_finds_the_layers_after_each_activation_in_the_lab_vit_and_resnet():
     from lambda_gelu_lab.models import ResNet, ViT
     vit = ViT(8, 4, 1, 5, nn.GELU, dim=16, depth=2, heads=2).eval()
-    assert refit_consumers(vit, torch.randn(2, 1, 8, 8)) == {f"blocks.{i}.mlp.{a}": f"blocks.{i}.mlp.{b}"
-                                                            for i in (0, 1) for a, b in [("1", "2")]}
+    assert refit_consumers(vit, torch.randn(2, 1, 8, 8)) == {f"blocks.{i}.mlp.1": [f"blocks.{i}.mlp.2"] for i in (0, 1)}
     resnet = ResNet(1, 5, nn.GELU, widths=(4, 8, 8)).eval()
-    with pytest.raises(ValueError, match="refit found no linear layer reading a GELU's output directly"):
-        reluize(resnet, torch.randn(2, 1, 8, 8), steps=1, refit=1)
-    assert any(lg.is_gelu_like(m) for m in resnet.modules())  # untouched
+    # a block's output feeds the next block's first convolution and its projection shortcut; the last one
+    # reaches the head through a mean, not directly
+    assert refit_consumers(resnet, torch.randn(2, 1, 8, 8)) == {
+        "stem.2": ["stages.0.conv1"], "stages.0.act1": ["stages.0.conv2"],
+        "stages.0.act2": ["stages.1.conv1", "stages.1.shortcut.0"], "stages.1.act1": ["stages.1.conv2"],
+        "stages.1.act2": ["stages.2.conv1", "stages.2.shortcut.0"], "stages.2.act1": ["stages.2.conv2"]}
+
+
+def test_refit_refuses_a_model_with_no_layer_it_can_solve_after_an_activation():
+    class Padded(nn.Conv2d):  # a subclass may pad in its forward: its patches are not unfold's
+        def forward(self, x):
+            return super().forward(F.pad(x, (1, 0, 1, 0)))
+
+    torch.manual_seed(0)  # a grouped convolution is not one matrix product over patches; the Linear reads Flatten's output
+    for conv in (nn.Conv2d(4, 4, 3, groups=4), Padded(4, 4, 3)):
+        model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.GELU(), conv, nn.Flatten(), nn.LazyLinear(3))
+        with pytest.raises(ValueError, match="refit found no layer reading a GELU's output directly"):
+            reluize(model, torch.randn(2, 1, 6, 6), steps=1, refit=1)
+        assert isinstance(model[1], nn.GELU)  # untouched
+
+
+def test_refit_of_a_resnet_solves_each_convolution_over_its_patches_and_keeps_batchnorm():
+    from lambda_gelu_lab.models import ResNet
+    torch.manual_seed(0)
+    model = ResNet(1, 5, nn.GELU, widths=(4, 8, 8)).double()
+    with torch.no_grad():  # running statistics that are not BatchNorm's initial ones
+        model.train()(torch.randn(64, 1, 12, 12, dtype=torch.float64))
+    original = copy.deepcopy(model)
+    stats = {k: v.clone() for k, v in model.state_dict().items() if "running" in k}
+    batches = [torch.randn(16, 1, 12, 12, dtype=torch.float64) for _ in range(3)]
+    consumers = refit_consumers(model, batches[0])
+    refit_after_swap_(model, batches, ridge=0.0)
+    assert model.training and all(m.training for m in model.modules())  # its modes restored
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in stats.items())  # eval mode: statistics kept
+    pre = {}  # what reaches each ReLU of the refit network (each depends only on the layers refit before it)
+    hooks = [model.get_submodule(a).register_forward_pre_hook(lambda m, args, a=a: pre.__setitem__(a, args[0]))
+             for a in consumers]
+    with torch.no_grad():
+        model.eval()(torch.cat(batches))
+    for h in hooks:
+        h.remove()
+    with torch.no_grad():  # the reference: a QR least squares on each convolution's patches themselves
+        for act, layers in consumers.items():
+            for name in layers:
+                conv = original.get_submodule(name)
+                patches = F.unfold(torch.relu(pre[act]), conv.kernel_size, conv.dilation, conv.padding, conv.stride)
+                design = patches.transpose(1, 2).reshape(-1, patches.shape[1])
+                target = conv(F.gelu(pre[act])).movedim(1, -1).reshape(-1, conv.out_channels)
+                solution = torch.linalg.lstsq(design, target).solution
+                torch.testing.assert_close(model.get_submodule(name).weight, solution.T.reshape(conv.weight.shape),
+                                           rtol=1e-7, atol=1e-9)
 
 
 def _bn_net():

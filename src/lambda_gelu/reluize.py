@@ -47,16 +47,16 @@ equally by the blocks; a step runs the networks only up to the block, so it cost
 anneal or swap step. ``repair`` spends a fraction of the steps after the blocks on the whole network,
 end to end, with the swap's loss.
 
-Refit. ``refit=N`` (with ``"swap"``) starts the steps from a better network at the cost of some
-forward passes: right after the swap, the linear layer that reads each activation (BERT's
-``output.dense``, GPT-2's ``c_proj``, the second layer of an MLP) is solved in closed form, layer by layer
-in forward order, to give from the ReLU's output what it gave from the GELU's on the first ``N`` batches
-(:func:`refit_after_swap_`; a ridge least squares). On all-MiniLM-L6-v2 it takes the swap from cosine
-0.56 to 0.986 (top-10 neighbours 0.56 → 0.90) in one minute of 1024 sentences (2048: 0.987 in two,
-4096: 0.988 in four), about where 12 minutes of distillation bring the plain swap; the distillation
-then goes on from there. With a 15-minute budget both end near cosine 0.990 (3 seeds: 0.9901 with the
-refit, 0.9896 without; overlap 0.911 against 0.904, differences not detected): the refit is the CLI's
-default because it gets there several times sooner.
+Refit. ``refit=N`` (with ``"swap"``) starts the steps from a better network at the cost of some forward
+passes: right after the swap, the layers that read each activation (BERT's ``output.dense``, GPT-2's
+``c_proj``, the second layer of an MLP, a ResNet block's next convolutions, over their patches) are
+solved in closed form, in forward order, to give from the ReLU's output what they gave from the GELU's
+on the first ``N`` batches (:func:`refit_after_swap_`; a ridge least squares). On all-MiniLM-L6-v2 it
+takes the swap from cosine 0.56 to 0.986 (top-10 neighbours 0.56 → 0.90) in one minute of 1024 sentences
+(2048: 0.987 in two, 4096: 0.988 in four), about where 12 minutes of distillation bring the plain swap;
+the distillation then goes on from there. With a 15-minute budget both end near cosine 0.990 (3 seeds:
+0.9901 with the refit, 0.9896 without; overlap 0.911 against 0.904, differences not detected): the refit
+is the CLI's default because it gets there several times sooner.
 
 BatchNorm. The swap shifts the statistics of every later layer, while eval mode keeps normalising with
 the GELU network's running statistics: on the lab's fmnist-resnet the swap alone falls from 87% to 46%
@@ -175,8 +175,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         sparsity: the final factor of an L1 penalty on the converted activations (0: none); it rises
             over the first ``anneal`` fraction of the steps (see :class:`lambda_gelu.SparsityRegularizer`).
         refit: with ``"swap"``, the number of batches (the first of ``batches``; the steps use them
-            again) over which, right after the swap and before any step, the linear layer that reads
-            each activation is solved by least squares to give what it gave the GELU's output
+            again) over which, right after the swap and before any step, the layers that read each
+            activation are solved by least squares to give what they gave the GELU's output
             (see :func:`refit_after_swap_`); 0: none.
         ridge: the refit's ridge factor, relative to the mean diagonal of its Gram matrix.
         recalibrate: with ``"swap"`` or ``"anneal"``, the number of batches (the next ones; the steps use
@@ -267,7 +267,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
     else:
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), AnnealedGELU, "GELU")
-    result = ReluizeResult(replaced, refit=list(consumers.values()))
+    result = ReluizeResult(replaced, refit=[layer for layers in consumers.values() for layer in layers])
     if recalibrate and schedule == "swap":
         calibration, stream = _take_and_keep(stream, recalibrate)
         result.recalibrated = recalibrate_batchnorm_(model, calibration)
@@ -540,29 +540,46 @@ def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress,
 
 
 def refit_after_swap_(model: nn.Module, batches: Iterable, *, ridge: float = RIDGE,
-                      consumers: dict[str, str] | None = None) -> list[str]:
-    """Swap every GELU-like module of ``model`` for an exact ``nn.ReLU``, then solve the linear layer that
-    reads each one's output, in forward order, by least squares: on ``batches``, it is to give from the
-    ReLU's output what it gave from the GELU's. For the rows h that reach the activation (once the
-    layers before are refit; positions a batch's ``attention_mask`` masks out are left out), W' and b'
-    minimise Σ‖W'·relu(h) + b' − (W·gelu(h) + b)‖² + ridge·mean(diag)·‖W'‖². No gradient step: a closed-form
-    start for the distillation (on all-MiniLM-L6-v2, cosine to the original 0.56 → 0.986 from 1024
-    sentences). Returns the names replaced; the layers refit are :func:`refit_consumers`'."""
+                      consumers: dict[str, list[str]] | None = None) -> list[str]:
+    """Swap every GELU-like module of ``model`` for an exact ``nn.ReLU``, then solve the layers that read
+    each one's output (:func:`refit_consumers`), activation by activation in forward order, by least
+    squares: on ``batches``, each is to give from the ReLU's output what it gave from the GELU's. For the
+    rows a that reach the layer once the layers before are refit (a linear layer's positions, less those
+    a batch's ``attention_mask`` masks out; a convolution's patches), W' and b' minimise
+    Σ‖W'·relu(a) + b' − (W·gelu(a) + b)‖² + ridge·mean(diag)·‖W'‖². No gradient step; every module in
+    eval mode, so BatchNorm normalises with its running statistics and keeps them. A closed-form start
+    for the distillation (on all-MiniLM-L6-v2, cosine to the original 0.56 → 0.986 from 1024 sentences).
+    Returns the names replaced."""
     batches = [batches] if isinstance(batches, torch.Tensor) else list(batches)
     if not batches:
         raise ValueError("refit_after_swap_ got no batches")
     consumers = refit_consumers(model, batches[0]) if consumers is None else consumers
     originals = dict(model.named_modules())
     replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
-    for act, layer in consumers.items():
-        _refit(model, act, originals[act], model.get_submodule(layer), batches, ridge)
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        for act, layers in consumers.items():
+            _refit(model, act, originals[act], [model.get_submodule(n) for n in layers], batches, ridge)
+    finally:
+        for m, training in modes.items():
+            m.training = training
     return replaced
 
 
-def refit_consumers(model: nn.Module, batch) -> dict[str, str]:
-    """{GELU-like module: the linear layer that reads its output}, in forward order, found by running
-    ``batch``: the layer (``nn.Linear`` or Hugging Face ``Conv1D``) is called once, on exactly the tensor
-    the activation, called once, returned. Raises ``ValueError`` if there is none."""
+def _refittable(m: nn.Module) -> bool:
+    """A layer the refit can solve: ``nn.Linear``, Hugging Face ``Conv1D``, or a plain ``nn.Conv2d`` that is
+    one matrix product over its input's patches (no groups, zero padding given in numbers; not a subclass,
+    whose forward may pad otherwise)."""
+    return (isinstance(m, nn.Linear) or _is_conv1d(m) or type(m) is nn.Conv2d and m.groups == 1
+            and m.padding_mode == "zeros" and not isinstance(m.padding, str))
+
+
+def refit_consumers(model: nn.Module, batch) -> dict[str, list[str]]:
+    """{GELU-like module: the layers that read its output}, in forward order, found by running ``batch``:
+    each layer (``nn.Linear``, Hugging Face ``Conv1D``, ``nn.Conv2d`` without groups) is called once, on
+    exactly the tensor the activation, called once, returned — a ResNet block's output feeds the next
+    block's first convolution and its projection shortcut. Raises ``ValueError`` if there is none."""
     outputs, inputs, calls = {}, {}, collections.Counter()
 
     def returned(name):
@@ -577,11 +594,11 @@ def refit_consumers(model: nn.Module, batch) -> dict[str, str]:
             inputs[name] = args[0] if args else None
         return hook
 
-    handles = []
-    for name, m in model.named_modules():
+    handles, modules = [], dict(model.named_modules())
+    for name, m in modules.items():
         if is_gelu_like(m):
             handles.append(m.register_forward_hook(returned(name)))
-        elif isinstance(m, nn.Linear) or _is_conv1d(m):
+        elif _refittable(m):
             handles.append(m.register_forward_pre_hook(reads(name)))
     training = model.training
     try:
@@ -592,18 +609,31 @@ def refit_consumers(model: nn.Module, batch) -> dict[str, str]:
             h.remove()
         model.train(training)
     by_tensor = {id(out): name for name, out in outputs.items() if calls[name] == 1}  # the tensors are alive
-    found = {by_tensor[id(x)]: layer for layer, x in inputs.items() if id(x) in by_tensor and calls[layer] == 1}
+    found = collections.defaultdict(list)
+    for layer, x in inputs.items():  # in the order the layers were called; a convolution on a batch of images
+        if id(x) in by_tensor and calls[layer] == 1 and (x.dim() == 4 or not isinstance(modules[layer], nn.Conv2d)):
+            found[by_tensor[id(x)]].append(layer)
     if not found:
-        raise ValueError("refit found no linear layer reading a GELU's output directly (an nn.Linear or Hugging "
-                         "Face Conv1D called once on exactly the tensor a GELU module returned); leave refit out")
+        raise ValueError("refit found no layer reading a GELU's output directly (an nn.Linear, Hugging Face Conv1D "
+                         "or nn.Conv2d without groups, called once on exactly the tensor a GELU module returned); "
+                         "leave refit out")
     order = list(outputs)
     return dict(sorted(found.items(), key=lambda kv: order.index(kv[0])))
 
 
+def _rows(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the rows ``layer``'s weight multiplies: a convolution's patches, or the last dimension."""
+    if isinstance(layer, nn.Conv2d):
+        patches = F.unfold(x, layer.kernel_size, layer.dilation, layer.padding, layer.stride)  # (N, C·kh·kw, L)
+        return patches.transpose(1, 2).reshape(-1, patches.shape[1])
+    return x.reshape(-1, x.shape[-1])
+
+
 @torch.no_grad()
-def _refit(model: nn.Module, act: str, original: nn.Module, layer: nn.Module, batches: list, ridge: float) -> None:
-    relu, conv1d = model.get_submodule(act), _is_conv1d(layer)
-    gram = rhs = None
+def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Module], batches: list,
+           ridge: float) -> None:
+    relu = model.get_submodule(act)
+    sums = [None] * len(layers)
     for batch in batches:
         seen = {}
 
@@ -615,21 +645,27 @@ def _refit(model: nn.Module, act: str, original: nn.Module, layer: nn.Module, ba
         if "h" not in seen:
             raise RuntimeError(f"refit: {act} was not reached by the forward")
         h, mask = seen["h"], batch.get("attention_mask") if isinstance(batch, dict) else None
-        h = h[mask.bool()] if mask is not None and mask.shape == h.shape[:-1] else h.reshape(-1, h.shape[-1])
-        target = layer(original(h)).double()
-        a = torch.relu(h) if h.dtype in (torch.float32, torch.float64) else torch.relu(h).float()  # no half Gram
+        if mask is not None and mask.shape == h.shape[:-1]:  # positions: only the attended ones
+            h = h[mask.bool()]
+        a_all = torch.relu(h) if h.dtype in (torch.float32, torch.float64) else torch.relu(h).float()  # no half Gram
+        for i, layer in enumerate(layers):
+            target = layer(original(h))
+            target = (target.movedim(1, -1) if isinstance(layer, nn.Conv2d) else target).flatten(0, -2).double()
+            a = _rows(layer, a_all)
+            if layer.bias is not None:
+                a = torch.cat([a, a.new_ones(len(a), 1)], 1)
+            g, r = (a.T @ a).double(), a.T.double() @ target  # each batch's Gram in float32 at least, summed in float64
+            sums[i] = (g, r) if sums[i] is None else (sums[i][0] + g, sums[i][1] + r)
+    for layer, (gram, rhs) in zip(layers, sums):
+        n_in = len(gram) - (layer.bias is not None)
+        penalty = torch.zeros(len(gram), dtype=gram.dtype)
+        penalty[:n_in] = ridge * gram.diagonal()[:n_in].mean()  # the bias, if any, is not shrunk
+        solution = torch.linalg.lstsq(gram + torch.diag(penalty), rhs, driver="gelsd").solution  # rank-deficient too
+        # Conv1D stores (in, out); nn.Linear (out, in); nn.Conv2d (out, in, kh, kw), in unfold's order
+        weight = solution[:n_in] if _is_conv1d(layer) else solution[:n_in].T.reshape(layer.weight.shape)
+        layer.weight.copy_(weight.to(layer.weight.dtype))
         if layer.bias is not None:
-            a = torch.cat([a, a.new_ones(len(a), 1)], 1)
-        g, r = (a.T @ a).double(), a.T.double() @ target  # each batch's Gram in float32 at least, summed in float64
-        gram, rhs = (g, r) if gram is None else (gram + g, rhs + r)
-    n_in = h.shape[-1]
-    penalty = torch.zeros(len(gram), dtype=gram.dtype)
-    penalty[:n_in] = ridge * gram.diagonal()[:n_in].mean()  # the bias, if any, is not shrunk
-    solution = torch.linalg.lstsq(gram + torch.diag(penalty), rhs, driver="gelsd").solution  # rank-deficient too
-    weight = solution[:n_in] if conv1d else solution[:n_in].T  # Conv1D stores (in, out), nn.Linear (out, in)
-    layer.weight.copy_(weight.to(layer.weight.dtype))
-    if layer.bias is not None:
-        layer.bias.copy_(solution[n_in].to(layer.bias.dtype))
+            layer.bias.copy_(solution[n_in].to(layer.bias.dtype))
 
 
 def _batchnorms(model: nn.Module) -> list[str]:
