@@ -647,11 +647,11 @@ def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Modu
         h, mask = seen["h"], batch.get("attention_mask") if isinstance(batch, dict) else None
         if mask is not None and mask.shape == h.shape[:-1]:  # positions: only the attended ones
             h = h[mask.bool()]
-        a_all = torch.relu(h) if h.dtype in (torch.float32, torch.float64) else torch.relu(h).float()  # no half Gram
+        relu_h = torch.relu(h) if h.dtype in (torch.float32, torch.float64) else torch.relu(h).float()  # no half Gram
         for i, layer in enumerate(layers):
             target = layer(original(h))
             target = (target.movedim(1, -1) if isinstance(layer, nn.Conv2d) else target).flatten(0, -2).double()
-            a = _rows(layer, a_all)
+            a = _rows(layer, relu_h)
             if layer.bias is not None:
                 a = torch.cat([a, a.new_ones(len(a), 1)], 1)
             g, r = (a.T @ a).double(), a.T.double() @ target  # each batch's Gram in float32 at least, summed in float64
