@@ -401,6 +401,23 @@ def test_refit_of_a_resnet_solves_each_convolution_over_its_patches_and_keeps_ba
                                            rtol=1e-7, atol=1e-9)
 
 
+def test_refit_of_a_dilated_strided_convolution_with_bias_is_the_least_squares_solution():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.GELU(), nn.Conv2d(4, 3, (3, 2), stride=(2, 1), padding=(2, 1),
+                                                                   dilation=(2, 1)), nn.Flatten()).double()
+    original, x = copy.deepcopy(model), torch.randn(24, 2, 11, 9, dtype=torch.float64)
+    assert refit_after_swap_(model, [x[:12], x[12:]], ridge=0.0) == ["1"]
+    with torch.no_grad():  # the reference: the patches' design matrix with a column of ones, solved by QR
+        h, conv = original[0](x), original[2]
+        patches = F.unfold(torch.relu(h), conv.kernel_size, conv.dilation, conv.padding, conv.stride)
+        design = patches.transpose(1, 2).reshape(-1, patches.shape[1])
+        design = torch.cat([design, torch.ones(len(design), 1, dtype=design.dtype)], 1)
+        target = conv(F.gelu(h)).movedim(1, -1).reshape(-1, conv.out_channels)
+        solution = torch.linalg.lstsq(design, target).solution
+    torch.testing.assert_close(model[2].weight, solution[:-1].T.reshape(conv.weight.shape), rtol=1e-7, atol=1e-9)
+    torch.testing.assert_close(model[2].bias, solution[-1], rtol=1e-7, atol=1e-9)
+
+
 def _bn_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.GELU(), nn.Conv2d(4, 4, 3), nn.BatchNorm2d(4),
