@@ -361,7 +361,8 @@ def test_refit_refuses_a_model_with_no_layer_it_can_solve_after_an_activation():
         def forward(self, x):
             return super().forward(F.pad(x, (1, 0, 1, 0)))
 
-    torch.manual_seed(0)  # a grouped convolution is not one matrix product over patches; the Linear reads Flatten's output
+    # a grouped convolution is not one matrix product over patches; the Linear reads Flatten's output
+    torch.manual_seed(0)
     for conv in (nn.Conv2d(4, 4, 3, groups=4), Padded(4, 4, 3)):
         model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.GELU(), conv, nn.Flatten(), nn.LazyLinear(3))
         with pytest.raises(ValueError, match="refit found no layer reading a GELU's output directly"):
