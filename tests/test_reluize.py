@@ -300,6 +300,16 @@ def test_refit_is_the_least_squares_solution_for_each_layer_after_an_activation_
     assert isinstance(model[2], nn.ReLU) and isinstance(model[4], nn.ReLU)
 
 
+def test_refit_over_unbatched_inputs_equals_the_refit_over_their_batch():
+    torch.manual_seed(1)
+    one_by_one, xs = _mlp()[1:].double(), [torch.randn(12, dtype=torch.float64) for _ in range(200)]  # no Flatten
+    together = copy.deepcopy(one_by_one)
+    refit_after_swap_(one_by_one, xs, ridge=0.0)
+    refit_after_swap_(together, [torch.stack(xs)], ridge=0.0)
+    for a, b in zip(one_by_one.parameters(), together.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
 def test_refit_of_a_bfloat16_network_solves_in_float32_at_least():
     torch.manual_seed(1)
     model, x = _mlp().to(torch.bfloat16), torch.randn(256, 12, dtype=torch.bfloat16)

@@ -577,9 +577,9 @@ def _refittable(m: nn.Module) -> bool:
 
 def refit_consumers(model: nn.Module, batch) -> dict[str, list[str]]:
     """{GELU-like module: the layers that read its output}, in forward order, found by running ``batch``:
-    each layer (``nn.Linear``, Hugging Face ``Conv1D``, ``nn.Conv2d`` without groups) is called once, on
-    exactly the tensor the activation, called once, returned — a ResNet block's output feeds the next
-    block's first convolution and its projection shortcut. Raises ``ValueError`` if there is none."""
+    each layer (``nn.Linear``, Hugging Face ``Conv1D``, a plain ``nn.Conv2d`` without groups) is called
+    once, on exactly the tensor the activation, called once, returned — a ResNet block's output feeds the
+    next block's first convolution and its projection shortcut. Raises ``ValueError`` if there is none."""
     outputs, inputs, calls = {}, {}, collections.Counter()
 
     def returned(name):
@@ -615,8 +615,8 @@ def refit_consumers(model: nn.Module, batch) -> dict[str, list[str]]:
             found[by_tensor[id(x)]].append(layer)
     if not found:
         raise ValueError("refit found no layer reading a GELU's output directly (an nn.Linear, Hugging Face Conv1D "
-                         "or nn.Conv2d without groups, called once on exactly the tensor a GELU module returned); "
-                         "leave refit out")
+                         "or plain nn.Conv2d without groups, called once on exactly the tensor a GELU module "
+                         "returned); leave refit out")
     order = list(outputs)
     return dict(sorted(found.items(), key=lambda kv: order.index(kv[0])))
 
@@ -650,7 +650,8 @@ def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Modu
         relu_h = torch.relu(h) if h.dtype in (torch.float32, torch.float64) else torch.relu(h).float()  # no half Gram
         for i, layer in enumerate(layers):
             target = layer(original(h))
-            target = (target.movedim(1, -1) if isinstance(layer, nn.Conv2d) else target).flatten(0, -2).double()
+            target = target.movedim(1, -1) if isinstance(layer, nn.Conv2d) else target  # channels last, as rows
+            target = target.reshape(-1, target.shape[-1]).double()
             a = _rows(layer, relu_h)
             if layer.bias is not None:
                 a = torch.cat([a, a.new_ones(len(a), 1)], 1)
