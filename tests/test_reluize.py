@@ -427,6 +427,9 @@ def test_refit_of_a_dilated_strided_convolution_with_bias_is_the_least_squares_s
         solution = torch.linalg.lstsq(design, target).solution
     torch.testing.assert_close(model[2].weight, solution[:-1].T.reshape(conv.weight.shape), rtol=1e-7, atol=1e-9)
     torch.testing.assert_close(model[2].bias, solution[-1], rtol=1e-7, atol=1e-9)
+    with torch.no_grad():  # and the convolution itself, not unfold, computes the least-squares fit with them
+        fitted = model[2](torch.relu(h)).movedim(1, -1).reshape(-1, conv.out_channels)
+    torch.testing.assert_close(fitted, design @ solution, rtol=1e-7, atol=1e-9)
 
 
 def _bn_net():
