@@ -10,9 +10,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lambda_gelu as lg
-from lambda_gelu.reluize import (RECALIBRATE, AnnealedGELU, _block_input, _block_output, _paced_lambda,
-                                 distillation_loss, reconstruction_blocks, recalibrate_batchnorm_, refit_after_swap_,
-                                 refit_consumers, reluize)
+from lambda_gelu.reluize import (RECALIBRATE, AnnealedGELU, _block_input, _block_output, _functional_gelu_calls,
+                                 _paced_lambda, distillation_loss, reconstruction_blocks, recalibrate_batchnorm_,
+                                 refit_after_swap_, refit_consumers, reluize)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -308,6 +308,18 @@ def test_refit_over_unbatched_inputs_equals_the_refit_over_their_batch():
     refit_after_swap_(together, [torch.stack(xs)], ridge=0.0)
     for a, b in zip(one_by_one.parameters(), together.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
+def test_the_probe_forwards_and_the_refit_give_each_module_back_its_own_mode():
+    torch.manual_seed(1)
+    model, x = _mlp().train(), torch.randn(64, 12)
+    model[3].eval()  # a frozen layer inside a model being trained
+    refit_consumers(model, x)
+    assert model.training and not model[3].training
+    assert _functional_gelu_calls(model, x) == []
+    assert model.training and not model[3].training
+    refit_after_swap_(model, x)
+    assert model.training and not model[3].training
 
 
 def test_refit_of_a_bfloat16_network_solves_in_float32_at_least():

@@ -556,14 +556,9 @@ def refit_after_swap_(model: nn.Module, batches: Iterable, *, ridge: float = RID
     consumers = refit_consumers(model, batches[0]) if consumers is None else consumers
     originals = dict(model.named_modules())
     replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
-    modes = {m: m.training for m in model.modules()}
-    try:
-        model.eval()
+    with _eval_mode(model):
         for act, layers in consumers.items():
             _refit(model, act, originals[act], [model.get_submodule(n) for n in layers], batches, ridge)
-    finally:
-        for m, training in modes.items():
-            m.training = training
     return replaced
 
 
@@ -600,14 +595,12 @@ def refit_consumers(model: nn.Module, batch) -> dict[str, list[str]]:
             handles.append(m.register_forward_hook(returned(name)))
         elif _refittable(m):
             handles.append(m.register_forward_pre_hook(reads(name)))
-    training = model.training
     try:
-        with torch.no_grad():
-            _call(model.eval(), batch)
+        with torch.no_grad(), _eval_mode(model):
+            _call(model, batch)
     finally:
         for h in handles:
             h.remove()
-        model.train(training)
     by_tensor = {id(out): name for name, out in outputs.items() if calls[name] == 1}  # the tensors are alive
     found = collections.defaultdict(list)
     for layer, x in inputs.items():  # in the order the layers were called; a convolution on a batch of images
@@ -648,8 +641,9 @@ def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Modu
         if mask is not None and mask.shape == h.shape[:-1]:  # positions: only the attended ones
             h = h[mask.bool()]
         relu_h = torch.relu(h) if h.dtype in (torch.float32, torch.float64) else torch.relu(h).float()  # no half Gram
+        gelu_h = original(h)
         for i, layer in enumerate(layers):
-            target = layer(original(h))
+            target = layer(gelu_h)
             target = target.movedim(1, -1) if isinstance(layer, nn.Conv2d) else target  # channels last, as rows
             target = target.reshape(-1, target.shape[-1]).double()
             a = _rows(layer, relu_h)
@@ -689,24 +683,33 @@ def recalibrate_batchnorm_(model: nn.Module, batches: Iterable) -> list[str]:
     batches = [batches] if isinstance(batches, torch.Tensor) else list(batches)
     if not batches:
         raise ValueError("recalibrate_batchnorm_ got no batches")
-    modes = {m: m.training for m in model.modules()}
     norms = [model.get_submodule(n) for n in names]
     momenta = [m.momentum for m in norms]
     try:
-        model.eval()
-        for m in norms:
-            m.reset_running_stats()
-            m.momentum = None
-            m.train()
-        with _two_values_per_channel(model, names):
+        with _eval_mode(model), _two_values_per_channel(model, names):
+            for m in norms:
+                m.reset_running_stats()
+                m.momentum = None
+                m.train()
             for batch in batches:
                 _call(model, batch)
     finally:
         for m, momentum in zip(norms, momenta):
             m.momentum = momentum
+    return names
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module):
+    """Within: every module of ``model`` in eval mode (what is switched inside is put back too); after:
+    each module in the mode it had."""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
         for m, training in modes.items():
             m.training = training
-    return names
 
 
 @contextlib.contextmanager
@@ -866,14 +869,12 @@ def _functional_gelu_calls(model: nn.Module, batch) -> list[str]:
     for name, m in model.named_modules():
         handles.append(m.register_forward_pre_hook(enter(name, m)))
         handles.append(m.register_forward_hook(leave(name, m)))
-    training = model.training
     try:
-        with torch.no_grad(), mode:
-            _call(model.eval(), batch)
+        with torch.no_grad(), mode, _eval_mode(model):
+            _call(model, batch)
     finally:
         for h in handles:
             h.remove()
-        model.train(training)
     return found
 
 
