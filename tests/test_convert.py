@@ -6,6 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lambda_gelu import LambdaGELU, LambdaGELUConfig, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, to_relu_
+from lambda_gelu.convert import eval_mode
 
 
 def _mlp():
@@ -199,3 +200,15 @@ def test_real_timm_models_convert_exactly_build_with_lambda_gelu_and_become_relu
     built = timm.create_model(name, pretrained=False, num_classes=3, act_layer=LambdaGELU)
     assert sum(isinstance(m, LambdaGELU) for m in built.modules()) == len(replaced)
     assert built(x).shape == (2, 3)
+
+
+def test_eval_mode_puts_each_module_back_in_its_own_mode_even_after_an_error():
+    model = _mlp().train()
+    model[2].eval()  # a frozen layer inside a model being trained
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules())
+        model[4].train()  # switched inside: put back too
+    assert [m.training for m in model.modules()] == [True, True, True, False, True, True]
+    with pytest.raises(RuntimeError, match="inside"), eval_mode(model):
+        raise RuntimeError("inside")
+    assert [m.training for m in model.modules()] == [True, True, True, False, True, True]

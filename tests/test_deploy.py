@@ -74,3 +74,17 @@ def test_sparsity_on_a_hand_built_net():
     assert stats == {"1": {"zero_fraction": pytest.approx(4 / 6), "outputs": 6, "dead_fraction": pytest.approx(2 / 3)}}
     with pytest.raises(ValueError, match="no nn.ReLU"):
         deploy.activation_sparsity(nn.Sequential(nn.Linear(2, 2)), [torch.zeros(1, 2)])
+
+
+@pytest.mark.parametrize("use", ["export_onnx", "activation_sparsity"])
+def test_each_module_gets_its_own_mode_back(tmp_path, use):
+    """A frozen eval-mode BatchNorm inside a model being trained stays in eval mode: model.train(was_training)
+    would switch it back to train, and its running statistics would move at the next step."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Dropout(0.5), nn.Linear(4, 2)).train()
+    model[1].eval()
+    x = torch.randn(8, 3)
+    if use == "export_onnx":
+        deploy.export_onnx(model, x, tmp_path / "m.onnx")
+    else:
+        deploy.activation_sparsity(model, [x])
+    assert model.training and not model[1].training and model[3].training

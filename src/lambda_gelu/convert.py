@@ -16,6 +16,7 @@ the source of every module class in the model and warns where a ``forward`` call
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 import warnings
@@ -40,6 +41,20 @@ for _name in GELU_LIKE[1:]:
 _FUNCTIONAL_GELU = re.compile(r"(?:\bF\.|\bfunctional\.|(?<![\w.]))gelu\w*\s*\(")
 
 FilterFn = Callable[[nn.Module, str], bool]
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Within: every module of ``model`` in eval mode; after: each module in the mode it had before,
+    whatever was switched inside. (``model.train(was_training)`` would put a frozen eval-mode
+    submodule of a training model back in train mode, and its BatchNorm statistics would move.)"""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes.items():
+            m.training = training
 
 
 def is_gelu_like(module: nn.Module) -> bool:

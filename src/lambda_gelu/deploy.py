@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from .convert import eval_mode
 from .sparse import activation_sparsity  # measured beside int8 and verification; lives with the sparse path
 
 __all__ = ["export_onnx", "onnx_op_counts", "float_ops", "quantize_int8", "OnnxRunner", "activation_sparsity",
@@ -62,14 +63,11 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike
     GELU baselines for comparison). Run :func:`lambda_gelu.to_relu_` first.
     """
     _onnx()
-    was_training = model.training
-    model.eval()
-    with warnings.catch_warnings():
+    with eval_mode(model), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(model, (example,), str(path), input_names=["input"], output_names=["output"],
                           dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}}, opset_version=opset,
                           dynamo=False)
-    model.train(was_training)
     counts = onnx_op_counts(path)
     nonlinear = {k: v for k, v in counts.items() if k in _PIECEWISE_LINEAR or k in SMOOTH_OPS}
     smooth = {k: v for k, v in counts.items() if k in SMOOTH_OPS}

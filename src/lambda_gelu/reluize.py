@@ -95,7 +95,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .config import DEFAULTS
-from .convert import GELU_LIKE, _is_conv1d, is_gelu_like, replace_modules_
+from .convert import GELU_LIKE, _is_conv1d, eval_mode, is_gelu_like, replace_modules_
 from .functional import lambda_target as _lambda_target
 from .regularize import SparsityRegularizer
 
@@ -556,7 +556,7 @@ def refit_after_swap_(model: nn.Module, batches: Iterable, *, ridge: float = RID
     consumers = refit_consumers(model, batches[0]) if consumers is None else consumers
     originals = dict(model.named_modules())
     replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
-    with _eval_mode(model):
+    with eval_mode(model):
         for act, layers in consumers.items():
             _refit(model, act, originals[act], [model.get_submodule(n) for n in layers], batches, ridge)
     return replaced
@@ -596,7 +596,7 @@ def refit_consumers(model: nn.Module, batch) -> dict[str, list[str]]:
         elif _refittable(m):
             handles.append(m.register_forward_pre_hook(reads(name)))
     try:
-        with torch.no_grad(), _eval_mode(model):
+        with torch.no_grad(), eval_mode(model):
             _call(model, batch)
     finally:
         for h in handles:
@@ -686,7 +686,7 @@ def recalibrate_batchnorm_(model: nn.Module, batches: Iterable) -> list[str]:
     norms = [model.get_submodule(n) for n in names]
     momenta = [m.momentum for m in norms]
     try:
-        with _eval_mode(model), _two_values_per_channel(model, names):
+        with eval_mode(model), _two_values_per_channel(model, names):
             for m in norms:
                 m.reset_running_stats()
                 m.momentum = None
@@ -697,19 +697,6 @@ def recalibrate_batchnorm_(model: nn.Module, batches: Iterable) -> list[str]:
         for m, momentum in zip(norms, momenta):
             m.momentum = momentum
     return names
-
-
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module):
-    """Within: every module of ``model`` in eval mode (what is switched inside is put back too); after:
-    each module in the mode it had."""
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in modes.items():
-            m.training = training
 
 
 @contextlib.contextmanager
@@ -870,7 +857,7 @@ def _functional_gelu_calls(model: nn.Module, batch) -> list[str]:
         handles.append(m.register_forward_pre_hook(enter(name, m)))
         handles.append(m.register_forward_hook(leave(name, m)))
     try:
-        with torch.no_grad(), mode, _eval_mode(model):
+        with torch.no_grad(), mode, eval_mode(model):
             _call(model, batch)
     finally:
         for h in handles:

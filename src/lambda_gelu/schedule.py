@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from .config import DEFAULTS, LambdaGELUConfig
-from .convert import lambda_modules
+from .convert import eval_mode, lambda_modules
 from .distributed import _is_sharded
 from .functional import lambda_target as _lambda_target
 
@@ -266,24 +266,21 @@ class HardeningSchedule:
         signs = {m: [] for m in self.modules.values()}
         hooks = [m.register_forward_pre_hook(lambda mod, args: signs[mod].append((args[0] > 0).reshape(-1)))
                  for m in signs]
-        modes = [(m, m.training) for m in self._model.modules()]
-        self._model.eval()  # no dropout: the pattern must depend on the weights alone
         try:
-            probe = self._probe
-            if isinstance(probe, Mapping):
-                self._model(**probe)
-            elif isinstance(probe, (tuple, list)):
-                self._model(*probe)
-            else:
-                self._model(probe)
+            with eval_mode(self._model):  # no dropout: the pattern must depend on the weights alone
+                probe = self._probe
+                if isinstance(probe, Mapping):
+                    self._model(**probe)
+                elif isinstance(probe, (tuple, list)):
+                    self._model(*probe)
+                else:
+                    self._model(probe)
         except Exception as e:
             raise RuntimeError(f"HardeningSchedule could not run its probe batch through the model "
                                f"({type(e).__name__}: {e}); pass probe= as the model takes a batch") from e
         finally:
             for h in hooks:
                 h.remove()
-            for m, training in modes:
-                m.training = training
         if not any(signs.values()):
             raise ValueError("the probe batch ran through the model without reaching any LambdaGELU")
         checks = self._state("switch_checks")

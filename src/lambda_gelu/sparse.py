@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _native
-from .convert import _is_conv1d
+from .convert import _is_conv1d, eval_mode
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
            "MAX_DENSITY", "MIN_WEIGHTS"]
@@ -194,14 +194,12 @@ def activation_sparsity(model: nn.Module, inputs: Iterable[torch.Tensor]) -> dic
             hooks.append(m.register_forward_hook(hook))
     if not hooks:
         raise ValueError("activation_sparsity found no nn.ReLU in the model: ReLU-ize it first (lambda_gelu.to_relu_)")
-    was_training = model.training
-    model.eval()
     try:
-        for x in inputs:
-            model(x)
+        with eval_mode(model):
+            for x in inputs:
+                model(x)
     finally:
         for h in hooks:
             h.remove()
-        model.train(was_training)
     return {name: {"zero_fraction": s["zeros"] / s["total"], "outputs": s["total"],
                    "dead_fraction": 1.0 - s["ever_active"].float().mean().item()} for name, s in stats.items()}

@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lambda_gelu as lg
+from lambda_gelu.convert import eval_mode
 from lambda_gelu.sparse import activation_sparsity
 
 from .baselines import LearnableSwish, swish_init, swish_target
@@ -95,14 +96,12 @@ def loss_fn(logits: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> t
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 512) -> tuple[float, float]:
     """(accuracy, mean cross-entropy per label) in eval mode."""
-    was_training = model.training
-    model.eval()
     correct, loss = 0, 0.0
-    for i in range(0, len(x), batch_size):
-        logits = model(x[i:i + batch_size])
-        loss += loss_fn(logits, y[i:i + batch_size], reduction="sum").item()
-        correct += (logits.argmax(-1) == y[i:i + batch_size]).sum().item()
-    model.train(was_training)
+    with eval_mode(model):
+        for i in range(0, len(x), batch_size):
+            logits = model(x[i:i + batch_size])
+            loss += loss_fn(logits, y[i:i + batch_size], reduction="sum").item()
+            correct += (logits.argmax(-1) == y[i:i + batch_size]).sum().item()
     return correct / y.numel(), loss / y.numel()
 
 

@@ -93,3 +93,10 @@ def test_posthoc_recalibration_re_estimates_batchnorm_within_the_same_budget():
     assert m["posthoc_steps"] == math.ceil(0.1 * m["steps"]) - 3 == 3
     assert m["posthoc_recalibrated"] == 9  # all of the ResNet's BatchNorms
     assert m["sub_test_acc"] > m["test_acc"] - 0.2  # measured 0.52 after 0.60: a network trained 60 steps
+
+
+def test_evaluate_gives_each_module_back_its_own_mode():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2)).train()
+    model[1].eval()  # frozen: model.train(was_training) would switch it back, and its statistics would move
+    evaluate(model, torch.randn(8, 3), torch.randint(0, 2, (8,)))
+    assert model.training and not model[1].training
