@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.utils.prune as prune
 
 import lambda_gelu as lg
 
@@ -174,6 +175,36 @@ def test_structures_it_does_not_model_are_refused_not_verified(build, why):
     model = build()
     with pytest.raises(ValueError, match=why):
         verify_point(model, torch.zeros(2), 0, -np.ones(2), np.ones(2), attack=False)
+
+
+@pytest.mark.parametrize("hook", ["output", "root", "pre", "global", "prune"])
+def test_forward_hooks_are_refused_not_verified(hook):
+    """A hook runs when the model is called, not in its traced forward: each of these models classifies the
+    centre of the box otherwise than the hook-free chain the verifier would read (which it verifies)."""
+    torch.manual_seed(0)
+    model = _tiny(0).eval()
+    x0 = torch.tensor([0.5, 0.5])
+    label = int(model(x0.unsqueeze(0)).argmax())
+    lo, hi = (x0 - 0.01).numpy(), (x0 + 0.01).numpy()
+    assert verify_point(model, x0, label, lo, hi, attack=False).status == "verified"
+    if hook == "output":
+        handle = model[4].register_forward_hook(lambda m, args, out: -out)
+    elif hook == "root":
+        handle = model.register_forward_hook(lambda m, args, out: -out)
+    elif hook == "pre":
+        handle = model[4].register_forward_pre_hook(lambda m, args: (-args[0],))
+    elif hook == "global":
+        handle = nn.modules.module.register_module_forward_hook(lambda m, args, out: -out if m is model else out)
+    else:
+        prune.l1_unstructured(model[2], "weight", amount=0.9)
+    try:
+        if hook != "prune":  # pruning keeps the class here; its hook would recompute a stale weight unseen
+            assert int(model(x0.unsqueeze(0)).argmax()) != label
+        with pytest.raises(ValueError, match="forward hooks"):
+            verify_point(model, x0, label, lo, hi, attack=False)
+    finally:
+        if hook != "prune":
+            handle.remove()
 
 
 def test_residual_box_with_a_counterexample_is_not_certified():

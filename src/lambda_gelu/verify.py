@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.modules.module as _module  # the global hook registries
 
 __all__ = ["affine_layers", "interval_bounds", "crown_bounds", "verify_point", "VerifyResult", "pgd_attack"]
 
@@ -71,14 +72,23 @@ def affine_layers(model: nn.Module) -> tuple[list[tuple[np.ndarray, np.ndarray]]
     optionally a flatten of all but the batch dimension, then Linear, activation, Linear, ...,
     Linear, output — each operation consuming only the previous one's result, which nothing else
     uses. Identity and eval-mode Dropout are passed over. Anything else (a residual connection, two
-    Linears in a row, a module or function the verifier does not model, a mix of activations) is
-    refused with a ValueError naming it, rather than verified as something it is not.
+    Linears in a row, a module or function the verifier does not model, a mix of activations, a
+    forward hook, which tracing does not see) is refused with a ValueError naming it, rather than
+    verified as something it is not.
     """
     def refuse(why: str):
         raise ValueError(f"cannot verify this model: {why}. The verifier handles a chain input → [Flatten] → Linear "
                          "→ activation → ... → Linear with one kind of activation (ReLU; exact GELU for interval "
                          "bounds only)")
 
+    hooked = [repr(name) if name else "the model itself" for name, m in model.named_modules()
+              if m._forward_hooks or m._forward_pre_hooks]
+    if hooked:  # a hook runs when the model is called, not in the traced forward: what it changes would go unseen
+        refuse(f"{hooked[0]} has forward hooks, which may change what it computes and which its traced forward "
+               "does not show; remove them first (torch.nn.utils.prune.remove makes a pruning permanent)")
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        refuse("global module forward hooks are registered (torch.nn.modules.module.register_module_forward_hook "
+               "or _pre_hook), which may change what every module computes; remove them first")
     try:
         graph = _Tracer().trace(model)
     except Exception as e:
