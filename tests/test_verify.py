@@ -235,3 +235,37 @@ def test_unsupported_models_are_a_clear_error():
         verify_point(_tiny(0), torch.zeros(2, 2), 0, -np.ones(4), np.ones(4))
     with pytest.raises(ValueError, match="needs a ReLU network"):
         verify_point(_tiny(0, nn.GELU), torch.zeros(2), 0, -np.ones(2), np.ones(2))
+
+
+@pytest.mark.parametrize("label, lo, hi, why", [
+    (0, [0.5, 0.0], [0.4, 1.0], r"empty: lo\[0\] = 0.5 > hi\[0\] = 0.4"),  # would verify anything, vacuously
+    (0, [-np.inf, 0.0], [1.0, 1.0], "must be finite"),
+    (0, [np.nan, 0.0], [1.0, 1.0], "must be finite"),
+    (3, [0.0, 0.0], [1.0, 1.0], r"integer in \[0, 3\); got 3"),
+    (-1, [0.0, 0.0], [1.0, 1.0], r"got -1"),  # would index the last class from the end
+    (1.0, [0.0, 0.0], [1.0, 1.0], "got 1.0"),
+    (True, [0.0, 0.0], [1.0, 1.0], "got True"),
+])
+def test_a_bad_box_or_label_is_a_clear_error(label, lo, hi, why):
+    with pytest.raises(ValueError, match=why):
+        verify_point(_tiny(0), torch.zeros(2), label, np.array(lo), np.array(hi), attack=False)
+    if "got" not in why:  # the box: the bounds refuse it too
+        with pytest.raises(ValueError, match=why):
+            crown_bounds(affine_layers(_tiny(0))[0], np.array(lo), np.array(hi))
+
+
+def test_labels_as_numpy_and_torch_integers_are_accepted():
+    model, x0 = _tiny(0), torch.tensor([0.2, -0.1])
+    label = int(model(x0.unsqueeze(0)).argmax())
+    lo, hi = (x0 - 0.01).numpy(), (x0 + 0.01).numpy()
+    expected = verify_point(model, x0, label, lo, hi, attack=False).status
+    for as_given in (np.int64(label), torch.tensor(label)):
+        assert verify_point(model, x0, as_given, lo, hi, attack=False).status == expected
+
+
+def test_non_finite_weights_are_refused():
+    model = _tiny(0)
+    with torch.no_grad():
+        model[2].weight[3, 0] = float("nan")
+    with pytest.raises(ValueError, match="'2' has non-finite weights"):
+        verify_point(model, torch.zeros(2), 0, -np.ones(2), np.ones(2), attack=False)

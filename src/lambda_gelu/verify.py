@@ -16,6 +16,7 @@ checked with a forward pass of the float network before it is reported.
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -123,7 +124,10 @@ def affine_layers(model: nn.Module) -> tuple[list[tuple[np.ndarray, np.ndarray]]
                 refuse(f"{what} follows another Linear layer with no activation between them")
             m = modules[node.target]
             b = m.bias.detach() if m.bias is not None else torch.zeros(m.out_features)
-            layers.append((m.weight.detach().double().numpy(), b.double().numpy()))
+            W, b = m.weight.detach().double().numpy(), b.double().numpy()
+            if not (np.isfinite(W).all() and np.isfinite(b).all()):
+                refuse(f"{what} has non-finite weights or bias (inf or NaN)")
+            layers.append((W, b))
             expect = "activation"
         elif kind in ("relu", "gelu"):
             if expect != "activation":
@@ -152,10 +156,23 @@ def _act_interval(l, u, act):
     return lo, np.maximum(_gelu(l), _gelu(u))
 
 
+def _box(lo, hi) -> tuple[np.ndarray, np.ndarray]:
+    """``lo`` and ``hi`` as flat float arrays, checked: finite, and lo ≤ hi (an empty box would verify anything)."""
+    lo, hi = np.asarray(lo, float).ravel(), np.asarray(hi, float).ravel()
+    if lo.shape != hi.shape:
+        raise ValueError(f"the box's lo and hi have {lo.size} and {hi.size} values: they must agree")
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
+        raise ValueError("the box [lo, hi] must be finite (inf or NaN found): clip it to the data domain")
+    if (lo > hi).any():
+        i = int(np.argmax(lo > hi))
+        raise ValueError(f"the box is empty: lo[{i}] = {lo[i]:g} > hi[{i}] = {hi[i]:g}; it needs lo ≤ hi elementwise")
+    return lo, hi
+
+
 def interval_bounds(layers, act, lo, hi):
     """Interval bound propagation: pre-activation [l, u] of every layer (the last is the logits)."""
     bounds = []
-    a_lo, a_hi = np.asarray(lo, float), np.asarray(hi, float)
+    a_lo, a_hi = _box(lo, hi)
     for i, (W, b) in enumerate(layers):
         mid, rad = (a_hi + a_lo) / 2, (a_hi - a_lo) / 2
         zm, zr = W @ mid + b, np.abs(W) @ rad
@@ -199,7 +216,7 @@ def _backward_bound(C, k, layers, bounds, lo, hi, lower: bool):
 def crown_bounds(layers, lo, hi, spec: np.ndarray | None = None):
     """CROWN linear bounds of every layer's pre-activations (each at least as tight as interval
     bounds), and, given ``spec`` (rows c), a lower bound of c·logits for each row."""
-    lo, hi = np.asarray(lo, float), np.asarray(hi, float)
+    lo, hi = _box(lo, hi)
     ibp = interval_bounds(layers, "relu", lo, hi)
     bounds = []
     for k in range(len(layers)):
@@ -329,7 +346,15 @@ def verify_point(model: nn.Module, x: torch.Tensor, label: int, lo, hi, time_lim
     if not (lo.shape == hi.shape == (x.numel(),) == (layers[0][0].shape[1],)):
         raise ValueError(f"the input has {x.numel()} values, the box {lo.size}/{hi.size} and the first Linear layer "
                          f"takes {layers[0][0].shape[1]}: they must agree (flatten the input in the model)")
+    lo, hi = _box(lo, hi)
     num_classes = layers[-1][0].shape[0]
+    try:
+        index = None if isinstance(label, bool) else operator.index(label)
+    except TypeError:
+        index = None
+    if index is None or not 0 <= index < num_classes:
+        raise ValueError(f"label is the index of the class to verify, an integer in [0, {num_classes}); got {label!r}")
+    label = index
 
     def falsified(cand, method, detail=None):
         xt = torch.as_tensor(cand, dtype=torch.float32).view_as(x)
