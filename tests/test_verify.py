@@ -1,4 +1,5 @@
 """The verifier against ground truth on tiny networks: dense grids, PGD, and soundness of the bounds."""
+import copy
 import itertools
 
 import numpy as np
@@ -9,7 +10,8 @@ import torch.nn.utils.prune as prune
 
 import lambda_gelu as lg
 
-from lambda_gelu.verify import _margin_spec, _milp_min, affine_layers, crown_bounds, interval_bounds, pgd_attack, verify_point
+from lambda_gelu.verify import (_margin_spec, _milp_min, affine_layers, crown_bounds, float_error, interval_bounds,
+                                 pgd_attack, unit_roundoff, verify_point)
 
 
 def _tiny(seed, act=nn.ReLU):
@@ -38,9 +40,10 @@ def test_milp_minimum_margin_is_exact(seed):
     with torch.no_grad():
         logits = model(torch.tensor(xs).float()).double().numpy()
     for row, k in enumerate([k for k in range(3) if k != label]):
-        value, _, status, _ = _milp_min(_margin_spec(label, 3)[row], layers, bounds, lo, hi, 30)
+        value, proven, _, status, _ = _milp_min(_margin_spec(label, 3)[row], layers, bounds, lo, hi, 30)
         grid_min = (logits[:, label] - logits[:, k]).min()
         assert status == 0
+        assert proven <= value + 1e-9 and value - proven <= 1e-4 * max(1.0, abs(value))  # HiGHS's gap at most
         assert value <= grid_min + 1e-4          # sound: nothing on the grid is below the optimum
         assert grid_min - value < 0.05           # exact: the optimum is (nearly) attained on a fine grid
         assert spec_lower[row] <= value + 1e-6   # CROWN is a lower bound of the exact minimum
@@ -134,9 +137,10 @@ def test_milp_equals_exhaustive_enumeration_of_activation_patterns(seed):
     lo, hi = np.array([-0.8, -0.3, 0.1]), np.array([0.4, 0.6, 0.9])
     bounds, _ = crown_bounds(layers, lo, hi)
     for c_out in _margin_spec(0, 3):
-        value, _, status, _ = _milp_min(c_out, layers, bounds, lo, hi, 30)
+        value, proven, _, status, _ = _milp_min(c_out, layers, bounds, lo, hi, 30)
         assert status == 0
         assert value == pytest.approx(_enumerated_min(c_out, layers, lo, hi), abs=1e-6)
+        assert proven <= _enumerated_min(c_out, layers, lo, hi) + 1e-6  # the proven bound is a lower bound
 
 
 class _Residual(nn.Module):
@@ -269,3 +273,62 @@ def test_non_finite_weights_are_refused():
         model[2].weight[3, 0] = float("nan")
     with pytest.raises(ValueError, match="'2' has non-finite weights"):
         verify_point(model, torch.zeros(2), 0, -np.ones(2), np.ones(2), attack=False)
+
+
+@pytest.mark.parametrize("radius", [1.0, 0.02])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_float_error_bounds_the_rounding_of_the_float_forward(dtype, radius):
+    """On random points of the box, the network run in ``dtype`` is within float_error of the same weights
+    run in float64, logit by logit and margin by margin. The bound is the worst case (γₙ = n·u per sum),
+    far above the rounding seen here, but not vacuous for float32 on a small box."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).eval()
+    model.to(dtype)
+    layers, _ = affine_layers(model)  # the dtype's weights, exactly, in float64
+    x0 = torch.rand(64, dtype=torch.float64) * 2 - 1
+    lo, hi = (x0 - radius).numpy(), (x0 + radius).numpy()
+    err = float_error(layers, crown_bounds(layers, lo, hi)[0], lo, hi, unit_roundoff(model))
+    xs = (x0 - radius + 2 * radius * torch.rand(4096, 64, dtype=torch.float64)).to(dtype)
+    with torch.no_grad():
+        computed = model(xs).double()
+        exact = copy.deepcopy(model).double()(xs.double())  # the points the low-precision network takes, exactly
+    observed = (computed - exact).abs().max(0).values.numpy()
+    assert np.all(observed <= err)
+    spec = _margin_spec(3, 10)  # and the margins logit[3] − logit[k], which cancel part of it
+    margin_err = float_error(layers, crown_bounds(layers, lo, hi)[0], lo, hi, unit_roundoff(model), spec)
+    assert np.all(((computed - exact).numpy() @ spec.T).__abs__().max(0) <= margin_err)
+    if dtype is torch.float32 and radius < 0.1:
+        assert err.max() < 1e-3, err.max()
+
+
+def test_unit_roundoff_follows_dtype_and_refuses_reduced_precision_products():
+    model = _tiny(0)
+    assert unit_roundoff(model) == 2.0 ** -24 and unit_roundoff(_tiny(0).double()) == 2.0 ** -53
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")  # float32 products may run in bfloat16
+        with pytest.raises(ValueError, match="set_float32_matmul_precision"):
+            verify_point(model, torch.zeros(2), 0, -np.ones(2), np.ones(2), attack=False)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    wide = nn.Sequential(nn.Linear(2, 300), nn.ReLU(), nn.Linear(300, 3)).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"300 \+ 1 terms|301 terms"):
+        float_error(affine_layers(wide)[0], crown_bounds(affine_layers(wide)[0], -np.ones(2), np.ones(2))[0],
+                    -np.ones(2), np.ones(2), unit_roundoff(wide))
+
+
+def test_a_margin_within_the_rounding_is_not_certified():
+    """Two logits whose exact difference is 1e-9 everywhere: exactly, the property holds on any box;
+    but float32 rounds each logit by far more, so its forward can make them tie or swap."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    with torch.no_grad():
+        model[2].weight[1] = model[2].weight[0]
+        model[2].bias[1] = model[2].bias[0] - 1e-9
+    x0 = torch.tensor([0.3, -0.2])
+    lo, hi = (x0 - 0.1).numpy(), (x0 + 0.1).numpy()
+    result = verify_point(model, x0, 0, lo, hi, attack=False)
+    assert result.status == "timeout" and "rounding" in result.detail["note"]
+    with torch.no_grad():
+        model[2].bias[1] = model[2].bias[0] - 1.0  # a margin of 1: certified
+    assert verify_point(model, x0, 0, lo, hi, attack=False).status == "verified"

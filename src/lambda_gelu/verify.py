@@ -12,6 +12,11 @@ a = ReLU(z) is exactly {a ≥ 0, a ≥ z, a ≤ u·δ, a ≤ z − l·(1 − δ)
 the MILP takes its bounds from CROWN. Minimising logit[label] − logit[k] over that set is exact: a
 minimum > 0 for every k proves the property, and a minimiser < 0 is a counterexample, which is
 checked with a forward pass of the float network before it is reported.
+
+The network that runs is the floating-point one, not the exact one. A verdict of "verified" asks
+each margin to exceed the rounding its float forward can make on the box (:func:`float_error`: a
+bound valid for any summation order, so on every CPU) and, from the MILP, the solver's proven bound
+(not its best solution) to exceed that too. A margin inside the rounding is left undecided.
 """
 from __future__ import annotations
 
@@ -25,7 +30,10 @@ import torch
 import torch.nn as nn
 import torch.nn.modules.module as _module  # the global hook registries
 
-__all__ = ["affine_layers", "interval_bounds", "crown_bounds", "verify_point", "VerifyResult", "pgd_attack"]
+__all__ = ["affine_layers", "interval_bounds", "crown_bounds", "float_error", "unit_roundoff", "verify_point",
+           "VerifyResult", "pgd_attack"]
+
+_SOLVER_TOL = 1e-6  # HiGHS's default feasibility tolerances are 1e-7 (primal) and 1e-6 (integrality)
 
 
 class _Tracer(torch.fx.Tracer):
@@ -182,6 +190,61 @@ def interval_bounds(layers, act, lo, hi):
     return bounds
 
 
+def unit_roundoff(model: nn.Module) -> float:
+    """The unit roundoff u of the arithmetic ``model``'s Linear layers run in (the coarsest of their
+    dtypes): 2⁻²⁴ for float32, 2⁻⁵³ for float64. A ValueError while torch may run float32 products in
+    reduced precision (``torch.set_float32_matmul_precision`` other than "highest"), whose rounding
+    the verifier does not bound."""
+    dtypes = {m.weight.dtype for m in model.modules() if isinstance(m, nn.Linear)}
+    if torch.float32 in dtypes and torch.get_float32_matmul_precision() != "highest":
+        raise ValueError(f"torch.get_float32_matmul_precision() is {torch.get_float32_matmul_precision()!r}: float32 "
+                         "products may run in reduced precision, which the verifier cannot bound; verify with "
+                         "torch.set_float32_matmul_precision('highest')")
+    return max(torch.finfo(d).eps / 2 for d in dtypes)
+
+
+def float_error(layers, bounds, lo, hi, unit: float, spec: np.ndarray | None = None) -> np.ndarray:
+    """A bound on |computed − exact| of each row of ``spec``·logits (of each logit if ``spec`` is None) over
+    the box [lo, hi], when the ReLU chain runs in floating point of unit roundoff ``unit``.
+
+    Layer k's sums, in any order, with or without fused multiply-adds, round by at most
+    δₖ = γₙ·(|W|·|â| + |b|) (γₙ = n·u / (1 − n·u), n the terms; Higham, *Accuracy and Stability of
+    Numerical Algorithms*, §3.1), â the computed input. The error of c·logits is Σₖ Vₖ·(rounding of
+    layer k) with Vₖ = c·W_L·D·W_{L−1}⋯W_{k+1}·D, each D diagonal with ReLU's secant slopes in [0, 1]:
+    exactly 1 or 0 for a unit whose exact and computed values are sure to share a side. Vₖ is bounded
+    backwards as an interval, as CROWN bounds a margin, which keeps the cancellation a product of
+    absolute values |W| would lose. ``bounds``: every layer's pre-activation bounds over the box
+    (:func:`interval_bounds` or :func:`crown_bounds`)."""
+    lo, hi = _box(lo, hi)
+    C = np.eye(layers[-1][0].shape[0]) if spec is None else np.atleast_2d(np.asarray(spec, float))
+    # forward: each layer's own rounding δ, and a coarse bound of every unit's accumulated error
+    mag, coarse, deltas, coarses = np.maximum(np.abs(lo), np.abs(hi)), np.zeros(lo.shape), [], []
+    for k, (W, b) in enumerate(layers):
+        n = W.shape[1] + 1  # the bias is one more term
+        if n * unit >= 1:
+            raise ValueError(f"layer {k} sums {n} terms, too many to bound their rounding at unit roundoff {unit:g}: "
+                             "verify the network in a wider dtype (model.float())")
+        absW = np.abs(W)
+        delta = n * unit / (1 - n * unit) * (absW @ (mag + coarse) + np.abs(b))
+        coarse = absW @ coarse + delta
+        deltas.append(delta), coarses.append(coarse)
+        if k < len(layers) - 1:
+            mag = np.maximum(bounds[k][1], 0.0)  # |ReLU(z)| ≤ max(u, 0)
+    # backward: Vₖ as an interval [v_lo, v_hi], one row per row of C
+    v_lo = v_hi = C
+    total = np.abs(C) @ deltas[-1]
+    for k in range(len(layers) - 2, -1, -1):
+        W = layers[k + 1][0]
+        mid, rad = (v_lo + v_hi) / 2 @ W, (v_hi - v_lo) / 2 @ np.abs(W)
+        g_lo, g_hi = mid - rad, mid + rad
+        l, u = bounds[k]
+        on, off = l - coarses[k] >= 0, u + coarses[k] <= 0  # exact and computed value both ≥ 0 / both ≤ 0
+        v_lo = np.where(on, g_lo, np.where(off, 0.0, np.minimum(g_lo, 0.0)))
+        v_hi = np.where(on, g_hi, np.where(off, 0.0, np.maximum(g_hi, 0.0)))
+        total = total + np.maximum(-v_lo, v_hi) @ deltas[k]
+    return total
+
+
 def _relaxation(l, u):
     """Linear bounds of ReLU on [l, u]: lower a ≥ α·z, upper a ≤ s·z + t (CROWN's adaptive α)."""
     active, unstable = l >= 0, (l < 0) & (u > 0)
@@ -327,7 +390,11 @@ def _milp_min(c_out, layers, bounds, lo, hi, time_limit):
                bounds=Bounds(var_lo, var_hi), options={"time_limit": time_limit, "disp": False})
     value = None if res.x is None else float(res.fun + c_out @ bL)
     x = None if res.x is None else res.x[:len(lo)]
-    return value, x, res.status, len(unstable_idx)
+    # the proven lower bound of the minimum: the best solution found exceeds it by up to the solver's gap
+    dual = getattr(res, "mip_dual_bound", None)
+    proven = value if not integrality.any() else (None if dual is None or not np.isfinite(dual)
+                                                   else float(dual + c_out @ bL))
+    return value, proven, x, res.status, len(unstable_idx)
 
 
 def verify_point(model: nn.Module, x: torch.Tensor, label: int, lo, hi, time_limit: float = 60.0,
@@ -373,19 +440,25 @@ def verify_point(model: nn.Module, x: torch.Tensor, label: int, lo, hi, time_lim
                 return found
     spec = _margin_spec(label, num_classes)
     bounds, spec_lower = crown_bounds(layers, lo, hi, spec)
-    if np.all(spec_lower > 0):
+    rounding = float_error(layers, bounds, lo, hi, unit_roundoff(model), spec)  # what the float forward may round
+    if np.all(spec_lower > rounding):
         return VerifyResult("verified", "crown", time.perf_counter() - start)
     others = [k for k in range(num_classes) if k != label]
     unstable = 0
-    for row in np.argsort(spec_lower):  # most likely violated first
-        if spec_lower[row] > 0:
+    for row in np.argsort(spec_lower - rounding):  # most likely violated first
+        if spec_lower[row] > rounding[row]:
             continue
         remaining = time_limit - (time.perf_counter() - start)
         if remaining <= 0:
             return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable)
-        value, cand, status, unstable = _milp_min(spec[row], layers, bounds, lo, hi, remaining)
-        if status == 0 and value is not None and value > 0:
+        value, proven, cand, status, unstable = _milp_min(spec[row], layers, bounds, lo, hi, remaining)
+        if status == 0 and proven is not None and proven > rounding[row] + _SOLVER_TOL:
             continue  # proven for this class
+        if status == 0 and value is not None and value > 0:
+            return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable,
+                                detail={"class": others[row], "note": "the minimum margin is positive but not proven to exceed "
+                                        "the floating-point rounding bound", "margin": value,
+                                        "rounding": float(rounding[row])})
         if value is not None and value < 0 and cand is not None:
             found = falsified(cand, "milp", {"class": others[row], "margin": value})
             if found:
