@@ -28,7 +28,8 @@ import torch.nn as nn
 from .config import DEFAULTS, LambdaGELUConfig
 from .module import LambdaGELU
 
-__all__ = ["convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE"]
+__all__ = ["convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
+           "eval_mode"]
 
 GELU_LIKE = ("torch.nn.GELU", "transformers.*.GELUActivation", "transformers.*.NewGELUActivation",
              "transformers.*.GELUTanh", "transformers.*.PytorchGELUTanh",
