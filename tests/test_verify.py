@@ -296,7 +296,7 @@ def test_float_error_bounds_the_rounding_of_the_float_forward(dtype, radius):
     assert np.all(observed <= err)
     spec = _margin_spec(3, 10)  # and the margins logit[3] − logit[k], which cancel part of it
     margin_err = float_error(layers, crown_bounds(layers, lo, hi)[0], lo, hi, unit_roundoff(model), spec)
-    assert np.all(((computed - exact).numpy() @ spec.T).__abs__().max(0) <= margin_err)
+    assert np.all(np.abs((computed - exact).numpy() @ spec.T).max(0) <= margin_err)
     if dtype is torch.float32 and radius < 0.1:
         assert err.max() < 1e-3, err.max()
 
