@@ -403,7 +403,9 @@ def verify_point(model: nn.Module, x: torch.Tensor, label: int, lo, hi, time_lim
 
     Tiers, cheapest first: a PGD attack (falsifies), CROWN bounds (verifies), then the exact MILP,
     one per competing class, within ``time_limit`` seconds in all. ``x`` is the clean input (for the
-    attack), ``lo``/``hi`` flat arrays of the input box.
+    attack), ``lo``/``hi`` flat arrays of the input box (finite, lo ≤ hi). "verified" holds for the
+    network's floating-point forward: every margin exceeds :func:`float_error`; "timeout" is undecided
+    (out of time, or a margin that is positive but not beyond the rounding, said in ``detail``).
     """
     start = time.perf_counter()
     layers, act = affine_layers(model)
