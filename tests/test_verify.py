@@ -163,6 +163,16 @@ class _FunctionalRelu(nn.Module):
         return self.head(nn.functional.relu(self.body(x)))
 
 
+def _fake_quantized(model):
+    """Quantization-aware training's Linear in place of the first: an nn.Linear whose forward fake-quantizes
+    its weight, a leaf module to torch.fx; read as a plain Linear, it would be verified with weights it does
+    not use."""
+    from torch.ao.nn.qat import Linear as QATLinear
+    from torch.ao.quantization import get_default_qat_qconfig
+    model[0] = QATLinear(model[0].in_features, model[0].out_features, qconfig=get_default_qat_qconfig("fbgemm"))
+    return model.eval()
+
+
 @pytest.mark.parametrize("build, why", [
     (lambda: nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 3)), "another Linear"),
     (_Residual, "residual"),
@@ -170,6 +180,8 @@ class _FunctionalRelu(nn.Module):
     (lambda: nn.Sequential(nn.Linear(2, 8), lg.LambdaGELU(), nn.Linear(8, 3)), "to_relu_"),
     (lambda: nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 3)), "one kind"),
     (lambda: nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 3)), "'1' is a Tanh"),
+    (lambda: _fake_quantized(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))),
+     r"'0' is a Linear \(from torch\.ao\.nn\.qat"),
 ])
 def test_structures_it_does_not_model_are_refused_not_verified(build, why):
     """Each of these has points the verifier would misjudge if it read the Linear layers in

@@ -43,20 +43,26 @@ class _Tracer(torch.fx.Tracer):
         return type(m).__module__.startswith("lambda_gelu") or super().is_leaf_module(m, qualname)
 
 
+def _plain(m: nn.Module, cls: type) -> bool:
+    """``m`` is a ``cls`` computing what ``cls`` computes: a subclass with a forward of its own (e.g.
+    torch.ao's quantization-aware Linear, which fake-quantizes its weight) is not."""
+    return isinstance(m, cls) and type(m).forward is cls.forward
+
+
 def _kind(node: torch.fx.Node, modules: dict[str, nn.Module]) -> str | None:
     """What a traced operation is to the verifier: linear, relu, gelu, flatten, identity, or None."""
     F = nn.functional
     if node.op == "call_module":
         m = modules[node.target]
-        if isinstance(m, nn.Linear):
+        if _plain(m, nn.Linear):
             return "linear"
-        if isinstance(m, nn.ReLU):
+        if _plain(m, nn.ReLU):
             return "relu"
-        if isinstance(m, nn.GELU) and m.approximate == "none":
+        if _plain(m, nn.GELU) and m.approximate == "none":
             return "gelu"
-        if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
+        if _plain(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1:
             return "flatten"
-        if isinstance(m, nn.Identity) or (isinstance(m, nn.Dropout) and not m.training):
+        if _plain(m, nn.Identity) or (_plain(m, nn.Dropout) and not m.training):
             return "identity"
         return None
     if node.op == "call_function":
@@ -124,7 +130,10 @@ def affine_layers(model: nn.Module) -> tuple[list[tuple[np.ndarray, np.ndarray]]
             m = modules.get(node.target) if node.op == "call_module" else None
             hint = " (ReLU-ize it first: lambda_gelu.to_relu_)" if m is not None and "lambda_gelu" in type(m).__module__ else ""
             hint = " (call model.eval() first)" if isinstance(m, nn.Dropout) else hint
-            refuse(f"{what}{f' is a {type(m).__name__}' if m is not None else ''} that it does not model{hint}")
+            kind_of = "" if m is None else f" is a {type(m).__name__}"
+            if m is not None and not type(m).__module__.startswith("torch.nn.modules"):
+                kind_of += f" (from {type(m).__module__})"  # e.g. torch.ao's quantization-aware Linear
+            refuse(f"{what}{kind_of} that it does not model{hint}")
         if kind == "flatten" and (layers or expect != "linear"):
             refuse(f"{what} flattens after the first Linear layer")
         if kind == "linear":
