@@ -344,3 +344,25 @@ def test_a_margin_within_the_rounding_is_not_certified():
     with torch.no_grad():
         model[2].bias[1] = model[2].bias[0] - 1.0  # a margin of 1: certified
     assert verify_point(model, x0, 0, lo, hi, attack=False).status == "verified"
+
+
+def test_a_class_left_undecided_does_not_hide_a_counterexample_in_the_next():
+    """Class 1's margin is 1e-9 everywhere (within the rounding: undecided), but CROWN bounds it loosely
+    (two copies of one ReLU, one added and one subtracted), so its MILP runs first; class 2 wins for
+    x₁ > 0.2. The verdict is the counterexample, not the first class's "timeout"."""
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 3)).eval()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]]))
+        model[0].bias.zero_()
+        model[2].weight.copy_(torch.tensor([[0.0, 0.0, 0.0], [-1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]))
+        model[2].bias.copy_(torch.tensor([0.0, -1e-9, -0.2]))
+    x0, lo, hi = torch.zeros(2), -np.ones(2), np.ones(2)
+    layers = affine_layers(model)[0]
+    bounds, spec_lower = crown_bounds(layers, lo, hi, _margin_spec(0, 3))
+    assert spec_lower[0] < spec_lower[1] < 0  # the undecided class comes first
+    result = verify_point(model, x0, 0, lo, hi, attack=False)
+    assert result.status == "falsified" and result.method == "milp" and result.detail["class"] == 2
+    with torch.no_grad():
+        model[2].bias[2] = -2.0  # class 2 never wins: only the undecided class is left
+    result = verify_point(model, x0, 0, lo, hi, attack=False)
+    assert result.status == "timeout" and result.detail["class"] == 1 and "rounding" in result.detail["note"]

@@ -414,7 +414,8 @@ def verify_point(model: nn.Module, x: torch.Tensor, label: int, lo, hi, time_lim
     one per competing class, within ``time_limit`` seconds in all. ``x`` is the clean input (for the
     attack), ``lo``/``hi`` flat arrays of the input box (finite, lo ≤ hi). "verified" holds for the
     network's floating-point forward: every margin exceeds :func:`float_error`; "timeout" is undecided
-    (out of time, or a margin that is positive but not beyond the rounding, said in ``detail``).
+    (out of time, or a margin that is positive but not beyond the rounding, said in ``detail``). A class
+    left undecided does not end the search: a later class may still falsify the property.
     """
     start = time.perf_counter()
     layers, act = affine_layers(model)
@@ -455,28 +456,34 @@ def verify_point(model: nn.Module, x: torch.Tensor, label: int, lo, hi, time_lim
     if np.all(spec_lower > rounding):
         return VerifyResult("verified", "crown", time.perf_counter() - start)
     others = [k for k in range(num_classes) if k != label]
-    unstable = 0
+    unstable, undecided = 0, None  # why the first undecided class is; the next ones may still falsify
+
+    def timeout(detail):
+        return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable, detail=detail)
+
     for row in np.argsort(spec_lower - rounding):  # most likely violated first
         if spec_lower[row] > rounding[row]:
             continue
         remaining = time_limit - (time.perf_counter() - start)
         if remaining <= 0:
-            return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable)
+            return timeout(undecided or {"class": others[row], "note": "out of time before this class's MILP"})
         value, proven, cand, status, unstable = _milp_min(spec[row], layers, bounds, lo, hi, remaining)
         if status == 0 and proven is not None and proven > rounding[row] + _SOLVER_TOL:
             continue  # proven for this class
-        if status == 0 and value is not None and value > 0:
-            return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable,
-                                detail={"class": others[row], "note": "the minimum margin is positive but not proven to exceed "
-                                        "the floating-point rounding bound", "margin": value,
-                                        "rounding": float(rounding[row])})
         if value is not None and value < 0 and cand is not None:
             found = falsified(cand, "milp", {"class": others[row], "margin": value})
             if found:
                 found.unstable = unstable
                 return found
-        if status != 0:
-            return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable)
-        return VerifyResult("timeout", "milp", time.perf_counter() - start, unstable=unstable,
-                            detail={"note": "MILP optimum < 0 but the float network disagrees (numerics)"})
+        if undecided is None:
+            undecided = {"class": others[row], "margin": value}
+            if status != 0:
+                undecided["note"] = "the MILP stopped before proving its minimum (out of time)"
+            elif value is not None and value > 0:
+                undecided.update(note="the minimum margin is positive but not proven to exceed the floating-point "
+                                 "rounding bound", rounding=float(rounding[row]))
+            else:
+                undecided["note"] = "MILP optimum < 0 but the float network disagrees (numerics)"
+    if undecided is not None:
+        return timeout(undecided)
     return VerifyResult("verified", "milp", time.perf_counter() - start, unstable=unstable)
