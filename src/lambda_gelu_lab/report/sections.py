@@ -112,14 +112,14 @@ def experiment_section(task, base, rs, lambda_rows, img_dir: Path, root: Path, s
     for v in order:
         g = variants[v]
         arm = g[0]["arm"]
-        label = ARM_LABEL.get(arm, arm) + (f" `{v[len(arm):]}`" if v != arm else "")
+        name = ARM_LABEL.get(arm, arm) + (f" `{v[len(arm):]}`" if v != arm else "")
         sub = [r["sub_test_acc"] for r in g]
         drops = [r["test_acc"] - r["sub_test_acc"] for r in g if r["sub_test_acc"] is not None]
         diverged = sum(bool(r["metrics"].get("diverged")) for r in g)
         loss = np.mean([r["test_loss"] for r in g])
         sub_loss = [r["sub_test_loss"] for r in g if r["sub_test_loss"] is not None]
         losses = f"{loss:.3f}" + (f" → {np.mean(sub_loss):.3f}" if sub_loss else "")
-        lines.append(f"| {label}{f' ({diverged} diverged)' if diverged else ''} | {len(g)} | "
+        lines.append(f"| {name}{f' ({diverged} diverged)' if diverged else ''} | {len(g)} | "
                      f"{mean_std(r['test_acc'] for r in g)} | {mean_std(sub)} | {mean_std(drops)} | "
                      f"{mean_std(r['val_acc'] for r in g)} | {losses} |")
     lines.append("")
