@@ -261,11 +261,13 @@ def test_unsupported_models_are_a_clear_error():
     (-1, [0.0, 0.0], [1.0, 1.0], r"got -1"),  # would index the last class from the end
     (1.0, [0.0, 0.0], [1.0, 1.0], "got 1.0"),
     (True, [0.0, 0.0], [1.0, 1.0], "got True"),
+    (0, [0.0, 0.0, 0.0], [1.0, 1.0], "have 3 and 2 values"),
+    (0, [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], "the input has 2 values, the box 3"),
 ])
 def test_a_bad_box_or_label_is_a_clear_error(label, lo, hi, why):
     with pytest.raises(ValueError, match=why):
         verify_point(_tiny(0), torch.zeros(2), label, np.array(lo), np.array(hi), attack=False)
-    if "got" not in why:  # the box: the bounds refuse it too
+    if "got" not in why and "input" not in why:  # the box itself: the bounds refuse it too
         with pytest.raises(ValueError, match=why):
             crown_bounds(affine_layers(_tiny(0))[0], np.array(lo), np.array(hi))
 

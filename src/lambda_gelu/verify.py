@@ -421,11 +421,10 @@ def verify_point(model: nn.Module, x: torch.Tensor, label: int, lo, hi, time_lim
     layers, act = affine_layers(model)
     if act != "relu":
         raise ValueError("exact verification needs a ReLU network: ReLU-ize it first (lambda_gelu.to_relu_)")
-    lo, hi = np.asarray(lo, float).ravel(), np.asarray(hi, float).ravel()
-    if not (lo.shape == hi.shape == (x.numel(),) == (layers[0][0].shape[1],)):
-        raise ValueError(f"the input has {x.numel()} values, the box {lo.size}/{hi.size} and the first Linear layer "
-                         f"takes {layers[0][0].shape[1]}: they must agree (flatten the input in the model)")
     lo, hi = _box(lo, hi)
+    if not (lo.shape == (x.numel(),) == (layers[0][0].shape[1],)):
+        raise ValueError(f"the input has {x.numel()} values, the box {lo.size} and the first Linear layer "
+                         f"takes {layers[0][0].shape[1]}: they must agree (flatten the input in the model)")
     num_classes = layers[-1][0].shape[0]
     try:
         index = None if isinstance(label, bool) else operator.index(label)
