@@ -84,9 +84,9 @@ class RunConfig:
         need(self.optimizer in ("sgd", "adamw"), "optimizer", "'sgd' or 'adamw'")
         for name in ("lr", "momentum", "weight_decay", "temperature", "multiplier", "epsilon", "warmup", "sparsity",
                      "posthoc_budget", "posthoc_lr"):
-            v = getattr(self, name)
+            v, strict = getattr(self, name), name in ("lr", "temperature", "posthoc_budget", "posthoc_lr")
             need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
-                 name, "a finite number ≥ 0")
+                 name, "a finite number > 0" if strict else "a finite number ≥ 0")
         need(self.lr > 0, "lr", "> 0")
         need(0 < self.posthoc_budget <= 1, "posthoc_budget", "in (0, 1]: a fraction of the training steps")
         need(self.posthoc_lr > 0, "posthoc_lr", "> 0")

@@ -37,7 +37,9 @@ def _snapshot(path):
 CASES = [  # (argv, results directory, message)
     (["run", "fmnist-mpl"], "store", "unknown task 'fmnist-mpl'; known: fmnist-mlp"),
     (["run", "wine-mlp", "--set", "lrr=0.1"], "store", "unknown config key 'lrr'; known: epochs"),
-    (["run", "wine-mlp", "--set", "lr=-1"], "store", "lr=-1.0 is invalid: must be a finite number ≥ 0"),
+    (["run", "wine-mlp", "--set", "lr=-1"], "store", "lr=-1.0 is invalid: must be a finite number > 0"),
+    (["run", "wine-mlp", "--set", "temperature=-1"], "store", "temperature=-1.0 is invalid: must be a finite number > 0"),
+    (["run", "wine-mlp", "--set", "multiplier=-1"], "store", "multiplier=-1.0 is invalid: must be a finite number ≥ 0"),
     (["run", "wine-mlp", "--set", "epochs=ten"], "store", "epochs needs a int, got 'ten'"),
     (["run", "wine-mlp", "--arms", "gelu", "swish"], "store", "arm='swish' is invalid: must be one of gelu"),
     (["run", "wine-mlp", "--switch-at", "1.5"], "store", r"switch_at=1.5 is invalid: must be in \[0, 1\)"),
