@@ -3,6 +3,8 @@ sparsify_ finds exactly the layers fed by a ReLU (nn.Sequential, GPT-2, BERT, MP
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.utils.prune as prune
+from torch.nn.utils import parametrize
 
 import lambda_gelu as lg
 from lambda_gelu import _native
@@ -157,8 +159,54 @@ def test_sparsify_refuses_models_without_eligible_layers():
     weird = nn.Sequential(nn.ReLU(), nn.Linear(4, 4))
     with torch.no_grad():
         weird[1].weight[0, 0] = float("inf")  # a skipped zero input would hide 0·inf = NaN
-    with pytest.raises(ValueError, match="no linear layer"):
+    with pytest.raises(ValueError, match="found 1 linear layer.*none it can replace.*'1' has non-finite weights"):
         sparsify_(weird)
+
+
+def _qat_linear(n_in, n_out):
+    import torch.ao.nn.qat as qat
+    return qat.Linear(n_in, n_out, qconfig=torch.ao.quantization.get_default_qat_qconfig("fbgemm"))
+
+
+def _parametrized(layer):
+    class Doubled(nn.Module):
+        def forward(self, w):
+            return 2 * w
+    parametrize.register_parametrization(layer, "weight", Doubled())
+    return layer
+
+
+def _pruned(layer):
+    prune.l1_unstructured(layer, "weight", amount=0.5)  # weight = weight_orig · mask, in a pre-hook
+    return layer
+
+
+def _hooked(layer):
+    layer.register_forward_hook(lambda mod, args, out: 2 * out)
+    return layer
+
+
+@pytest.mark.parametrize("make, why", [
+    (_qat_linear, "is a Linear with a forward of its own"),  # fake-quantizes its weight in forward
+    (lambda i, o: _parametrized(nn.Linear(i, o)), "has a parametrization"),
+    (lambda i, o: _pruned(nn.Linear(i, o)), "has forward hooks"),
+    (lambda i, o: _hooked(nn.Linear(i, o)), "has forward hooks"),
+])
+def test_sparsify_never_replaces_a_layer_it_would_not_reproduce(make, why):
+    """A SparseLinear computes x·Wᵀ + b and nothing else: a layer that computes more (its own forward, a
+    parametrization, hooks the replacement would drop) is left as it is, so the outputs do not move."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), make(64, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        model(x)  # the QAT layer's observers see data once
+        ref = model(x)
+    with torch.inference_mode():
+        assert sparsify_(model, min_weights=0) == ["4"]  # the plain layer only
+        torch.testing.assert_close(model(x), ref)
+    alone = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), make(64, 64)).eval()
+    with pytest.raises(ValueError, match=f"none it can replace without changing what it computes: '2' {why}"):
+        sparsify_(alone, min_weights=0)
 
 
 def test_sparsify_leaves_small_layers_dense():

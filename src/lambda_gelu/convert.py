@@ -66,6 +66,12 @@ def is_gelu_like(module: nn.Module) -> bool:
     return cls.__name__ in _GELU_NAMES.get(cls.__module__.split(".")[0], ())
 
 
+def _plain(m: nn.Module, cls: type) -> bool:
+    """``m`` is a ``cls`` computing what ``cls`` computes: a subclass with a forward of its own (e.g.
+    torch.ao's quantization-aware Linear, which fake-quantizes its weight) is not."""
+    return isinstance(m, cls) and type(m).forward is cls.forward
+
+
 def _is_conv1d(m: nn.Module) -> bool:
     """Hugging Face's ``Conv1D`` (GPT-2): a linear layer whose weight is stored (in, out)."""
     return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.") and m.weight.dim() == 2

@@ -21,9 +21,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.utils import parametrize
 
 from . import _native
-from .convert import _is_conv1d, eval_mode
+from .convert import _is_conv1d, _plain, eval_mode
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
            "MAX_DENSITY", "MIN_WEIGHTS"]
@@ -147,24 +148,46 @@ def _eligible(model: nn.Module):
             yield prefix + "output.dense", out, "dense"
 
 
+def _kept_as_is(layer: nn.Module) -> str | None:
+    """Why replacing ``layer`` by a SparseLinear could change a result, or None if it cannot."""
+    if not (_plain(layer, nn.Linear) or _is_conv1d(layer)):
+        return f"is a {type(layer).__name__} with a forward of its own (e.g. fake quantization), which SparseLinear " \
+               "would not compute"
+    if parametrize.is_parametrized(layer):
+        return "has a parametrization (torch.nn.utils.parametrize), which SparseLinear would not keep"
+    if layer._forward_hooks or layer._forward_pre_hooks:
+        return "has forward hooks (pruning's, an observer's, ...), which replacing the layer would drop"
+    if not torch.isfinite(layer.weight).all():
+        return "has non-finite weights: a skipped zero input would turn 0·inf = NaN into 0"
+    return None
+
+
 def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: int = MIN_WEIGHTS) -> list[str]:
     """Replace, in place, every linear layer whose input comes straight from an ``nn.ReLU`` by a
     :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
     ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face GPT-2 blocks
     (``mlp.c_proj``, a ``Conv1D``) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
     is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``). Layers whose input is not
-    guaranteed to come from a ReLU are left alone, as are layers with non-finite weights (a skipped
-    zero input would turn 0·inf = NaN into 0) and layers of fewer than ``min_weights`` weights, where
-    the sparse path costs more than it saves (:data:`MIN_WEIGHTS`; 0 replaces every eligible layer)."""
+    guaranteed to come from a ReLU are left alone, and so is every layer that SparseLinear would not
+    reproduce exactly: a subclass with a forward of its own (torch.ao's quantization-aware Linear), a
+    parametrized layer, one with forward hooks (which the replacement would drop; pruning's among them),
+    or with non-finite weights (a skipped zero input would turn 0·inf = NaN into 0); and layers of fewer
+    than ``min_weights`` weights, where the sparse path costs more than it saves (:data:`MIN_WEIGHTS`; 0
+    replaces every eligible layer)."""
     if isinstance(min_weights, bool) or not isinstance(min_weights, int) or min_weights < 0:
         raise ValueError(f"min_weights is a number of weights ≥ 0, got {min_weights!r}")
-    found = [(name, parent, attr) for name, parent, attr in _eligible(model)
-             if torch.isfinite(getattr(parent, attr).weight).all()]
-    if not found:
+    eligible = list(_eligible(model))
+    if not eligible:
         raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
                          "right after nn.ReLU in an nn.Sequential, and for the second FFN projection of Hugging Face "
                          "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation (convert GELU first, e.g. "
                          "with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
+    why = {name: _kept_as_is(getattr(parent, attr)) for name, parent, attr in eligible}
+    found = [(name, parent, attr) for name, parent, attr in eligible if why[name] is None]
+    if not found:
+        name = eligible[0][0]
+        raise ValueError(f"sparsify_ found {len(eligible)} linear layer(s) fed by an nn.ReLU, but none it can replace "
+                         f"without changing what it computes: {name!r} {why[name]}")
     large = [(name, parent, attr) for name, parent, attr in found if getattr(parent, attr).weight.numel() >= min_weights]
     if not large:
         sizes = sorted({getattr(parent, attr).weight.numel() for _, parent, attr in found})

@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.modules.module as _module  # the global hook registries
 
+from .convert import _plain
+
 __all__ = ["affine_layers", "interval_bounds", "crown_bounds", "float_error", "unit_roundoff", "verify_point",
            "VerifyResult", "pgd_attack"]
 
@@ -41,12 +43,6 @@ class _Tracer(torch.fx.Tracer):
 
     def is_leaf_module(self, m: nn.Module, qualname: str) -> bool:
         return type(m).__module__.startswith("lambda_gelu") or super().is_leaf_module(m, qualname)
-
-
-def _plain(m: nn.Module, cls: type) -> bool:
-    """``m`` is a ``cls`` computing what ``cls`` computes: a subclass with a forward of its own (e.g.
-    torch.ao's quantization-aware Linear, which fake-quantizes its weight) is not."""
-    return isinstance(m, cls) and type(m).forward is cls.forward
 
 
 def _kind(node: torch.fx.Node, modules: dict[str, nn.Module]) -> str | None:
