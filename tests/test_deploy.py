@@ -33,6 +33,17 @@ def test_export_flags_gelu_and_passes_relu(tmp_path):
     np.testing.assert_allclose(runner(x.numpy()), model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("head, op", [(lambda: nn.Softmax(-1), "Softmax"), (lambda: nn.LogSoftmax(-1), "LogSoftmax"),
+                                      (lambda: nn.LayerNorm(10), "LayerNormalization"), (nn.Tanh, "Tanh")])
+def test_export_flags_what_stays_smooth_in_a_relu_network(tmp_path, head, op):
+    """A ReLU MLP is piecewise linear only up to its head: a softmax or a LayerNorm is not, and the
+    check must not call the graph clean."""
+    model = nn.Sequential(_mlp(nn.ReLU), head())
+    with pytest.raises(ValueError, match=f"smooth nonlinearities {{'{op}': 1}}.*allow_smooth=True"):
+        deploy.export_onnx(model, torch.randn(1, 64), tmp_path / "m.onnx")
+    assert deploy.export_onnx(model, torch.randn(1, 64), tmp_path / "m.onnx", allow_smooth=True).smooth_ops == {op: 1}
+
+
 def _digits():
     from sklearn.datasets import load_digits
     x, y = load_digits(return_X_y=True)

@@ -24,7 +24,12 @@ from .sparse import activation_sparsity  # measured beside int8 and verification
 __all__ = ["export_onnx", "onnx_op_counts", "float_ops", "quantize_int8", "OnnxRunner", "activation_sparsity",
            "SMOOTH_OPS"]
 
-SMOOTH_OPS = ("Erf", "Gelu", "Tanh", "Sigmoid", "Exp", "Softplus", "FastGelu", "BiasGelu")
+# smooth nonlinearities: activations a GELU-to-ReLU conversion should have removed, and the softmax and
+# normalisation ops that stay smooth in a ReLU network (attention, LayerNorm); none piecewise linear
+SMOOTH_OPS = ("Erf", "Gelu", "Tanh", "Sigmoid", "Exp", "Softplus", "FastGelu", "BiasGelu", "Elu", "Selu", "Celu",
+              "Mish", "HardSwish", "Softsign", "Log", "Sqrt", "Reciprocal", "Pow", "Sin", "Cos", "Softmax",
+              "LogSoftmax", "LayerNormalization", "SimplifiedLayerNormalization", "GroupNormalization",
+              "InstanceNormalization", "LpNormalization")
 # ops that only move or relabel data, or are the quantization boundary itself
 _NEUTRAL_OPS = {"Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Constant", "Shape",
                 "Gather", "Concat", "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
@@ -58,9 +63,11 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike
                 allow_smooth: bool = False) -> ExportReport:
     """Export ``model`` (in eval mode, batch dimension dynamic) and check its graph.
 
-    Raises ``ValueError`` naming the offending nodes if a smooth nonlinearity (Erf, Gelu, Tanh, ...)
-    is left — a GELU or an un-converted λ-GELU — unless ``allow_smooth=True`` (used to export the
-    GELU baselines for comparison). Run :func:`lambda_gelu.to_relu_` first.
+    Raises ``ValueError`` naming the offending nodes if a smooth nonlinearity (``SMOOTH_OPS``: Erf,
+    Gelu, Tanh, ..., Softmax, LayerNormalization) is left — a GELU or an un-converted λ-GELU, or a
+    softmax or normalisation that no piecewise-linear runtime takes either — unless ``allow_smooth=True``
+    (used to export the GELU baselines for comparison, or a ReLU transformer). Run
+    :func:`lambda_gelu.to_relu_` first.
     """
     _onnx()
     with eval_mode(model), warnings.catch_warnings():
@@ -73,7 +80,8 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike
     smooth = {k: v for k, v in counts.items() if k in SMOOTH_OPS}
     if smooth and not allow_smooth:
         raise ValueError(f"the exported graph still has smooth nonlinearities {smooth}: ReLU-ize the model first "
-                         "(lambda_gelu.to_relu_(model), or include_gelu=True for plain GELUs)")
+                         "(lambda_gelu.to_relu_(model), or include_gelu=True for plain GELUs); a softmax or a "
+                         "normalisation stays smooth in a ReLU network: export it with allow_smooth=True")
     return ExportReport(str(path), counts, nonlinear, smooth)
 
 
