@@ -20,7 +20,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -59,6 +59,23 @@ DB_NAME = "results.sqlite"
 
 class StoreError(Exception):
     """The results file is not a store (not SQLite, or another program's database)."""
+
+
+def check_overwrite(path: Path, mark: str) -> None:
+    """Refuse to write ``path`` unless it is new or a file this program wrote before (one that holds
+    ``mark`` near its start): a results store, notes or a directory given by mistake are never lost."""
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory: give the path of a file to write")
+    if not path.exists():
+        return
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", "replace")
+    except OSError as e:
+        raise ConfigError(f"cannot read {path} to check what it is ({e.strerror})") from None
+    if mark not in head:
+        raise ConfigError(f"{path} exists and is not a file this command wrote: choose another path (writing would "
+                          "overwrite it)")
 
 
 class Store:
@@ -200,10 +217,15 @@ class Store:
     def export_csv(self, dest: str | os.PathLike | None = None) -> list[Path]:
         """Write runs.csv (one row per run, config and metrics as JSON) and lambdas.csv (λ trajectories)."""
         import csv
-        dest = Path(dest) if dest else self.dir
-        dest.mkdir(parents=True, exist_ok=True)
         cols = ["id", "task", "arm", "variant", "seed", "run_hash", "base_hash", "val_acc", "test_acc",
                 "sub_val_acc", "sub_test_acc", "test_loss", "sub_test_loss", "wall_time", "weights", "config", "metrics"]
+        lambda_cols = ["run_id", "step", "layer", "lambda"]
+        dest = Path(dest) if dest else self.dir
+        if dest.exists() and not dest.is_dir():
+            raise ConfigError(f"--to {dest} is a file: give a directory for runs.csv and lambdas.csv")
+        check_overwrite(dest / "runs.csv", ",".join(cols))
+        check_overwrite(dest / "lambdas.csv", ",".join(lambda_cols))
+        dest.mkdir(parents=True, exist_ok=True)
         with open(dest / "runs.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(cols)
@@ -211,6 +233,6 @@ class Store:
                 w.writerow([json.dumps(r[c], sort_keys=True) if c in ("config", "metrics") else r[c] for c in cols])
         with open(dest / "lambdas.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["run_id", "step", "layer", "lambda"])
+            w.writerow(lambda_cols)
             w.writerows(self.lambda_rows())
         return [dest / "runs.csv", dest / "lambdas.csv"]

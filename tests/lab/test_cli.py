@@ -2,6 +2,7 @@
 results directory exactly as it was."""
 import re
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +99,31 @@ class _no_exit:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.parametrize("argv, victim, message", [
+    (["report", "--output", "{out}/results.sqlite"], None, "is not a file this command wrote"),
+    (["report", "--output", "{tmp}/notes.md"], "{tmp}/notes.md", "notes.md exists and is not a file this command wrote"),
+    (["report", "--output", "{tmp}"], None, "is a directory: give the path of a file"),
+    (["export", "--csv", "--to", "{tmp}"], "{tmp}/runs.csv", "runs.csv exists and is not a file this command wrote"),
+    (["export", "--csv", "--to", "{tmp}/notes.md"], "{tmp}/notes.md", "is a file: give a directory"),
+    (["reluize-report", "{tmp}", "--output", "{tmp}/notes.md"], "{tmp}/notes.md", "is not a file this command wrote"),
+])
+def test_outputs_never_overwrite_what_the_tool_did_not_write(tmp_path, capsys, argv, victim, message):
+    """--output / --to pointed by mistake at the results store or the user's own file: refused, the
+    file intact; a file the command wrote before is replaced as usual."""
+    out = _store_dir(tmp_path, "store")
+    (tmp_path / "notes.md").write_text("my own notes\n")
+    (tmp_path / "runs.csv").write_text("my,own,table\n")
+    fill = lambda a: a.format(out=out, tmp=tmp_path)  # noqa: E731
+    before = _snapshot(tmp_path)
+    status = main([fill(a) for a in argv] + (["--out", str(out)] if argv[0] != "reluize-report" else []))
+    err = capsys.readouterr().err
+    assert status == 2 and re.search(message, err) and "Traceback" not in err, err
+    assert _snapshot(tmp_path) == before
+    if victim is None:
+        return
+    Path(fill(victim)).unlink()  # once it is gone, the command writes there, and writes there again
+    if argv[0] != "reluize-report":
+        assert main([fill(a) for a in argv] + ["--out", str(out)]) == 0
+        assert main([fill(a) for a in argv] + ["--out", str(out)]) == 0
