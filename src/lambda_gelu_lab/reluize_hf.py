@@ -72,8 +72,12 @@ def prepare_out(out: str, overwrite: bool) -> Path:
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--out {out} is a file, not a directory")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise ConfigError(f"--out {out} exists and is not empty: choose another, or add --overwrite to replace it")
+    if path.is_dir() and any(path.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"--out {out} exists and is not empty: choose another, or add --overwrite to replace it")
+        if not (path / "reluize_report.json").is_file():  # the source model, or anything else the user keeps
+            raise ConfigError(f"--out {out} holds files that are not an earlier conversion (no reluize_report.json): "
+                              "--overwrite replaces only an earlier conversion's directory; choose another --out")
     return path
 
 

@@ -41,6 +41,10 @@ def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, 
     assert report["curve"][0]["cosine"] > 0.99  # after one step at λ = 1, still the original function
     assert "| this checkpoint |" in (out / "reluize_report.md").read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+    assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet",
+                 "--overwrite"]) == 0  # an earlier conversion is replaced
+    assert json.loads((out / "reluize_report.json").read_text())["steps"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["relu"]
 
 
 def _cases(tiny_bert, tmp_path):
@@ -59,6 +63,10 @@ def _cases(tiny_bert, tmp_path):
     return [
         (["reluize", str(tiny_bert), "--out", str(full), "--steps", "2"], "exists and is not empty: choose another, "
                                                                            "or add --overwrite"),
+        (["reluize", str(tiny_bert), "--out", str(full), "--steps", "2", "--overwrite"],
+         "holds files that are not an earlier conversion"),
+        (["reluize", str(tiny_bert), "--out", str(tiny_bert), "--steps", "2", "--overwrite"],  # the original itself
+         "holds files that are not an earlier conversion"),
         (["reluize", str(tmp_path / "nowhere"), "--out", out], "MODEL must be a local Hugging Face model directory"),
         (["reluize", str(broken), "--out", out], "cannot load .*broken with transformers"),
         (["reluize", str(relu_model), "--out", out], "has no GELU-like activation module"),
