@@ -19,9 +19,12 @@ class _Regressor(L.LightningModule):
         self.net = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 1))
         lg.convert_to_lambda_gelu_(self.net)
 
+    def forward(self, x):  # what the automatic switch's probe runs through
+        return self.net(x)
+
     def training_step(self, batch, _):
         x, y = batch
-        return nn.functional.mse_loss(self.net(x), y)
+        return nn.functional.mse_loss(self(x), y)
 
     def configure_optimizers(self):
         return torch.optim.SGD(lg.lambda_param_groups(self, lr=0.05), momentum=0.9)
@@ -55,3 +58,19 @@ def test_lightning_reaches_lambda_target_and_resumes_mid_anneal(tmp_path):
     _trainer(tmp_path / "c", enable_checkpointing=False).fit(resumed, _data(), ckpt_path=str(mid))
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow
+def test_lightning_auto_switch_and_learning_during_the_anneal(tmp_path):
+    """switch_at="auto" with a probe batch, and freeze=False: λ keeps learning while it anneals and
+    still ends at λ_target; the switch lands within the AutoSwitch bounds."""
+    model = _Regressor()
+    probe = torch.randn(32, 8, generator=torch.Generator().manual_seed(2))
+    callback = HardeningCallback(switch_at="auto", probe=probe, freeze=False)
+    L.Trainer(max_steps=STEPS, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+              enable_checkpointing=False, default_root_dir=str(tmp_path), callbacks=[callback]).fit(model, _data())
+    auto = lg.AutoSwitch()
+    assert auto.earliest * STEPS <= callback.schedule.switch_step <= auto.latest * STEPS
+    lam = model.net[1]
+    assert not lam.frozen and lam.s.requires_grad  # still learning: the freeze ablation
+    assert lam.lam.item() == pytest.approx(lg.lambda_target(0.005), rel=1e-6)

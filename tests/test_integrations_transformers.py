@@ -58,3 +58,22 @@ def test_trainer_reaches_lambda_target_and_resumes_exactly_mid_anneal(tmp_path):
     _trainer(resumed, tmp_path / "run").train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-12"))
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow
+def test_trainer_switches_automatically_given_a_probe(tmp_path):
+    """switch_at="auto" under the Trainer: the probe batch (dict of kwargs, as the model takes it) is
+    checked as training goes, the switch lands within the AutoSwitch bounds, and λ still ends at target."""
+    model = _model(0)
+    probe = {"input_ids": _Tokens().ids[:8]}
+    callback = HardeningCallback(switch_at="auto", probe=probe)
+    trainer = _trainer(model, tmp_path, save_strategy="no")
+    trainer.callback_handler.callbacks = [c for c in trainer.callback_handler.callbacks
+                                          if not isinstance(c, HardeningCallback)] + [callback]
+    trainer.train()
+    auto = lg.AutoSwitch()
+    assert auto.earliest * STEPS <= callback.schedule.switch_step <= auto.latest * STEPS
+    target = lg.lambda_target(0.005)
+    assert all(lam == pytest.approx(target, rel=1e-6) for lam in _lambdas(model).values())
+    with pytest.raises(ValueError, match="switch_at='auto' needs probe="):
+        HardeningCallback(switch_at="auto").on_train_begin(None, trainer.state, None, model=_model(0))

@@ -30,12 +30,15 @@ __all__ = ["HardeningCallback"]
 
 class HardeningCallback(Callback):
     """Learn λ until ``switch_at`` of training, then freeze it and anneal it to λ_target(``epsilon``).
-    Unset arguments come from ``config`` (default :data:`lambda_gelu.DEFAULTS`)."""
+    Unset arguments come from ``config`` (default :data:`lambda_gelu.DEFAULTS`). ``switch_at="auto"``
+    needs ``probe=``, a fixed batch as the model takes it; ``freeze=False`` keeps λ learning during the
+    anneal (see :class:`lambda_gelu.HardeningSchedule`)."""
 
-    def __init__(self, switch_at: float | None = None, epsilon: float | None = None,
-                 config: LambdaGELUConfig | None = None):
+    def __init__(self, switch_at: float | str | None = None, epsilon: float | None = None,
+                 config: LambdaGELUConfig | None = None, probe=None, freeze: bool = True):
         super().__init__()
         self.switch_at, self.epsilon, self.config = switch_at, epsilon, config
+        self.probe, self.freeze = probe, freeze
         self.schedule: HardeningSchedule | None = None
 
     def on_train_start(self, trainer, pl_module):
@@ -43,7 +46,8 @@ class HardeningCallback(Callback):
         if not isinstance(total, int) or total == float("inf"):
             raise ValueError("HardeningCallback needs a finite length of training: set max_steps or max_epochs")
         self.schedule = HardeningSchedule(pl_module, total_steps=total, switch_at=self.switch_at,
-                                          epsilon=self.epsilon, config=self.config)
+                                          epsilon=self.epsilon, config=self.config, probe=self.probe,
+                                          freeze=self.freeze)
         self.schedule.step(trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

@@ -26,16 +26,20 @@ __all__ = ["HardeningCallback"]
 
 class HardeningCallback(TrainerCallback):
     """Learn λ until ``switch_at`` of training, then freeze it and anneal it to λ_target(``epsilon``).
-    Unset arguments come from ``config`` (default :data:`lambda_gelu.DEFAULTS`)."""
+    Unset arguments come from ``config`` (default :data:`lambda_gelu.DEFAULTS`). ``switch_at="auto"``
+    needs ``probe=``, a fixed batch as the model takes it; ``freeze=False`` keeps λ learning during the
+    anneal (see :class:`lambda_gelu.HardeningSchedule`)."""
 
-    def __init__(self, switch_at: float | None = None, epsilon: float | None = None,
-                 config: LambdaGELUConfig | None = None):
+    def __init__(self, switch_at: float | str | None = None, epsilon: float | None = None,
+                 config: LambdaGELUConfig | None = None, probe=None, freeze: bool = True):
         self.switch_at, self.epsilon, self.config = switch_at, epsilon, config
+        self.probe, self.freeze = probe, freeze
         self.schedule: HardeningSchedule | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.schedule = HardeningSchedule(model, total_steps=state.max_steps, switch_at=self.switch_at,
-                                          epsilon=self.epsilon, config=self.config)
+                                          epsilon=self.epsilon, config=self.config, probe=self.probe,
+                                          freeze=self.freeze)
         self.schedule.step(state.global_step)  # 0, or the step of the checkpoint being resumed
 
     def on_step_end(self, args, state, control, **kwargs):
