@@ -123,7 +123,13 @@ def _run_processes(todo, finish, splits, keep_weights, workers: int, threads: in
         lost = []
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                     initializer=_start_worker, initargs=(splits,)) as pool:
-            futures = {pool.submit(_train_in_worker, cfg, keep_weights, threads): cfg for cfg in pending}
+            futures = {}
+            for cfg in pending:
+                try:
+                    futures[pool.submit(_train_in_worker, cfg, keep_weights, threads)] = cfg
+                except cf.process.BrokenProcessPool:  # a worker died while the runs were handed out
+                    lost = pending[len(futures):]
+                    break
             for future in cf.as_completed(futures):
                 try:
                     result = future.result()

@@ -6,10 +6,14 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
+from types import SimpleNamespace
 
 import pytest
 from safetensors.torch import load_file
 
+from lambda_gelu_lab import runner
 from lambda_gelu_lab.cli import main
 from lambda_gelu_lab.store import Store
 from live_store import stored_runs
@@ -165,3 +169,45 @@ def test_workers_that_keep_dying_are_reported_and_the_finished_runs_kept(tmp_pat
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after = stored_runs(out)
     assert after[:len(kept)] == kept and len({r[:4] for r in after}) == 8
+
+
+def _pools_that_break(after: list[int]):
+    """Stand-ins for ProcessPoolExecutor, one per attempt: the n-th runs the first ``after[n]`` runs
+    handed to it, then refuses more, as a real pool does once a worker has died while runs were still
+    being submitted (a race the killing tests above hit only now and then)."""
+    attempts = iter(after)
+
+    class Pool:
+        def __init__(self, **_):
+            self.left = next(attempts)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *_):
+            return False
+
+        def submit(self, fn, cfg, *_):
+            if self.left == 0:
+                raise BrokenProcessPool("A child process terminated abruptly")
+            self.left -= 1
+            future = Future()
+            future.set_result(f"result of seed {cfg.seed}")
+            return future
+    return Pool
+
+
+@pytest.mark.parametrize("after, finished, lost", [((3, 8), 8, 0), ((3, 3), 6, 2)])
+def test_a_pool_broken_while_runs_are_handed_out_loses_only_the_runs_not_handed_out(
+        monkeypatch, capsys, after, finished, lost):
+    monkeypatch.setattr(runner.cf, "ProcessPoolExecutor", _pools_that_break(list(after)))
+    todo = [(None, SimpleNamespace(task="wine-mlp", variant="gelu", seed=seed)) for seed in range(8)]
+    done = []
+    try:
+        runner._run_processes(todo, lambda cfg, result: done.append((cfg.seed, result)), {}, False, 2, 1)
+    except runner.SweepError as e:
+        assert lost and str(e).startswith(f"{lost} runs were lost") and "seed 6" in str(e)
+    else:
+        assert not lost
+    assert sorted(done) == [(s, f"result of seed {s}") for s in range(finished)]
+    assert "a worker process died; 5 unfinished runs are retried" in capsys.readouterr().err
