@@ -51,6 +51,38 @@ def test_shared_module_stays_shared():
     assert len(list(lambda_modules(model))) == 1
 
 
+def test_hooks_stay_at_their_place_in_the_network_through_both_conversions():
+    """A hook on an activation (a probe recording it, a pre-hook rescaling its input) keeps running
+    after the activation is replaced, and the handle it was registered with still removes it."""
+    model, x = _mlp(), torch.randn(16, 4)
+    gelu, seen = model[1], []
+    record = model[1].register_forward_hook(lambda m, args, out: seen.append((type(m), out.detach())))
+    model[1].register_forward_pre_hook(lambda m, args: (2 * args[0],))
+    grads = []
+    model[3].register_full_backward_hook(lambda m, grad_in, grad_out: grads.append(type(m)))
+
+    convert_to_lambda_gelu_(model, init_lambda=1.0)
+    model(x).sum().backward()
+    assert seen[-1][0] is LambdaGELU and torch.equal(seen[-1][1], F.gelu(2 * model[0](x)))  # still doubled
+    assert grads == [LambdaGELU] and not gelu._forward_hooks  # moved, not copied: the old module is out
+
+    to_relu_(model)
+    model(x)
+    assert seen[-1][0] is nn.ReLU and torch.equal(seen[-1][1], F.relu(2 * model[0](x)))
+    record.remove()
+    model(x)
+    assert len(seen) == 2  # removed: the λ-GELU pass and the ReLU pass, no more
+
+
+def test_a_module_whose_forward_was_wrapped_on_the_instance_is_refused_before_anything_changes():
+    model = _mlp()
+    inner = model[3].forward
+    model[3].forward = lambda x: inner(x.to(torch.float32))  # as Accelerate's hooks wrap a module
+    with pytest.raises(ValueError, match=r"'3' has its forward replaced on the instance .* remove the wrapper"):
+        convert_to_lambda_gelu_(model)
+    assert isinstance(model[1], nn.GELU) and isinstance(model[3], nn.GELU)  # nothing half-converted
+
+
 def test_hugging_face_activation_classes_are_recognised():
     activations = pytest.importorskip("transformers.activations")
     for name in ("GELUActivation", "NewGELUActivation", "GELUTanh", "PytorchGELUTanh",

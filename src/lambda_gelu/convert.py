@@ -89,25 +89,52 @@ def replace_modules_(model: nn.Module, match: FilterFn, make: Callable[[nn.Modul
     """Replace, in place, every submodule for which ``match(module, fqn)`` holds by ``make(module)``;
     returns the qualified names replaced. The surgery behind the two functions below.
 
-    A module registered at several places is replaced by one new module, so sharing survives."""
+    A module registered at several places is replaced by one new module, so sharing survives. Forward
+    and backward hooks stay where they were in the network: they move to the new module, and their
+    handles still remove them. A module whose ``forward`` was replaced on the instance (a wrapper such
+    as Accelerate's hooks) is refused, before anything is replaced: the wrapper would be lost."""
     if match(model, ""):
         raise ValueError(f"the model itself is a {what}; wrap it in a container to convert it in place")
-    replaced: list[str] = []
-    new_for: dict[int, nn.Module] = {}
+    found: list[tuple[nn.Module, str, nn.Module, str]] = []
+    seen: set[int] = set()
 
     def visit(parent: nn.Module, prefix: str) -> None:
         for child_name, child in list(parent.named_children()):
             fqn = f"{prefix}{child_name}"
-            if id(child) in new_for or match(child, fqn):
-                if id(child) not in new_for:
-                    new_for[id(child)] = make(child)
-                setattr(parent, child_name, new_for[id(child)])
-                replaced.append(fqn)
+            if id(child) in seen or match(child, fqn):
+                seen.add(id(child))
+                found.append((parent, child_name, child, fqn))
             else:
                 visit(child, fqn + ".")
 
     visit(model, "")
-    return replaced
+    for _, _, child, fqn in found:
+        if "forward" in vars(child):
+            raise ValueError(f"{fqn!r} has its forward replaced on the instance (a wrapper, e.g. Accelerate's hooks), "
+                             "which replacing the module would drop; remove the wrapper before converting")
+    new_for: dict[int, nn.Module] = {}
+    for parent, child_name, child, _ in found:
+        if id(child) not in new_for:
+            new_for[id(child)] = _with_hooks_of(child, make(child))
+        setattr(parent, child_name, new_for[id(child)])
+    return [fqn for _, _, _, fqn in found]
+
+
+_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+          "_forward_hooks_always_called", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _with_hooks_of(old: nn.Module, new: nn.Module) -> nn.Module:
+    """``new`` with ``old``'s forward and backward hooks moved onto it: the very dictionaries move, so a
+    handle that ``old.register_*_hook`` returned removes the hook from ``new``; ``old``, now out of the
+    network, is left with none."""
+    if any(getattr(old, attr) for attr in _HOOKS):
+        for attr in _HOOKS:
+            hooks = getattr(old, attr)
+            setattr(new, attr, hooks)
+            setattr(old, attr, type(hooks)())
+        new._is_full_backward_hook, old._is_full_backward_hook = old._is_full_backward_hook, None
+    return new
 
 
 def _warn_functional_gelu(model: nn.Module) -> None:
