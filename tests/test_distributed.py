@@ -203,6 +203,51 @@ def test_fsdp_sharded_lambdas_are_refused_clearly(tmp_path):
         assert "'3' is sharded already: call replicate_lambdas before fully_shard" in messages["late"], messages
 
 
+class _Branches(nn.Module):
+    """λ 'a' on every rank, 'b' only where ``use_b``, 'c' nowhere: computation that differs by rank."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.c = lg.LambdaGELU(), lg.LambdaGELU(num_channels=4), lg.LambdaGELU()
+
+    def forward(self, x, use_b):
+        y = self.a(x)
+        return self.b(y) if use_b else y
+
+
+def _branches_rank(rank, port, out):
+    _init(rank, port)
+    try:
+        model, local = _Branches(), _Branches()
+        lg.replicate_lambdas(model)
+        lg.replicate_lambdas(model)  # no second reduction
+        xs = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(rank))
+        for x in xs:  # two backwards, no zero_grad in between: gradient accumulation
+            (model(x, use_b=rank == 0) ** 2).sum().backward()
+            (local(x, use_b=rank == 0) ** 2).sum().backward()
+        grads = {name: (p.grad, q.grad) for (name, p), (_, q) in zip(model.named_parameters(), local.named_parameters())}
+        torch.save(grads, os.path.join(out, f"rank{rank}.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_replicated_lambdas_average_when_ranks_reach_different_lambdas(tmp_path):
+    """Per-λ collectives in autograd's order deadlocked here (rank 0 reduced 'a' and 'b', rank 1 only 'a');
+    one reduction per backward gives every rank the average, zeros counted for a λ a rank skipped."""
+    _spawn(_branches_rank, str(tmp_path), deadline=120.0)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert ranks[0].keys() == {"a.s", "b.s", "c.s"}
+    for name in ("a.s", "b.s"):
+        mean = (ranks[0][name][1] + (ranks[1][name][1] if ranks[1][name][1] is not None else 0)) / WORLD
+        for r in range(WORLD):
+            torch.testing.assert_close(ranks[r][name][0], mean, msg=f"{name} on rank {r}")
+    assert ranks[1]["b.s"][1] is None and ranks[0]["b.s"][1].shape == (4,)  # rank 1 really skipped 'b'
+    assert all(ranks[r]["c.s"] == (None, None) for r in range(WORLD))  # reached by no rank: no gradient
+
+
 def test_replicate_lambdas_needs_a_process_group_and_a_lambda_gelu():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="init_process_group"):

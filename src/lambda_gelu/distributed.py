@@ -30,15 +30,18 @@ __all__ = ["replicate_lambdas"]
 
 
 def replicate_lambdas(model: nn.Module, group: dist.ProcessGroup | None = None) -> set[nn.Parameter]:
-    """The λ parameters of ``model``, to pass as ``fully_shard(..., ignored_params=...)``, each with a
-    hook that averages its gradient over ``group`` (default: the whole world) after every backward.
+    """The λ parameters of ``model``, to pass as ``fully_shard(..., ignored_params=...)``, their gradients
+    averaged over ``group`` (default: the whole world) at the end of every backward.
 
-    FSDP neither shards nor reduces the parameters it ignores; the hook does the reduction. It runs
-    on every rank in the same order (one λ after another, as autograd reaches them), so the
-    collectives match. It averages on every backward, also where FSDP skips its own reduction
-    (``set_requires_gradient_sync(False)`` for gradient accumulation): the average of an average plus
-    the new gradients is still the exact average, at the cost of a few floats sent. A second call adds
-    no second hook. Call it after the process group is initialized and before ``fully_shard``.
+    FSDP neither shards nor reduces the parameters it ignores, so this does: when a backward first
+    accumulates into a λ, it queues one all-reduce of all of them, in a fixed order, for the end of that
+    backward, as DDP does with its buckets. A rank whose forward skipped some λ (a branch taken on one
+    rank and not on another) sends zeros for it; a λ no rank reached keeps no gradient. Every rank must
+    reach at least one λ in each backward, or the others wait for it. It averages on every backward,
+    also where FSDP skips its own reduction (``set_requires_gradient_sync(False)`` for gradient
+    accumulation): the average of an average plus the new gradients is still the exact average, at the
+    cost of a few floats sent. A second call adds no second reduction. Call it after the process group
+    is initialized and before ``fully_shard``.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("replicate_lambdas averages λ's gradients across ranks and needs a process group: "
@@ -51,17 +54,42 @@ def replicate_lambdas(model: nn.Module, group: dist.ProcessGroup | None = None) 
     if sharded:
         raise ValueError(f"the λ of {sharded[0]!r} is sharded already: call replicate_lambdas before fully_shard "
                          "and pass its result as fully_shard(..., ignored_params=...)")
-    world = dist.get_world_size(group)
-
-    def average(p: nn.Parameter) -> None:
-        dist.all_reduce(p.grad, group=group)
-        p.grad.div_(world)
-
-    for p in params.values():
-        if not getattr(p, "_lambda_gelu_replicated", False):
-            p.register_post_accumulate_grad_hook(average)
+    new = [p for p in dict.fromkeys(params.values()) if not getattr(p, "_lambda_gelu_replicated", False)]
+    if new:
+        average = _AverageAtEndOfBackward(new, group)
+        for p in new:
+            p.register_post_accumulate_grad_hook(average.queue)
             p._lambda_gelu_replicated = True
     return set(params.values())
+
+
+class _AverageAtEndOfBackward:
+    """One all-reduce of ``params``' gradients per backward, after the last of them is accumulated."""
+
+    def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup | None):
+        self.params, self.group, self.queued = params, group, False
+
+    def queue(self, _: nn.Parameter) -> None:
+        if not self.queued:
+            self.queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.average)
+
+    def average(self) -> None:
+        self.queued = False
+        device = self.params[0].device
+        has = [p.grad is not None for p in self.params]
+        flat = torch.cat([(p.grad.detach() if h else torch.zeros_like(p)).reshape(-1).to(device, torch.float64)
+                          for p, h in zip(self.params, has)] + [torch.tensor(has, dtype=torch.float64, device=device)])
+        dist.all_reduce(flat, group=self.group)
+        flat[:-len(self.params)] /= dist.get_world_size(self.group)
+        reached, offset = flat[-len(self.params):], 0
+        for p, anywhere in zip(self.params, reached.tolist()):
+            mean = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+            if p.grad is not None:
+                p.grad.copy_(mean)
+            elif anywhere:
+                p.grad = mean.to(p.device, p.dtype, copy=True)
 
 
 def _is_sharded(p: torch.Tensor) -> bool:
