@@ -110,6 +110,24 @@ def _rank0_says(flag: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
+def _switch_rule(switch_at: float | str | AutoSwitch, probe) -> AutoSwitch | None:
+    """The :class:`AutoSwitch` that ``switch_at`` asks for, or None for a fixed fraction; a clear error
+    for anything else, or for a probe missing where ``"auto"`` needs one (or given where nothing uses it).
+    :class:`HardeningSchedule` checks its arguments with it; the trainer callbacks check theirs with it
+    when they are built, rather than when training starts."""
+    auto = AutoSwitch() if isinstance(switch_at, str) and switch_at == "auto" else \
+        switch_at if isinstance(switch_at, AutoSwitch) else None
+    if auto is None and (not isinstance(switch_at, numbers.Real) or isinstance(switch_at, bool)
+                         or not 0.0 <= switch_at < 1.0):
+        raise ValueError(f"switch_at is a fraction of training in [0, 1) or 'auto', got {switch_at!r}")
+    if auto is not None and probe is None:
+        raise ValueError("switch_at='auto' needs probe=: a fixed batch of inputs (e.g. 256 training examples) "
+                         "whose sign patterns tell when to switch")
+    if auto is None and probe is not None:
+        raise ValueError(f"probe= is only used with switch_at='auto', but switch_at={switch_at!r}")
+    return auto
+
+
 class HardeningSchedule:
     """Call ``.step()`` after every optimizer step (or ``.step(global_step)`` with a trainer's count).
 
@@ -149,16 +167,7 @@ class HardeningSchedule:
         switch_at = config.switch_at if switch_at is None else switch_at
         if not isinstance(total_steps, numbers.Integral) or isinstance(total_steps, bool) or total_steps < 1:
             raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
-        self.auto = AutoSwitch() if isinstance(switch_at, str) and switch_at == "auto" else \
-            switch_at if isinstance(switch_at, AutoSwitch) else None
-        if self.auto is None and (not isinstance(switch_at, numbers.Real) or isinstance(switch_at, bool)
-                                  or not 0.0 <= switch_at < 1.0):
-            raise ValueError(f"switch_at is a fraction of training in [0, 1) or 'auto', got {switch_at!r}")
-        if self.auto is not None and probe is None:
-            raise ValueError("switch_at='auto' needs probe=: a fixed batch of inputs (e.g. 256 training examples) "
-                             "whose sign patterns tell when to switch")
-        if self.auto is None and probe is not None:
-            raise ValueError(f"probe= is only used with switch_at='auto', but switch_at={switch_at!r}")
+        self.auto = _switch_rule(switch_at, probe)
         if epsilon is not None and lambda_target is not None:
             raise ValueError("give epsilon or lambda_target, not both")
         if lambda_target is None:

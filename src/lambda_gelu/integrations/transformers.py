@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from ..config import LambdaGELUConfig
-from ..schedule import HardeningSchedule
+from ..config import DEFAULTS, LambdaGELUConfig
+from ..functional import lambda_target
+from ..schedule import HardeningSchedule, _switch_rule
 
 __all__ = ["HardeningCallback"]
 
@@ -32,6 +33,10 @@ class HardeningCallback(TrainerCallback):
 
     def __init__(self, switch_at: float | str | None = None, epsilon: float | None = None,
                  config: LambdaGELUConfig | None = None, probe=None, freeze: bool = True):
+        # bad arguments fail here, where they were written, not once training has started
+        _switch_rule((config or DEFAULTS).switch_at if switch_at is None else switch_at, probe)
+        if epsilon is not None:
+            lambda_target(epsilon)
         self.switch_at, self.epsilon, self.config = switch_at, epsilon, config
         self.probe, self.freeze = probe, freeze
         self.schedule: HardeningSchedule | None = None
