@@ -74,14 +74,3 @@ def test_lightning_auto_switch_and_learning_during_the_anneal(tmp_path):
     lam = model.net[1]
     assert not lam.frozen and lam.s.requires_grad  # still learning: the freeze ablation
     assert lam.lam.item() == pytest.approx(lg.lambda_target(0.005), rel=1e-6)
-
-
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(switch_at="auto"), "switch_at='auto' needs probe="),
-    (dict(switch_at=0.25, probe=torch.zeros(2, 8)), "probe= is only used with switch_at='auto'"),
-    (dict(switch_at=1.5), r"switch_at is a fraction of training in \[0, 1\) or 'auto', got 1.5"),
-    (dict(epsilon=0.9), "epsilon must be in"),
-])
-def test_bad_arguments_fail_when_the_callback_is_built_not_when_training_starts(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        HardeningCallback(**kwargs)
