@@ -17,13 +17,15 @@ def test_report_and_export(tmp_path):
     text = doc.read_text()
     for needle in ("## wine-mlp", "| GELU (→ direct swap to ReLU) | 3 |", "| ReLU from scratch | 3 |",
                    "annealed→ReLU − direct swap | 3 |", "p (TOST)",
-                   "- **wine-mlp** (`",  # the summary names each experiment, not its last arm "Layerwise hardness profile", "lambda-gelu run wine-mlp",
+                   "- **wine-mlp** (`",  # the summary names each experiment, not its last arm
+                   "Layerwise hardness profile", "lambda-gelu run wine-mlp",
                    "](results_img/lambda_wine-mlp_"):
         assert needle in text, needle
     pngs = sorted((tmp_path / "docs" / "results_img").glob("*.png"))  # λ over training; Δλ against accuracy
     assert [p.name.split("_")[0] for p in pngs] == ["drift", "lambda"], pngs
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
     assert "## Does hardness drift predict deployment quality?" in text
+    assert "No variant has 5 runs yet" in text  # 3 seeds of 2 λ arms: no correlation to show, said so
     assert main(["export", "--csv", "--out", out]) == 0
     with open(os.path.join(out, "runs.csv")) as f:
         rows = list(csv.DictReader(f))

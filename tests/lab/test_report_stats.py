@@ -123,8 +123,16 @@ def test_drift_section_correlates_what_lambda_learned_with_the_relu_networks_qua
     assert "| 6 | -1.00 |" in by[("`lambda-harden`", "Δλ", "substitution drop")]
     assert "undefined" in by[("`x[switch_at=0.1]`", "Δλ", "after ReLU")]  # every run learned the same λ
     assert not any("x[switch_at=0.5]" in row for row in rows)  # 4 runs: too few for a row
-    assert "| 15 |" in by[("all λ runs", "Δλ", "after ReLU")]
+    assert not any("variant means" in row for row in rows)  # 3 variants: too few for a row across them
     assert (tmp_path / "drift_scatter_t.png").exists()
+
+    # Across variants each setting is one point, however many seeds it ran: 5 variants of 3 seeds give n = 5, not
+    # 15 runs whose shared seeds would make the evidence look three times as strong
+    runs = [run(s, 2.0 + v + 0.1 * s, f"x[switch_at=0.{v}]") for v in range(1, 6) for s in range(3)]
+    lines = drift_section(runs, [], tmp_path, tmp_path)
+    by = {tuple(c.strip() for c in row.split("|")[2:5]): row for row in lines if row.startswith("| t |")}
+    assert "| 5 | +1.00 |" in by[("variant means", "Δλ", "after ReLU")]
+    assert ("variant means", "Δλ", "int8 acc") not in by  # no variant was deployed
 
 
 def test_experiments_of_one_task_are_named_by_the_settings_they_differ_in():

@@ -14,7 +14,8 @@ from ..analysis import drift
 from ..config import LAMBDA_ARMS
 from .plots import plot_drift_scatter
 
-MIN_RUNS = 5  # fewer runs than this give no correlation worth a row
+MIN_RUNS = 5  # fewer runs (or variants) than this give no correlation worth a row
+VARIANT_MEANS = "variant means"
 # arm → the λ profile it learned (before any anneal): the learned arm's at the end, the others' at the switch
 LEARNED = {arm: "lambda_end" if arm == "lambda" else "lambda_switch" for arm in LAMBDA_ARMS}
 
@@ -44,6 +45,17 @@ def _outcomes(run: dict, deployed: dict) -> dict[str, float]:
     return out
 
 
+def _mean(variant: str, units: list) -> tuple:
+    """One variant as one point: its predictors and outcomes averaged over its runs (each outcome over the
+    runs that have it). Runs of different variants share seeds (the same initial weights, data order and,
+    up to the switch, the same training), so pooling the runs themselves would count one seed's evidence
+    several times and shrink p; across variants, each setting is one observation."""
+    def mean(dicts: list[dict]) -> dict[str, float]:
+        keys = {k for d in dicts for k in d}
+        return {k: float(np.mean([d[k] for d in dicts if k in d])) for k in keys}
+    return variant, mean([x for _, x, _ in units]), mean([o for _, _, o in units])
+
+
 def _reading(rho: float, p: float) -> str:
     if math.isnan(rho):
         return "undefined (a constant column)"
@@ -69,14 +81,13 @@ def drift_section(runs: list[dict], deploy_rows, img_dir: Path, root: Path) -> l
             groups[unit[0]].append(unit)
         scopes = [(f"`{v}`", g) for v, g in sorted(groups.items())]
         if len(groups) > 1:
-            scopes.append(("all λ runs", units))
+            scopes.append((VARIANT_MEANS, [_mean(v, g) for v, g in sorted(groups.items())]))
         for scope, g in scopes:
             for predictor in ("Δλ", "profile spread"):
                 outcomes = sorted({k for _, _, o in g for k in o})
                 for outcome in outcomes:
                     pairs = [(x[predictor], o[outcome]) for _, x, o in g if outcome in o]
-                    pooled_one = scope == "all λ runs" and len({v for v, _, o in g if outcome in o}) == 1
-                    if len(pairs) < MIN_RUNS or pooled_one:  # a pooled row from one variant repeats its own row
+                    if len(pairs) < MIN_RUNS:
                         continue
                     a, b = np.array(pairs).T
                     if np.ptp(a) == 0 or np.ptp(b) == 0:
@@ -88,17 +99,22 @@ def drift_section(runs: list[dict], deploy_rows, img_dir: Path, root: Path) -> l
                                 f"{'—' if math.isnan(rho) else f'{rho:+.2f}'} | "
                                 f"{'—' if math.isnan(p) else f'{p:.2g}'} | {_reading(rho, p)} |")
         plots.append(plot_drift_scatter(task, [(v, x["Δλ"], o.get("after ReLU")) for v, x, o in units], img_dir))
-    if not rows:
+    if not by_task:
         return []
-    n_tests = len(rows)
-    return ["## Does hardness drift predict deployment quality?", "",
-            "For every stored run that learned λ: its hardness drift Δλ (mean over layers of λ learned − λ₀; λ at the "
-            "switch for the annealed arms, at the end for the learned arm) and the spread of its layerwise profile "
-            "(max − min λ), against the quality of the ReLU network it became: accuracy after ReLU, the substitution "
-            "drop, and — where `lambda-gelu deploy` measured the annealed run of that seed — int8 accuracy and the "
-            f"exactly verified fraction. Spearman ρ within each variant (seeds differ) and over all λ runs of a task "
-            f"(settings differ too); p uncorrected for the {n_tests} tests in this table, so read single p < 0.05 "
-            f"with care. Groups of fewer than {MIN_RUNS} runs are left out.", "",
-            "| task | runs | predictor | outcome | n | Spearman ρ | p | reading |", "|---|---|---|---|---|---|---|---|",
-            *rows, "", *[f"![Δλ against accuracy after ReLU, {t}]({p.relative_to(root).as_posix()})"
-                          for t, p in zip(by_task, plots)], ""]
+    intro = ("For every stored run that learned λ: its hardness drift Δλ (mean over layers of λ learned − λ₀; λ at the "
+             "switch for the annealed arms, at the end for the learned arm) and the spread of its layerwise profile "
+             "(max − min λ), against the quality of the ReLU network it became: accuracy after ReLU, the substitution "
+             "drop, and — where `lambda-gelu deploy` measured the annealed run of that seed — int8 accuracy and the "
+             "exactly verified fraction. Spearman ρ within each variant (one point per seed), and across the variants "
+             f"of a task (*{VARIANT_MEANS}*: one point per setting, its mean over seeds; runs of different variants "
+             "share seeds, so pooling the runs themselves would count one seed several times).")
+    if rows:
+        table = [f"p is uncorrected for the {len(rows)} tests in this table: read a single p < 0.05 with care. Groups "
+                 f"of fewer than {MIN_RUNS} runs or variants are left out.", "",
+                 "| task | runs | predictor | outcome | n | Spearman ρ | p | reading |",
+                 "|---|---|---|---|---|---|---|---|", *rows]
+    else:
+        table = [f"No variant has {MIN_RUNS} runs yet, and no task {MIN_RUNS} variants: too few for a correlation."]
+    return ["## Does hardness drift predict deployment quality?", "", intro, "", *table, "",
+            *[f"![Δλ against accuracy after ReLU, {t}]({p.relative_to(root).as_posix()})" for t, p in zip(by_task, plots)],
+            ""]
