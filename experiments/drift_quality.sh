@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/drift}
-T="--seeds 10 --workers 2 --threads 1 --quiet --no-report --out $OUT"
+T="--seeds 10 --workers ${WORKERS:-2} --threads 1 --quiet --no-report --out $OUT"
 lambda-gelu run mnist1d-mlp $T
 for s in 0.10 0.50; do
     lambda-gelu run mnist1d-mlp --arms lambda-harden --switch-at $s $T
