@@ -103,18 +103,23 @@ def plot_sparsity(task: str, base: str, points: list[tuple[float, float, float]]
 
 
 def plot_drift_scatter(task: str, points: list[tuple[str, float, float | None]], img_dir: Path) -> Path:
-    """Hardness drift Δλ (x) against accuracy after ReLU (y), one colour per variant."""
+    """Hardness drift Δλ (x) against accuracy after ReLU (y), one colour and marker per variant (a drift grid
+    has more variants than a colour cycle has colours), the legend beside the plot."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
     by = defaultdict(list)
     for variant, x, y in points:
         if y is not None:
             by[variant].append((x, 100 * y))
-    for variant, xy in sorted(by.items()):
+    fig, ax = plt.subplots(figsize=(5.5 + 2.5 * (len(by) > 6), 3.6))
+    colours, markers = plt.get_cmap("tab20").colors, "os^DvPX"
+    for i, (variant, xy) in enumerate(sorted(by.items())):  # (colour, marker) pairs repeat after 140 variants
         xs, ys = zip(*xy)
-        ax.scatter(xs, ys, s=14, label=variant)
+        ax.scatter(xs, ys, s=16, color=colours[i % len(colours)], marker=markers[i % len(markers)], label=variant)
     ax.set_xlabel("hardness drift Δλ (λ learned − λ₀, mean over layers)")
     ax.set_ylabel("test accuracy after ReLU (%)")
     ax.set_title(f"{task}: does Δλ predict the ReLU network's accuracy?", fontsize=9)
-    ax.legend(fontsize=6)
+    if len(by) > 6:
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=6)
     return _save(plt, fig, img_dir / f"drift_scatter_{task}.png")
