@@ -18,7 +18,7 @@ def _pyplot():
 
 def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # a legend beside the axes is kept whole
     plt.close(fig)
     return path
 
