@@ -173,10 +173,14 @@ def load_mnist1d(val_size: int = 400) -> Splits:
     except ImportError as e:
         raise DataError("MNIST-1D needs the mnist1d package: pip install 'lambda-gelu[lab]'") from e
     d = make_dataset(get_dataset_args())  # generates locally; never the downloading get_dataset
-    x, y = torch.tensor(d["x"], dtype=torch.float32), torch.tensor(d["y"], dtype=torch.int64)
-    xt, yt = torch.tensor(d["x_test"], dtype=torch.float32), torch.tensor(d["y_test"], dtype=torch.int64)
-    mean, std = x.mean(), x.std()
-    x, xt = (x - mean) / std, (xt - mean) / std
+    # Standardised in float64 by numpy, then rounded once to float32. torch's float32 mean and std sum in an
+    # order that depends on its thread count, so the data's last bits (and every run trained on it) depended
+    # on how many threads the process that loaded it had: --workers 1 and --workers 2 trained different runs
+    x64 = np.asarray(d["x"], dtype=np.float64)
+    mean, std = x64.mean(), x64.std(ddof=1)
+    x, xt = (torch.from_numpy(((np.asarray(a, dtype=np.float64) - mean) / std).astype(np.float32))
+             for a in (x64, d["x_test"]))
+    y, yt = torch.tensor(d["y"], dtype=torch.int64), torch.tensor(d["y_test"], dtype=torch.int64)
     n = len(x) - val_size
     return Splits("mnist1d", x[:n], y[:n], x[n:], y[n:], xt, yt, 10)
 

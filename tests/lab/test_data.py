@@ -106,6 +106,8 @@ def test_cifar_reader_refuses_code_and_missing_files(tmp_path):
 def test_real_offline_datasets():
     s = data.load_mnist1d()
     assert s.x_train.shape == (3600, 40) and s.x_test.shape == (1000, 40)
+    train = torch.cat([s.x_train, s.x_val]).double()
+    assert abs(float(train.mean())) < 1e-6 and abs(float(train.std()) - 1) < 1e-6  # standardised
     for name, n, classes in (("breast_cancer", 569, 2), ("wine", 178, 3)):
         t = data.load_sklearn_tabular(name)
         assert len(t.x_train) + len(t.x_val) + len(t.x_test) == n and t.num_classes == classes
@@ -128,3 +130,21 @@ def test_stdlib_sentences_are_prose_and_held_out_by_file():
     assert len(train) > 5000 and len(held) > 300
     assert not set(train) & set(held) and len(set(train)) == len(train)
     assert all(6 <= len(s.split()) <= 60 for s in train + held)
+
+
+@pytest.mark.parametrize("load", [data.load_mnist1d, lambda: data.load_sklearn_tabular("wine"), data.load_fashion_mnist],
+                         ids=["mnist1d", "wine", "fashion-mnist"])
+def test_data_does_not_depend_on_the_loading_process_thread_count(load):
+    """A run's data must be the same bits however many threads the process that loaded it had: the
+    sweep loads it in the main process (default threads) for --workers N, and with --threads T when
+    it trains in-process. mnist1d's float32 mean and std once summed in a thread-dependent order."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = load()
+        torch.set_num_threads(4)
+        four = load()
+    finally:
+        torch.set_num_threads(before)
+    for field in ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test"):
+        assert torch.equal(getattr(one, field), getattr(four, field)), field
