@@ -113,8 +113,7 @@ def _rank0_says(flag: bool, device: torch.device) -> bool:
 def _switch_rule(switch_at: float | str | AutoSwitch, probe) -> AutoSwitch | None:
     """The :class:`AutoSwitch` that ``switch_at`` asks for, or None for a fixed fraction; a clear error
     for anything else, or for a probe missing where ``"auto"`` needs one (or given where nothing uses it).
-    :class:`HardeningSchedule` checks its arguments with it; the trainer callbacks check theirs with it
-    when they are built, rather than when training starts."""
+    :class:`HardeningSchedule` and :func:`_check_callback_arguments` check with it."""
     auto = AutoSwitch() if isinstance(switch_at, str) and switch_at == "auto" else \
         switch_at if isinstance(switch_at, AutoSwitch) else None
     if auto is None and (not isinstance(switch_at, numbers.Real) or isinstance(switch_at, bool)
@@ -126,6 +125,14 @@ def _switch_rule(switch_at: float | str | AutoSwitch, probe) -> AutoSwitch | Non
     if auto is None and probe is not None:
         raise ValueError(f"probe= is only used with switch_at='auto', but switch_at={switch_at!r}")
     return auto
+
+
+def _check_callback_arguments(switch_at, epsilon: float | None, config: LambdaGELUConfig | None, probe) -> None:
+    """What :class:`HardeningSchedule` would refuse among a trainer callback's arguments, checked when the
+    callback is built (where they were written) rather than once training has started and builds the schedule."""
+    _switch_rule((config or DEFAULTS).switch_at if switch_at is None else switch_at, probe)
+    if epsilon is not None:
+        _lambda_target(epsilon)
 
 
 class HardeningSchedule:

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from ..config import DEFAULTS, LambdaGELUConfig
-from ..functional import lambda_target
-from ..schedule import HardeningSchedule, _switch_rule
+from ..config import LambdaGELUConfig
+from ..schedule import HardeningSchedule, _check_callback_arguments
 
 __all__ = ["HardeningCallback"]
 
@@ -33,10 +32,7 @@ class HardeningCallback(TrainerCallback):
 
     def __init__(self, switch_at: float | str | None = None, epsilon: float | None = None,
                  config: LambdaGELUConfig | None = None, probe=None, freeze: bool = True):
-        # bad arguments fail here, where they were written, not once training has started
-        _switch_rule((config or DEFAULTS).switch_at if switch_at is None else switch_at, probe)
-        if epsilon is not None:
-            lambda_target(epsilon)
+        _check_callback_arguments(switch_at, epsilon, config, probe)
         self.switch_at, self.epsilon, self.config = switch_at, epsilon, config
         self.probe, self.freeze = probe, freeze
         self.schedule: HardeningSchedule | None = None
