@@ -80,7 +80,8 @@ RECIPES = [
 
 
 class TakesLabels(torch.nn.Module):
-    """``net`` called as ``net(x, labels)``: (x, labels) batches carry the labels through `reluize` to the loss."""
+    """``net`` behind a forward that takes ``(x, labels)`` and ignores the labels, so that (x, labels) batches
+    carry them through `reluize` to the loss."""
 
     def __init__(self, net: torch.nn.Module):
         super().__init__()
