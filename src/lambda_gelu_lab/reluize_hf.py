@@ -112,6 +112,8 @@ def in_order(n: int, batch_size: int):
 def run(model_name: str, out: str, steps: int | None, minutes: float | None, texts: list[str], schedule: str,
         overwrite: bool, batch_size: int = 32, seed: int = 0, progress: bool = True, repair: float = 0.0,
         refit: int = 0, batching: str = "length") -> Path:
+    if batching not in BATCHINGS:
+        raise ConfigError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
     try:
         import transformers
@@ -147,8 +149,6 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     def encode(sentences):
         return dict(pad(sentences, padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"))
 
-    if batching not in BATCHINGS:
-        raise ConfigError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
     lengths = [len(ids) for ids in pad(train, truncation=True, max_length=MAX_TOKENS)["input_ids"]]
 
     def stream():  # a fresh copy of the batches' order: the same for timing and for the steps
