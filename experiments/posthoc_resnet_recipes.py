@@ -120,8 +120,8 @@ def convert(gelu: torch.nn.Module, recipe: Recipe, x: torch.Tensor, y: torch.Ten
     if recipe.labels:  # the same batches as every other recipe, each with its labels
         model, stream = TakesLabels(model), batches(x, cfg.batch_size, cfg.seed, y)
         loss = lambda s, t, batch: recipe.loss(s, t) + recipe.labels * F.cross_entropy(s, batch[1])  # noqa: E731
-    lg.reluize(model, stream, steps, schedule="swap", loss=loss, optimizer=opt, callback=callback,
-               recalibrate=recipe.recalibrate, refit=recipe.refit)
+    lg.reluize(model, stream, steps, schedule="swap", loss=loss, optimizer=opt, lr_schedule="constant",
+               callback=callback, recalibrate=recipe.recalibrate, refit=recipe.refit)
     if recipe.again:
         recalibrate_batchnorm_(model, [next(stream) for _ in range(recipe.again)])
     return (model.net if recipe.labels else model), steps

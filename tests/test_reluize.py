@@ -111,6 +111,30 @@ def test_swap_is_relu_from_the_first_step_with_the_same_loss():
     assert losses[-1] < losses[0]  # the repair works on a plain tensor output (relative error)
 
 
+@pytest.mark.parametrize("schedule, repair", [("swap", 0.0), ("anneal", 0.0), ("blockwise", 0.0), ("blockwise", 0.5)])
+def test_a_linear_lr_schedule_falls_to_zero_over_each_optimizers_own_steps(monkeypatch, schedule, repair):
+    """Every AdamW that reluize builds (the distillation's, each block's, the repair's) takes its n steps at
+    lr·(1 − i/n), i = 0 … n − 1; "constant" keeps lr at every step."""
+    used = []
+    adamw_step = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        used.append((id(self), self.param_groups[0]["lr"]))
+        return adamw_step(self, *args, **kwargs)
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    for lr_schedule in ("linear", "constant"):
+        used.clear()
+        reluize(_mlp(), torch.randn(16, 12), steps=12, schedule=schedule, repair=repair, lr=1e-3,
+                lr_schedule=lr_schedule)
+        runs = [[lr for i, lr in used if i == optimizer] for optimizer in dict.fromkeys(i for i, _ in used)]
+        # blockwise: one optimizer per block (two), then the repair's; swap and anneal: one
+        assert [len(r) for r in runs] == {("blockwise", 0.0): [6, 6], ("blockwise", 0.5): [3, 3, 6]}.get(
+            (schedule, repair), [12])
+        for r in runs:
+            expected = [1e-3 * (1 - i / len(r)) if lr_schedule == "linear" else 1e-3 for i in range(len(r))]
+            assert r == pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.parametrize("schedule", ["anneal", "swap"])
 def test_sparsity_penalises_the_converted_activations_only_and_leaves_more_zeros(schedule):
     x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
@@ -538,6 +562,7 @@ def test_bad_input_is_refused_before_the_model_changes():
     gelu_net = nn.Sequential(nn.Linear(4, 4), nn.GELU())
     for kwargs, message in [({"steps": 0}, "steps must be a positive int"),
                             ({"steps": 3, "schedule": "cosine"}, "schedule must be one of anneal, swap"),
+                            ({"steps": 3, "lr_schedule": "cosine"}, "lr_schedule must be one of constant, linear"),
                             ({"steps": 3, "anneal": 0.0}, r"anneal is the fraction of steps"),
                             ({"steps": 3, "epsilon": 2.0}, "epsilon must be in"),
                             ({"steps": 3, "sparsity": -0.1}, "sparsity is the activation penalty's final factor"),

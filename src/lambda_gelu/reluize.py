@@ -58,6 +58,13 @@ the distillation then goes on from there. With a 15-minute budget both end near 
 0.9901 with the refit, 0.9896 without; overlap 0.911 against 0.904, differences not detected): the refit
 is the CLI's default because it gets there several times sooner.
 
+Learning rate. AdamW's falls linearly to 0 over the steps (``lr_schedule="linear"``), because at a
+constant rate the network kept is whichever the last few batches pulled it to: on all-MiniLM-L6-v2
+distilled on batches of sentences of nearly one length (the CLI's), the top-10 overlap swung by ±0.01
+between checkpoints and the last one fell from 0.918 to 0.898; falling, it rose to 0.925 and stayed
+there (seed 0; docs/minilm_length.md). On the lab's fmnist-resnet it made no detectable difference
+(+0.05 points, docs/posthoc_resnet_recipes.md).
+
 BatchNorm. The swap shifts the statistics of every later layer, while eval mode keeps normalising with
 the GELU network's running statistics: on the lab's fmnist-resnet the swap alone falls from 87% to 46%
 (5 seeds). ``recalibrate=N`` re-estimates them over N batches once the network is ReLU (forward passes,
@@ -100,10 +107,11 @@ from .functional import lambda_target as _lambda_target
 from .regularize import SparsityRegularizer
 
 __all__ = ["reluize", "distillation_loss", "mean_pool", "reconstruction_blocks", "ReconstructionBlock", "AnnealedGELU",
-           "ReluizeResult", "SCHEDULES", "refit_after_swap_", "refit_consumers", "recalibrate_batchnorm_",
-           "RECALIBRATE"]
+           "ReluizeResult", "SCHEDULES", "LR_SCHEDULES", "refit_after_swap_", "refit_consumers",
+           "recalibrate_batchnorm_", "RECALIBRATE"]
 
 SCHEDULES = ("anneal", "swap", "blockwise")
+LR_SCHEDULES = ("constant", "linear")
 RIDGE = 1e-3  # the refit's ridge factor; all-MiniLM-L6-v2 (2048 sentences) keeps cosine 0.987 at 1e-4 and 1e-3,
 # 0.985 at 1e-2
 RECALIBRATE = 50  # batches re-estimating BatchNorm by default (fmnist-resnet, lr 3e-4: the swap's drop 0.88 → 0.34)
@@ -147,8 +155,8 @@ class ReluizeResult:
 def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Module | None = None,
             loss: Callable | None = None, schedule: str = "swap", anneal: float = 0.5,
             repair: float = 0.0, epsilon: float | None = None, lr: float = 5e-5, weight_decay: float = 0.0,
-            optimizer: torch.optim.Optimizer | None = None, sparsity: float = 0.0, refit: int = 0,
-            ridge: float = RIDGE, recalibrate: int | None = None, progress: bool = False,
+            lr_schedule: str = "linear", optimizer: torch.optim.Optimizer | None = None, sparsity: float = 0.0,
+            refit: int = 0, ridge: float = RIDGE, recalibrate: int | None = None, progress: bool = False,
             callback: Callable[[dict], None] | None = None) -> ReluizeResult:
     """Turn ``model``'s GELU-like activations into exact ``nn.ReLU``, in place, training it for
     ``steps`` optimizer steps to keep its function.
@@ -171,6 +179,9 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         epsilon: the gate's L1 distance to the step at which λ-GELU becomes ReLU
             (default :data:`lambda_gelu.DEFAULTS`'s 0.005, λ_target ≈ 160).
         lr, weight_decay: for the default optimizer, AdamW over every trainable parameter.
+        lr_schedule: ``"linear"`` (the default): every optimizer's learning rate falls linearly over the
+            n steps it takes (the distillation's, each block's, the repair's; yours too, if you give one),
+            step i at (1 − i/n) of its start; ``"constant"`` leaves it as it is.
         optimizer: your own, built over ``model``'s parameters (``lr``/``weight_decay`` then unused).
         sparsity: the final factor of an L1 penalty on the converted activations (0: none); it rises
             over the first ``anneal`` fraction of the steps (see :class:`lambda_gelu.SparsityRegularizer`).
@@ -194,6 +205,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {lr_schedule!r}")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if not 0.0 < anneal <= 1.0:
@@ -253,10 +266,11 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     teacher.eval().requires_grad_(False)
     if schedule == "blockwise":
         blocks_steps = steps - round(repair * steps)
-        result = _blockwise(model, teacher, stream, blocks_steps, first, lr, weight_decay, progress, callback)
+        result = _blockwise(model, teacher, stream, blocks_steps, first, lr, weight_decay, lr_schedule, progress,
+                            callback)
         if blocks_steps < steps:
             _distill(model, teacher, stream, range(blocks_steps, steps), loss or distillation_loss,
-                     optimizer or _adamw(model, lr, weight_decay), result, progress, callback)
+                     optimizer or _adamw(model, lr, weight_decay), lr_schedule, result, progress, callback)
         _relu_config(model)
         return result
     t0 = time.perf_counter()
@@ -280,7 +294,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     regularizer = SparsityRegularizer(model, steps, sparsity, end=anneal, stages=3,
                                       filter_fn=lambda m, fqn: fqn in converted) if sparsity else None
     _distill(model, teacher, stream, range(steps), loss or distillation_loss,
-             optimizer or _adamw(model, lr, weight_decay), result, progress, callback,
+             optimizer or _adamw(model, lr, weight_decay), lr_schedule, result, progress, callback,
              anneal_steps=max(1, round(anneal * steps)), lam_target=lam_target, regularizer=regularizer,
              recalibrate=recalibrate if schedule == "anneal" else 0)
     _relu_config(model)
@@ -291,12 +305,21 @@ def _adamw(model: nn.Module, lr: float, weight_decay: float) -> torch.optim.Opti
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
 
-def _distill(model, teacher, stream, steps: range, loss, optimizer, result: ReluizeResult, progress, callback, *,
-             anneal_steps: int = 0, lam_target: float = float("inf"), regularizer=None, recalibrate: int = 0) -> None:
+def _lr_decay(optimizer: torch.optim.Optimizer | None, steps: int, lr_schedule: str):
+    """The scheduler of ``lr_schedule="linear"`` over ``steps`` optimizer steps (None: constant)."""
+    if optimizer is None or lr_schedule == "constant":
+        return None
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1 - i / steps)
+
+
+def _distill(model, teacher, stream, steps: range, loss, optimizer, lr_schedule: str, result: ReluizeResult,
+             progress, callback, *, anneal_steps: int = 0, lam_target: float = float("inf"), regularizer=None,
+             recalibrate: int = 0) -> None:
     """Train the whole ``model`` to match ``teacher`` with ``loss`` for ``steps`` (numbered from their
     start); the annealed GELUs, if any, harden over the first ``anneal_steps`` and then become ReLU, their
     BatchNorms re-estimated over the next ``recalibrate`` batches."""
     annealed = [m for m in model.modules() if isinstance(m, AnnealedGELU)]
+    decay = _lr_decay(optimizer, len(steps), lr_schedule)
     model.eval()
     bar = _progress(len(steps), progress)
     t0 = time.perf_counter() - result.seconds
@@ -318,6 +341,8 @@ def _distill(model, teacher, stream, steps: range, loss, optimizer, result: Relu
             optimizer.zero_grad(set_to_none=True)
             (value if penalty is None else value + penalty).backward()
             optimizer.step()
+            if decay is not None:
+                decay.step()
             entry = {"step": step + 1, "lam": lam, "loss": value.item(), "seconds": time.perf_counter() - t0}
             if penalty is not None:
                 entry["penalty"] = penalty.item()
@@ -493,7 +518,8 @@ def _tensor_output(out, block: ReconstructionBlock) -> torch.Tensor:
     return out
 
 
-def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress, callback) -> ReluizeResult:
+def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, lr_schedule, progress,
+               callback) -> ReluizeResult:
     blocks = reconstruction_blocks(model, first)
     if steps < len(blocks):
         raise ValueError(f"schedule='blockwise' needs at least one step per block: {len(blocks)} blocks, {steps} "
@@ -514,7 +540,9 @@ def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress,
         params = list({id(p): p for n in block.modules for p in model.get_submodule(n).parameters()
                        if p.requires_grad}.values())
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if params else None
-        for _ in range(steps // len(blocks) + (i < steps % len(blocks))):
+        block_steps = steps // len(blocks) + (i < steps % len(blocks))
+        decay = _lr_decay(optimizer, block_steps, lr_schedule)
+        for _ in range(block_steps):
             batch = next(stream)
             with torch.no_grad():
                 args, kwargs = _block_input(model, block, batch)
@@ -525,6 +553,8 @@ def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, progress,
                 optimizer.zero_grad(set_to_none=True)
                 value.backward()
                 optimizer.step()
+                if decay is not None:
+                    decay.step()
             step += 1
             entry = {"step": step, "lam": float("inf"), "loss": value.item(), "seconds": time.perf_counter() - t0,
                      "block": block.name}

@@ -125,7 +125,8 @@ def convert_posthoc(model: nn.Module, cfg: RunConfig, x_train: torch.Tensor, tot
                     gen: torch.Generator) -> lg.ReluizeResult:
     """The trained GELU ``model`` → exact ReLU in place, with lambda_gelu.reluize: distillation (KL of the
     outputs; for blockwise, each block's reconstruction) from its frozen copy over training inputs (no
-    labels), for posthoc_budget × ``total`` steps; re-estimating BatchNorm (posthoc_recalibrate batches, forward
+    labels), for posthoc_budget × ``total`` steps at the constant rate posthoc_lr (the stored runs' recipe, not
+    reluize's falling default); re-estimating BatchNorm (posthoc_recalibrate batches, forward
     passes only) costs a third of a step per batch, taken from them."""
     def batches():
         while True:
@@ -136,7 +137,8 @@ def convert_posthoc(model: nn.Module, cfg: RunConfig, x_train: torch.Tensor, tot
     steps = max(1, math.ceil(cfg.posthoc_budget * total) - math.ceil(cfg.posthoc_recalibrate / 3))
     schedule = POSTHOC[cfg.arm]
     return lg.reluize(model, batches(), steps, schedule=schedule, epsilon=cfg.epsilon, lr=cfg.posthoc_lr,
-                      loss=None if schedule == "blockwise" else logit_kl, recalibrate=cfg.posthoc_recalibrate)
+                      lr_schedule="constant", loss=None if schedule == "blockwise" else logit_kl,
+                      recalibrate=cfg.posthoc_recalibrate)
 
 
 def _layer_lambdas(model: nn.Module) -> dict[str, float]:
