@@ -12,8 +12,8 @@ convert() {  # DIR ARGS...: a conversion, unless DIR already holds a finished on
     [ -f "$dir/reluize_report.json" ] || lambda-gelu reluize all-minilm-l6-v2 --out "$dir" --quiet "$@"
 }
 for seed in $SEEDS; do
-    convert "$OUT/anneal-$seed" --minutes 15 --schedule anneal --batching shuffled --seed "$seed"
+    convert "$OUT/anneal-$seed" --minutes 15 --schedule anneal --batching shuffled --lr-schedule constant --seed "$seed"
     steps=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])" "$OUT/anneal-$seed/reluize_report.json")
-    convert "$OUT/swap-$seed" --steps "$steps" --schedule swap --refit 0 --batching shuffled --seed "$seed"
+    convert "$OUT/swap-$seed" --steps "$steps" --schedule swap --refit 0 --batching shuffled --lr-schedule constant --seed "$seed"
 done
 lambda-gelu reluize-report "$OUT"/anneal-* "$OUT"/swap-* --output docs/minilm.md

@@ -13,7 +13,7 @@ convert() {  # DIR ARGS...: a conversion, unless DIR already holds a finished on
     [ -f "$dir/reluize_report.json" ] || lambda-gelu reluize all-minilm-l6-v2 --out "$dir" --quiet "$@"
 }
 for seed in $SEEDS; do
-    convert "$OUT/refit-$seed" --minutes 15 --batching shuffled --seed "$seed"
-    convert "$OUT/swap-$seed" --minutes 15 --refit 0 --batching shuffled --seed "$seed"
+    convert "$OUT/refit-$seed" --minutes 15 --batching shuffled --lr-schedule constant --seed "$seed"
+    convert "$OUT/swap-$seed" --minutes 15 --refit 0 --batching shuffled --lr-schedule constant --seed "$seed"
 done
 lambda-gelu reluize-report "$OUT"/refit-* "$OUT"/swap-* --output docs/minilm_refit.md

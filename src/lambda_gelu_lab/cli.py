@@ -7,7 +7,7 @@
     lambda-gelu export --csv [--out DIR]
     lambda-gelu deploy [--out DIR] [--task T...]   int8 ONNX, verification, sparsity of stored models
     lambda-gelu reluize MODEL --out DIR [--steps N | --minutes M] [--text FILE...] [--schedule swap|anneal|blockwise]
-                     [--refit N] [--batching length|shuffled] [--overwrite]
+                     [--refit N] [--batching length|shuffled] [--lr-schedule linear|constant] [--overwrite]
                                                       a pretrained Hugging Face GELU model → exact ReLU
     lambda-gelu reluize-report DIR... --output FILE  several conversions (seeds, schedules) side by side
     lambda-gelu tasks
@@ -109,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     rz.add_argument("--batching", choices=("length", "shuffled"), default="length",
                     help="length: random batches of sentences of nearly one length, so that little of each step "
                          "is padding (default); shuffled: consecutive sentences of the shuffled text")
+    rz.add_argument("--lr-schedule", choices=("linear", "constant"), default="linear",
+                    help="linear: AdamW's learning rate falls linearly to 0 over the steps (default); constant: it "
+                         "stays at 5e-5")
     rz.add_argument("--seed", type=int, default=0)
     rz.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     rz.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             refit = args.refit if args.refit is not None else REFIT_SENTENCES if args.schedule == "swap" else 0
             print(run(args.model, args.out, args.steps, minutes, args.text, args.schedule, args.overwrite,
                       args.batch_size, args.seed, progress=not args.quiet, repair=args.repair, refit=refit,
-                      batching=args.batching))
+                      batching=args.batching, lr_schedule=args.lr_schedule))
             return 0
         if args.command == "reluize-report":
             from .report.conversions import conversions_report

