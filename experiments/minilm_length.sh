@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Regenerates docs/minilm_length.md: the real all-MiniLM-L6-v2 converted to exact ReLU by `lambda-gelu reluize`
+# with its defaults (abrupt swap, least-squares refit over 1024 sentences, then distillation on batches of
+# sentences of nearly one length, the learning rate falling linearly to 0; 15 minutes on this machine's cores),
+# against the same with a constant learning rate, 3 seeds each. The same recipe and seeds on shuffled batches
+# with a constant rate are the refit rows of docs/minilm_refit.md (experiments/minilm_refit.sh).
+# Resumable: a finished conversion is kept. Run it on an idle machine: the step count is what fits the budget
+# here. About 100 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/minilm-length}
+SEEDS=${SEEDS:-"0 1 2"}
+convert() {  # DIR ARGS...: a conversion, unless DIR already holds a finished one
+    local dir=$1; shift
+    [ -f "$dir/reluize_report.json" ] || lambda-gelu reluize all-minilm-l6-v2 --out "$dir" --quiet --minutes 15 "$@"
+}
+for seed in $SEEDS; do
+    convert "$OUT/default-$seed" --seed "$seed"
+done
+for seed in $SEEDS; do
+    convert "$OUT/constant-$seed" --lr-schedule constant --seed "$seed"
+done
+lambda-gelu reluize-report "$OUT"/default-* "$OUT"/constant-* --output docs/minilm_length.md
