@@ -7,10 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/minilm}
 SEEDS=${SEEDS:-"0 1 2"}
-convert() {  # DIR ARGS...: a conversion, unless DIR already holds a finished one
-    local dir=$1; shift
-    [ -f "$dir/reluize_report.json" ] || lambda-gelu reluize all-minilm-l6-v2 --out "$dir" --quiet "$@"
-}
+source experiments/minilm_convert.sh
 for seed in $SEEDS; do
     convert "$OUT/anneal-$seed" --minutes 15 --schedule anneal --batching shuffled --lr-schedule constant --seed "$seed"
     steps=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])" "$OUT/anneal-$seed/reluize_report.json")

@@ -10,14 +10,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/minilm-length}
 SEEDS=${SEEDS:-"0 1 2"}
-convert() {  # DIR ARGS...: a conversion, unless DIR already holds a finished one
-    local dir=$1; shift
-    [ -f "$dir/reluize_report.json" ] || lambda-gelu reluize all-minilm-l6-v2 --out "$dir" --quiet --minutes 15 "$@"
-}
+source experiments/minilm_convert.sh
 for seed in $SEEDS; do
-    convert "$OUT/default-$seed" --seed "$seed"
+    convert "$OUT/default-$seed" --minutes 15 --seed "$seed"
 done
 for seed in $SEEDS; do
-    convert "$OUT/constant-$seed" --lr-schedule constant --seed "$seed"
+    convert "$OUT/constant-$seed" --minutes 15 --lr-schedule constant --seed "$seed"
 done
 lambda-gelu reluize-report "$OUT"/default-* "$OUT"/constant-* --output docs/minilm_length.md

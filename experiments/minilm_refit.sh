@@ -8,10 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/minilm-refit}
 SEEDS=${SEEDS:-"0 1 2"}
-convert() {  # DIR ARGS...: a conversion, unless DIR already holds a finished one
-    local dir=$1; shift
-    [ -f "$dir/reluize_report.json" ] || lambda-gelu reluize all-minilm-l6-v2 --out "$dir" --quiet "$@"
-}
+source experiments/minilm_convert.sh
 for seed in $SEEDS; do
     convert "$OUT/refit-$seed" --minutes 15 --batching shuffled --lr-schedule constant --seed "$seed"
     convert "$OUT/swap-$seed" --minutes 15 --refit 0 --batching shuffled --lr-schedule constant --seed "$seed"
