@@ -115,18 +115,19 @@ def test_swap_is_relu_from_the_first_step_with_the_same_loss():
 def test_a_linear_lr_schedule_falls_to_zero_over_each_optimizers_own_steps(monkeypatch, schedule, repair):
     """Every AdamW that reluize builds (the distillation's, each block's, the repair's) takes its n steps at
     lr·(1 − i/n), i = 0 … n − 1; "constant" keeps lr at every step."""
-    used = []
+    used = []  # (optimizer, lr): holding the optimizer keeps Python from giving a finished one's id to the next
     adamw_step = torch.optim.AdamW.step
 
     def step(self, *args, **kwargs):
-        used.append((id(self), self.param_groups[0]["lr"]))
+        used.append((self, self.param_groups[0]["lr"]))
         return adamw_step(self, *args, **kwargs)
     monkeypatch.setattr(torch.optim.AdamW, "step", step)
     for lr_schedule in ("linear", "constant"):
         used.clear()
         reluize(_mlp(), torch.randn(16, 12), steps=12, schedule=schedule, repair=repair, lr=1e-3,
                 lr_schedule=lr_schedule)
-        runs = [[lr for i, lr in used if i == optimizer] for optimizer in dict.fromkeys(i for i, _ in used)]
+        optimizers = list({id(o): o for o, _ in used}.values())
+        runs = [[lr for o, lr in used if o is optimizer] for optimizer in optimizers]
         # blockwise: one optimizer per block (two), then the repair's; swap and anneal: one
         assert [len(r) for r in runs] == {("blockwise", 0.0): [6, 6], ("blockwise", 0.5): [3, 3, 6]}.get(
             (schedule, repair), [12])
