@@ -196,6 +196,15 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     assert f"- swap: **{'met' if met == 2 else 'not met'}** ({met} of 2 seeds)" in text
     assert f"| anneal, {linear} | 4 | " in text and " | ReLU | " in text  # the curve, last point the ReLU checkpoint
     assert (tmp_path / "docs" / "summary_img" / "curve.png").is_file()
+    # without the plain swap, the anneal is paired with the swap after the refit (the CLI's default)
+    default = {s: json.loads((tmp_path / f"swap-16-length-linear-{s}" / "reluize_report.json").read_text())
+               for s in (0, 1)}
+    alone = [d for d in dirs if "anneal-0-length-linear" in d or "swap-16-length-linear" in d]
+    assert main(["reluize-report", *alone, "--output", str(output)]) == 0
+    text = output.read_text()
+    assert f"Anneal, {linear} − swap + refit 16, {linear}, paired by seed at equal steps (2 pairs" in text
+    diff = [cosine[("anneal", "length", "linear", s)] - default[s]["reluized"]["cosine"] for s in (0, 1)]
+    assert f"- cosine: {sum(diff) / 2:+.4f}" in text
     capsys.readouterr()
     assert main(["reluize-report", str(tmp_path), "--output", str(output)]) == 2
     err = capsys.readouterr().err.strip()

@@ -5,7 +5,8 @@
 Reads each directory's ``reluize_report.json``; per schedule the final metrics over seeds (mean ±
 sample std), the conversion goal judged seed by seed, each recipe against the plain abrupt swap (a
 recipe run with an option — length-grouped batches, a falling learning rate — against itself without the
-last of them, if that ran) paired by seed where both ran the same steps or the same time budget (95%
+last of them, if that ran; another schedule against the swap after a refit, the CLI's default, where the
+plain swap did not run) paired by seed where both ran the same steps or the same time budget (95%
 t-interval of the mean difference), the curve of each metric against minutes (mean over seeds at each
 measured step), and a plot of it.
 """
@@ -156,12 +157,18 @@ def _paired(by_schedule, metrics) -> list[str]:
 
 def _baseline(name: str, names) -> str | None:
     """What a recipe is paired against: the same recipe without the last of its :data:`_MODIFIERS`, where that
-    ran; otherwise the plain swap with the same modifiers."""
+    ran; otherwise the plain swap with the same modifiers; for another schedule, where that did not run either,
+    the swap after a refit with them (the CLI's default)."""
     suffixes = [suffix for suffix, _, _ in _MODIFIERS if suffix in name]
     if suffixes and name[:-len(suffixes[-1])] in names:
         return name[:-len(suffixes[-1])]
-    base = "swap" + "".join(suffixes)
-    return base if base in names and base != name else None
+    tail = "".join(suffixes)
+    base = "swap" + tail
+    if base in names and base != name:
+        return base
+    refit = [n for n in names if n.startswith("swap + refit ") and n.endswith(tail)
+             and n[len("swap + refit "):len(n) - len(tail)].isdigit()]
+    return refit[0] if len(refit) == 1 and not name.startswith("swap") else None
 
 
 def _points(rs, key):
