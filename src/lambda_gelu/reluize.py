@@ -4,10 +4,11 @@ step, swap them at once, or reconstruct block by block.
     result = lambda_gelu.reluize(model, batches, steps=300)     # model is now an exact-ReLU network
 
 Which schedule. The default is ``"swap"``, the one recipe never far from the best measured: at equal
-steps the anneal has not beaten it anywhere — on the real all-MiniLM-L6-v2 (15-minute budget, 3 seeds)
-the swap kept more on every seed (cosine 0.9899 against 0.9892, paired interval above 0; top-10
-neighbours 0.906 against 0.901, not distinguished), on the lab's trained networks the two are
-equivalent or the difference is not detected. ``"blockwise"`` was best on four of the five lab
+steps the anneal has not beaten it anywhere — on the real all-MiniLM-L6-v2 with the CLI's defaults
+(refit, length batches, falling rate; 15-minute budget, 3 seeds) the swap kept more on every seed
+(cosine 0.9927 against 0.9922, top-10 neighbours 0.923 against 0.915, both paired intervals above 0;
+docs/minilm_schedules.md), as it did on shuffled batches at a constant rate (0.9899 against 0.9892); on
+the lab's trained networks the two are equivalent or the difference is not detected. ``"blockwise"`` was best on four of the five lab
 networks (not on mnist1d-mlp); on MiniLM (one seed, measured before the default loss had its
 hidden-state term there) it matched the swap, not more. ``"anneal"``
 is the one whose every step is a network between the original and the ReLU (step 0 is the original
