@@ -7,12 +7,12 @@ Which schedule. The default is ``"swap"``, the one recipe never far from the bes
 steps the anneal has not beaten it anywhere — on the real all-MiniLM-L6-v2 with the CLI's defaults
 (refit, length batches, falling rate; 15-minute budget, 3 seeds) the swap kept more on every seed
 (cosine 0.9927 against 0.9922, top-10 neighbours 0.923 against 0.915, both paired intervals above 0;
-docs/minilm_schedules.md), as it did on shuffled batches at a constant rate (0.9899 against 0.9892); on
-the lab's trained networks the two are equivalent or the difference is not detected. ``"blockwise"`` was best on four of the five lab
-networks (not on mnist1d-mlp); on MiniLM (one seed, measured before the default loss had its
-hidden-state term there) it matched the swap, not more. ``"anneal"``
-is the one whose every step is a network between the original and the ReLU (step 0 is the original
-bit for bit); its early checkpoints are far closer to the original than the swap's (0.996 at
+docs/minilm_schedules.md), as it did without the refit on shuffled batches at a constant rate (0.9899
+against 0.9892); on the lab's trained networks the two are equivalent or the difference is not detected.
+``"blockwise"`` was best on four of the five lab networks (not on mnist1d-mlp); on MiniLM (one seed,
+measured before the default loss had its hidden-state term there) it matched the swap, not more.
+``"anneal"`` is the one whose every step is a network between the original and the ReLU (step 0 is the
+original bit for bit); its early checkpoints are far closer to the original than the swap's (0.997 at
 λ ≈ 1.3), which it loses again crossing λ ≈ 2–4.
 
 Annealing: every GELU-like module ``g`` (see :data:`lambda_gelu.GELU_LIKE`) becomes ``x ↦ g(λx)/λ``
