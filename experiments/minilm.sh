@@ -10,7 +10,7 @@ SEEDS=${SEEDS:-"0 1 2"}
 source experiments/minilm_convert.sh
 for seed in $SEEDS; do
     convert "$OUT/anneal-$seed" --minutes 15 --schedule anneal --batching shuffled --lr-schedule constant --seed "$seed"
-    steps=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])" "$OUT/anneal-$seed/reluize_report.json")
+    steps=$(steps_of "$OUT/anneal-$seed")
     convert "$OUT/swap-$seed" --steps "$steps" --schedule swap --refit 0 --batching shuffled --lr-schedule constant --seed "$seed"
 done
 lambda-gelu reluize-report "$OUT"/anneal-* "$OUT"/swap-* --output docs/minilm.md

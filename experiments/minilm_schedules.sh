@@ -13,7 +13,7 @@ SEEDS=${SEEDS:-"0 1 2"}
 source experiments/minilm_convert.sh
 for seed in $SEEDS; do
     convert "$OUT/default-$seed" --minutes 15 --seed "$seed"
-    steps=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['steps'])" "$OUT/default-$seed/reluize_report.json")
+    steps=$(steps_of "$OUT/default-$seed")
     convert "$OUT/anneal-$seed" --steps "$steps" --schedule anneal --seed "$seed"
 done
 lambda-gelu reluize-report "$OUT"/default-* "$OUT"/anneal-* --output docs/minilm_schedules.md
