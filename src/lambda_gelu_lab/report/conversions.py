@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -166,9 +167,10 @@ def _baseline(name: str, names) -> str | None:
     base = "swap" + tail
     if base in names and base != name:
         return base
-    refit = [n for n in names if n.startswith("swap + refit ") and n.endswith(tail)
-             and n[len("swap + refit "):len(n) - len(tail)].isdigit()]
-    return refit[0] if len(refit) == 1 and not name.startswith("swap") else None
+    if name.startswith("swap"):
+        return None
+    refit = [n for n in names if re.fullmatch(r"swap \+ refit \d+" + re.escape(tail), n)]
+    return refit[0] if len(refit) == 1 else None
 
 
 def _points(rs, key):
