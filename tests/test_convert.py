@@ -1,3 +1,4 @@
+import re
 import warnings
 
 import pytest
@@ -244,3 +245,67 @@ def test_eval_mode_puts_each_module_back_in_its_own_mode_even_after_an_error():
     with pytest.raises(RuntimeError, match="inside"), eval_mode(model):
         raise RuntimeError("inside")
     assert [m.training for m in model.modules()] == [True, True, True, False, True, True]
+
+
+def _tiny_hugging_face(kind: str):
+    """Small real Hugging Face models whose configs name their GELU in different fields."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=100)
+    return {
+        "roberta": lambda: transformers.RobertaModel(transformers.RobertaConfig(**small, max_position_embeddings=40)),
+        "distilbert": lambda: transformers.DistilBertModel(transformers.DistilBertConfig(  # its field: activation
+            dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=100)),
+        "t5": lambda: transformers.T5EncoderModel(transformers.T5Config(  # feed_forward_proj="gated-gelu"
+            d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16, vocab_size=100, feed_forward_proj="gated-gelu")),
+        "gpt2": lambda: transformers.GPT2Model(transformers.GPT2Config(  # activation_function="gelu_new"
+            n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32)),
+    }[kind]().eval()
+
+
+@pytest.mark.parametrize("kind", ["roberta", "distilbert", "t5", "gpt2"])
+@pytest.mark.parametrize("path", ["direct swap", "λ-GELU"])
+def test_a_relu_network_saved_with_save_pretrained_loads_as_itself(kind, path, tmp_path):
+    """transformers rebuilds a model from its config when it loads: to_relu_ names ReLU in whichever field
+    the config names its GELU in, so the checkpoint loads as the ReLU network, bit for bit."""
+    model = _tiny_hugging_face(kind)
+    gelus = {name for name, m in model.named_modules() if is_gelu_like(m)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the config can say it: no warning
+        if path == "λ-GELU":
+            convert_to_lambda_gelu_(model, init_lambda=3.0)
+        assert set(to_relu_(model, include_gelu=path == "direct swap")) == gelus and len(gelus) == 2
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path).eval()
+    assert {name for name, m in loaded.named_modules() if isinstance(m, nn.ReLU)} == gelus
+    assert not any(is_gelu_like(m) for m in loaded.modules())
+    ids = torch.randint(3, 100, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).last_hidden_state, model(input_ids=ids).last_hidden_state,
+                                   rtol=0, atol=0)
+
+
+def test_a_config_that_cannot_name_the_converted_network_is_left_as_it_was_with_a_warning():
+    """Half a RoBERTa converted: its one hidden_act cannot say which layers are ReLU, so the config stays (a
+    checkpoint would load as GELU) and to_relu_ says where; relu_config_problem tells it beforehand, also
+    for a Hugging Face model inside another module."""
+    from lambda_gelu import relu_config_problem
+
+    first = "encoder.layer.0.intermediate.intermediate_act_fn"
+    second = "encoder.layer.1.intermediate.intermediate_act_fn"
+    model = _tiny_hugging_face("roberta")
+    assert relu_config_problem(model) is None and relu_config_problem(_mlp()) is None
+    half = lambda m, fqn: fqn == first  # noqa: E731
+    expected = (rf"at '{second}' the converted network has GELUActivation but its config \(activation fields naming "
+                r"GELU: hidden_act='gelu'\) builds ReLU there")
+    assert re.fullmatch(expected, relu_config_problem(model, half))
+    assert re.fullmatch("inner: " + expected, relu_config_problem(nn.ModuleDict({"inner": model}),
+                                                                  lambda m, fqn: fqn == "inner." + first))
+    with pytest.warns(UserWarning, match=expected + ": its config is left as it was, and save_pretrained would "
+                                                    "write a checkpoint that does not load as this network"):
+        assert to_relu_(model, include_gelu=True, filter_fn=half) == [first]
+    assert model.config.hidden_act == "gelu"
+
+    wrapped = nn.ModuleDict({"inner": _tiny_hugging_face("distilbert")})  # as sentence-transformers holds one
+    to_relu_(wrapped, include_gelu=True)
+    assert wrapped["inner"].config.activation == "relu"

@@ -25,6 +25,9 @@ def _hf_models():
         "mpnet": lambda: transformers.MPNetModel(transformers.MPNetConfig(**small)),
         "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
             n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32, activation_function="gelu_new")),
+        "roberta": lambda: transformers.RobertaModel(transformers.RobertaConfig(**small, max_position_embeddings=40)),
+        "distilbert": lambda: transformers.DistilBertModel(transformers.DistilBertConfig(  # config field: activation
+            dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=100)),
     }
 
 
@@ -39,7 +42,7 @@ def _batches(n=4, seed=0):
     return out
 
 
-@pytest.mark.parametrize("kind", ["bert", "mpnet", "gpt2"])
+@pytest.mark.parametrize("kind", ["bert", "mpnet", "gpt2", "roberta", "distilbert"])
 def test_hf_models_start_as_the_original_and_end_as_exact_relu_that_loads_without_us(kind, tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
@@ -590,6 +593,25 @@ def test_bad_input_is_refused_before_the_model_changes():
     with pytest.raises(ValueError, match="needs at least one step per block: 2 blocks, 1 steps"):
         reluize(_mlp(), torch.randn(2, 12), steps=1, schedule="blockwise")
     assert isinstance(gelu_net[1], nn.GELU)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"refit": 1}, {"schedule": "anneal"}, {"schedule": "blockwise"}])
+def test_a_config_that_cannot_name_the_relu_network_is_said_before_the_first_step(kwargs):
+    """A BERT whose second layer's activation was made SiLU by hand: its config's one hidden_act cannot say
+    "ReLU in layer 0, SiLU in layer 1", so reluize converts (right in memory) but warns before its first step
+    that a saved checkpoint would not load as it, once, and leaves the config as it was."""
+    model = _hf_models()["bert"]().eval()
+    model.encoder.layer[1].intermediate.intermediate_act_fn = nn.SiLU()
+    steps = []
+    with pytest.warns(UserWarning) as caught:
+        reluize(model, _batches(), steps=2, callback=lambda entry: steps.append(len(caught)), **kwargs)
+    assert [str(w.message) for w in caught] == [
+        "at 'encoder.layer.1.intermediate.intermediate_act_fn' the converted network has SiLU but its config "
+        "(activation fields naming GELU: hidden_act='gelu') builds ReLU there: the converted model will be exact "
+        "ReLU, but save_pretrained would write a checkpoint that does not load as it"]
+    assert steps and set(steps) == {1}  # said before the first step (or the refit's step 0), and only then
+    assert model.config.hidden_act == "gelu" and isinstance(model.encoder.layer[0].intermediate.intermediate_act_fn,
+                                                             nn.ReLU)
 
 
 @pytest.mark.slow

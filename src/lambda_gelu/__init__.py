@@ -15,7 +15,8 @@ sparsity), ``deploy`` (ONNX export, int8 with ONNX Runtime; the ``[deploy]`` ext
 ``integrations.transformers`` and ``integrations.lightning`` (hardening callbacks for those trainers).
 """
 from .config import DEFAULTS, LambdaGELUConfig
-from .convert import GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, replace_modules_, to_relu_
+from .convert import (GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, relu_config_problem,
+                      replace_modules_, to_relu_)
 from .distributed import replicate_lambdas
 from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target, set_backend
 from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
@@ -33,6 +34,7 @@ __all__ = [
     "LambdaGELU", "lambda_to_raw", "raw_to_lambda",
     "lambda_param_groups", "HardeningSchedule", "AutoSwitch", "replicate_lambdas",
     "convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
+    "relu_config_problem",
     "get_act_layer", "create_act",
     "reluize", "ReluizeResult",
     "SparsityRegularizer", "sparsity_factor",

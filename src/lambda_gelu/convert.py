@@ -13,10 +13,20 @@ so converting a tanh-GELU model changes its outputs by that much per activation.
 ``QuickGELUActivation`` (x·σ(1.702x), off by up to 2e-2), clipped GELUs, and GELU applied as a
 function (``F.gelu(x)`` inside some ``forward``) — there is no module to replace. Conversion reads
 the source of every module class in the model and warns where a ``forward`` calls gelu that way.
+
+Hugging Face checkpoints. A transformers model is rebuilt from its config when it loads, so a model
+whose GELUs became ReLU must say so in its config, or ``save_pretrained`` writes a checkpoint that loads
+as GELU with the ReLU network's weights. ``to_relu_`` (and ``reluize``) names ReLU in every activation
+field of the config of each Hugging Face model inside the converted one (``hidden_act`` and
+``activation_function`` as most do, DistilBERT's ``activation``, T5's ``feed_forward_proj``, …), then
+builds the model anew from that config on the meta device and compares: where the config cannot
+express the converted network (some GELUs left, an activation with no config field), it leaves the
+config as it was and warns; :func:`relu_config_problem` tells beforehand.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import re
 import warnings
@@ -29,7 +39,7 @@ from .config import DEFAULTS, LambdaGELUConfig
 from .module import LambdaGELU
 
 __all__ = ["convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
-           "eval_mode"]
+           "eval_mode", "relu_config_problem"]
 
 GELU_LIKE = ("torch.nn.GELU", "transformers.*.GELUActivation", "transformers.*.NewGELUActivation",
              "transformers.*.GELUTanh", "transformers.*.PytorchGELUTanh",
@@ -40,6 +50,14 @@ for _name in GELU_LIKE[1:]:
     _GELU_NAMES.setdefault(_name.split(".")[0], set()).add(_name.rsplit(".", 1)[1])
 # F.gelu(, functional.gelu(, a bare gelu( or gelu_new( — but not self.gelu( (a module attribute)
 _FUNCTIONAL_GELU = re.compile(r"(?:\bF\.|\bfunctional\.|(?<![\w.]))gelu\w*\s*\(")
+
+# Hugging Face config fields that name an activation: hidden_act (most models), activation_function (GPT-2,
+# BART), hidden_activation (Gemma), activation (DistilBERT), feat_extract_activation (wav2vec 2.0), T5's
+# dense_act_fn and feed_forward_proj ("gated-gelu")
+_ACT_FIELD = re.compile(r"act|feed_forward_proj")
+# the values of those fields from which transformers builds a GELU_LIKE module (not quick_gelu, gelu_10)
+_GELU_VALUES = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
+                          "gelu_accurate"})
 
 FilterFn = Callable[[nn.Module, str], bool]
 
@@ -260,4 +278,85 @@ def to_relu_(model: nn.Module, filter_fn: FilterFn | None = None, include_gelu: 
     if not replaced:
         looked_for = "LambdaGELU" + (", " + ", ".join(GELU_LIKE) if include_gelu else "")
         raise ValueError(f"to_relu_ found nothing to replace (looked for: {looked_for})")
+    _name_relu_in_configs_(model)
     return replaced
+
+
+def _hugging_face_models(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The outermost Hugging Face models in ``model``, itself included: modules with a ``config`` whose class
+    names a ``config_class``, as transformers' ``PreTrainedModel`` does (one nested in another, as GPT-2's
+    ``transformer`` in its LM head model, shares its config and is left to the outer one)."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, m in model.named_modules():
+        if any(outer == "" or name.startswith(outer + ".") for outer, _ in found):
+            continue
+        if getattr(type(m), "config_class", None) is not None and hasattr(m, "config"):
+            found.append((name, m))
+    return found
+
+
+def _relu_fields(config) -> dict[str, str]:
+    """The activation fields of a Hugging Face config that name a GELU-like activation, each with the ReLU value
+    to put there."""
+    out = {}
+    for name in config.to_dict():
+        value = getattr(config, name, None)
+        if _ACT_FIELD.search(name) and isinstance(value, str):
+            gated = value.lower().startswith("gated-")
+            if value.lower().removeprefix("gated-") in _GELU_VALUES:
+                out[name] = "gated-relu" if gated else "relu"
+    return out
+
+
+def _mismatch(hf: nn.Module, fields: dict[str, str], becomes_relu: FilterFn) -> str | None:
+    """Where ``hf`` rebuilt from its config with ``fields`` set (as loading a saved checkpoint rebuilds it)
+    would differ in an activation from ``hf`` once the modules ``becomes_relu`` accepts are ``nn.ReLU``;
+    None where it would not."""
+    config = copy.deepcopy(hf.config)
+    for name, value in fields.items():
+        setattr(config, name, value)
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            built = dict(type(hf)(config).named_modules())
+    except Exception as e:  # noqa: BLE001 - whatever the class needs beyond its config, the check cannot run
+        return f"{type(hf).__name__} cannot be built from its config alone to check it ({type(e).__name__}: {e})"
+    for name, m in hf.named_modules():
+        relu = becomes_relu(m, name) or isinstance(m, nn.ReLU)
+        b = built.get(name)
+        if not (relu or is_gelu_like(m) or isinstance(m, LambdaGELU) or is_gelu_like(b) or isinstance(b, nn.ReLU)):
+            continue
+        expected = nn.ReLU if relu else type(m)
+        if type(b) is not expected:
+            field = ", ".join(f"{k}={getattr(hf.config, k)!r}" for k in _relu_fields(hf.config)) or "none"
+            return (f"at '{name or '<root>'}' the converted network has {expected.__name__} but its config (activation "
+                    f"fields naming GELU: {field}) builds {type(b).__name__ if b is not None else 'no module'} there")
+    return None
+
+
+def relu_config_problem(model: nn.Module, becomes_relu: FilterFn | None = None) -> str | None:
+    """Why a Hugging Face model inside ``model`` (or ``model`` itself), once the modules ``becomes_relu``
+    accepts (default: every GELU-like one) are exact ReLU, could not be saved with ``save_pretrained`` as a
+    checkpoint that loads as that network: its config cannot name ReLU where it now is, or still builds GELU
+    elsewhere. None if it could, or if ``model`` holds no Hugging Face model. Builds each on the meta device."""
+    match = becomes_relu or (lambda m, fqn: is_gelu_like(m))
+    for prefix, hf in _hugging_face_models(model):
+        outer = f"{prefix}." if prefix else ""
+        problem = _mismatch(hf, _relu_fields(hf.config), lambda m, fqn: match(m, outer + fqn))
+        if problem is not None:
+            return f"{prefix}: {problem}" if prefix else problem
+    return None
+
+
+def _name_relu_in_configs_(model: nn.Module, warn: bool = True) -> None:
+    """Name ReLU in the config of every Hugging Face model inside the converted ``model``, where the config
+    so changed builds the network as it now is; leave the config as it was, and warn, where it does not."""
+    for prefix, hf in _hugging_face_models(model):
+        fields = _relu_fields(hf.config)
+        problem = _mismatch(hf, fields, lambda m, fqn: False)
+        if problem is None:
+            for name, value in fields.items():
+                setattr(hf.config, name, value)
+        elif warn:
+            warnings.warn(f"{prefix + ': ' if prefix else ''}{problem}: its config is left as it was, and "
+                          "save_pretrained would write a checkpoint that does not load as this network", stacklevel=3)

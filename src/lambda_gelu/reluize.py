@@ -77,9 +77,10 @@ none otherwise; ``recalibrate=0`` keeps the GELU network's statistics.
 
 Batches are tensors (one positional argument), tuples (positional arguments) or dicts (keyword
 arguments, as a Hugging Face tokenizer returns them); they are cycled if there are fewer than
-``steps``. The model is converted in place; when it carries a Hugging Face ``config``, its activation
-field is set to ``"relu"`` so that ``save_pretrained`` writes a checkpoint that plain
-``transformers`` loads as the ReLU network.
+``steps``. The model is converted in place; the config of every Hugging Face model in it names ReLU
+(see :mod:`lambda_gelu.convert`), so that ``save_pretrained`` writes a checkpoint that plain
+``transformers`` loads as the ReLU network — and where a config cannot say so, ``reluize`` warns before
+its first step.
 
 Sparsity. ``sparsity=`` adds :class:`lambda_gelu.SparsityRegularizer`'s L1 penalty on the converted
 activations' outputs, its factor rising to the given peak along the anneal (three sine-shaped
@@ -94,6 +95,7 @@ import functools
 import inspect
 import itertools
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -103,7 +105,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .config import DEFAULTS
-from .convert import GELU_LIKE, _is_conv1d, eval_mode, is_gelu_like, replace_modules_
+from .convert import (GELU_LIKE, _is_conv1d, _name_relu_in_configs_, eval_mode, is_gelu_like, relu_config_problem,
+                      replace_modules_)
 from .functional import lambda_target as _lambda_target
 from .regularize import SparsityRegularizer
 
@@ -116,7 +119,6 @@ LR_SCHEDULES = ("constant", "linear")
 RIDGE = 1e-3  # the refit's ridge factor; all-MiniLM-L6-v2 (2048 sentences) keeps cosine 0.987 at 1e-4 and 1e-3,
 # 0.985 at 1e-2
 RECALIBRATE = 50  # batches re-estimating BatchNorm by default (fmnist-resnet, lr 3e-4: the swap's drop 0.88 → 0.34)
-_ACT_FIELDS = ("hidden_act", "activation_function", "hidden_activation")  # Hugging Face config names
 _NO_BATCHNORM = "recalibrate: the model has no BatchNorm with running statistics; leave it out"
 
 
@@ -262,6 +264,10 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         raise ValueError(f"{functional[0]} applies gelu as a function, which no module replacement can make "
                          "ReLU; make it an nn.GELU module (or give reluize a model without it)")
     consumers = refit_consumers(model, first) if refit else {}
+    unsaveable = relu_config_problem(model)
+    if unsaveable:  # the conversion is right in memory; say now, not after the steps, what a checkpoint would lose
+        warnings.warn(f"{unsaveable}: the converted model will be exact ReLU, but save_pretrained would write a "
+                      "checkpoint that does not load as it", stacklevel=2)
     if teacher is None:
         teacher = copy.deepcopy(model)
     teacher.eval().requires_grad_(False)
@@ -272,12 +278,12 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         if blocks_steps < steps:
             _distill(model, teacher, stream, range(blocks_steps, steps), loss or distillation_loss,
                      optimizer or _adamw(model, lr, weight_decay), lr_schedule, result, progress, callback)
-        _relu_config(model)
+        _name_relu_in_configs_(model, warn=not unsaveable)
         return result
     t0 = time.perf_counter()
     if refit:
         calibration, stream = _take_and_keep(stream, refit)
-        replaced = refit_after_swap_(model, calibration, ridge=ridge, consumers=consumers)
+        replaced = _refit_after_swap(model, calibration, ridge, consumers)
     elif schedule == "swap":
         replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
     else:
@@ -298,7 +304,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
              optimizer or _adamw(model, lr, weight_decay), lr_schedule, result, progress, callback,
              anneal_steps=max(1, round(anneal * steps)), lam_target=lam_target, regularizer=regularizer,
              recalibrate=recalibrate if schedule == "anneal" else 0)
-    _relu_config(model)
+    _name_relu_in_configs_(model, warn=not unsaveable)
     return result
 
 
@@ -580,11 +586,17 @@ def refit_after_swap_(model: nn.Module, batches: Iterable, *, ridge: float = RID
     Σ‖W'·relu(a) + b' − (W·gelu(a) + b)‖² + ridge·mean(diag)·‖W'‖². No gradient step; every module in
     eval mode, so BatchNorm normalises with its running statistics and keeps them. A closed-form start
     for the distillation (on all-MiniLM-L6-v2, cosine to the original 0.56 → 0.986 from 1024 sentences).
-    Returns the names replaced."""
+    Returns the names replaced; names ReLU in the Hugging Face configs as :func:`lambda_gelu.to_relu_` does."""
     batches = [batches] if isinstance(batches, torch.Tensor) else list(batches)
     if not batches:
         raise ValueError("refit_after_swap_ got no batches")
-    consumers = refit_consumers(model, batches[0]) if consumers is None else consumers
+    replaced = _refit_after_swap(model, batches, ridge, refit_consumers(model, batches[0]) if consumers is None
+                                 else consumers)
+    _name_relu_in_configs_(model)
+    return replaced
+
+
+def _refit_after_swap(model: nn.Module, batches: list, ridge: float, consumers: dict[str, list[str]]) -> list[str]:
     originals = dict(model.named_modules())
     replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
     with eval_mode(model):
@@ -751,15 +763,6 @@ def _two_values_per_channel(model: nn.Module, names: list[str]):
 def _paced_lambda(a: float, lam_target: float) -> float:
     """λ at anneal progress a ∈ [0, 1]: 1/λ linear from 1 to 1/λ_target (the gap E(λ) ∝ 1/λ linear)."""
     return 1.0 / ((1.0 - a) + a / lam_target)
-
-
-def _relu_config(model: nn.Module) -> None:
-    """Name ReLU in a Hugging Face config, so that the saved checkpoint loads as the ReLU network."""
-    config = getattr(model, "config", None)
-    for name in _ACT_FIELDS:
-        value = getattr(config, name, None)
-        if isinstance(value, str) and "gelu" in value.lower():
-            setattr(config, name, "relu")
 
 
 def _call(model: nn.Module, batch):

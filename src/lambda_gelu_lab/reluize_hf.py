@@ -143,6 +143,9 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     if not any(lg.is_gelu_like(m) for m in model.modules()):
         raise ConfigError(f"{model_name} has no GELU-like activation module to convert "
                           f"(looked for: {', '.join(lg.GELU_LIKE)})")
+    unsaveable = lg.relu_config_problem(model)
+    if unsaveable:
+        raise ConfigError(f"{model_name}: {unsaveable}, so its ReLU checkpoint would not load as the converted network")
 
     train, held = stdlib_sentences()
     random.Random(seed).shuffle(train)

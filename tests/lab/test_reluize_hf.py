@@ -77,6 +77,13 @@ def _cases(tiny_bert, tmp_path):
     relu_model = tmp_path / "relu-model"
     transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                    intermediate_size=64, hidden_act="relu")).save_pretrained(relu_model)
+    hard_coded = tmp_path / "hard-coded"  # CvT builds nn.GELU() whatever its config says
+    transformers.CvtModel(transformers.CvtConfig(
+        embed_dim=[8], num_heads=[1], depth=[1], patch_sizes=[7], patch_stride=[4], patch_padding=[2], mlp_ratio=[2.0],
+        attention_drop_rate=[0.0], drop_rate=[0.0], drop_path_rate=[0.0], qkv_bias=[True], cls_token=[False],
+        qkv_projection_method=["dw_bn"], kernel_qkv=[3], padding_kv=[1], stride_kv=[2], padding_q=[1], stride_q=[1],
+    )).save_pretrained(hard_coded)
+    transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(hard_coded)  # it loads; then the check
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{ not json")
@@ -93,6 +100,9 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(tmp_path / "nowhere"), "--out", out], "MODEL must be a local Hugging Face model directory"),
         (["reluize", str(broken), "--out", out], "cannot load .*broken with transformers"),
         (["reluize", str(relu_model), "--out", out], "has no GELU-like activation module"),
+        (["reluize", str(hard_coded), "--out", out], r"at 'encoder.stages.0.layers.0.intermediate.activation' the "
+         r"converted network has ReLU but its config \(activation fields naming GELU: none\) builds GELU there, so "
+         "its ReLU checkpoint would not load as the converted network"),
         (["reluize", str(tiny_bert), "--out", out, "--text", str(empty)], "has no text"),
         (["reluize", str(tiny_bert), "--out", out, "--steps", "0"], "--steps must be ≥ 1, got 0"),
         (["reluize", str(tiny_bert), "--out", out, "--minutes", "0"], "--minutes must be > 0"),

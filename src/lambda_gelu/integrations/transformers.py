@@ -7,7 +7,7 @@
                       optimizers=(optimizer, None),            # λ in its own group (c·lr, no decay)
                       callbacks=[HardeningCallback()])        # learn λ, switch at 25%, anneal to λ_target
     trainer.train()                                          # or train(resume_from_checkpoint=...)
-    lg.to_relu_(model)
+    lg.to_relu_(model)                                       # exact ReLU; its config says so for save_pretrained
 
 The schedule follows ``state.global_step`` (optimizer steps, so gradient accumulation is counted
 right) over ``state.max_steps``. Without ``optimizers=``, the Trainer's own optimizer puts λ with
