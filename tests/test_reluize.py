@@ -636,10 +636,10 @@ def test_real_minilm_in_half_a_minute_beats_the_direct_swap_by_far():
     held_batches = [enc(held[i:i + 64]) for i in range(0, 256, 64)]
 
     def scores(model, reference):  # mean cosine and top-10 overlap, as the CLI's report measures them
-        s = reluize_hf._scores(reluize_hf._evaluate(model, held_batches), reference)
+        s = reluize_hf._scores(reluize_hf._evaluate(model, held_batches, causal=False), reference)
         return s["cosine"], s["top10_overlap"]
 
-    reference = reluize_hf._evaluate(transformers.AutoModel.from_pretrained(path), held_batches)
+    reference = reluize_hf._evaluate(transformers.AutoModel.from_pretrained(path), held_batches, causal=False)
     direct = transformers.AutoModel.from_pretrained(path)
     lg.to_relu_(direct, include_gelu=True)
     direct_cos, direct_overlap = scores(direct, reference)

@@ -5,8 +5,10 @@ The training text is English every machine has (the sentences of the standard li
 :func:`lambda_gelu_lab.data.stdlib_sentences`), plus the user's ``--text`` files; the report measures
 on held-out docstring sentences from files never used in training: the mean cosine between the
 original's and the converted model's mean-pooled sentence embeddings, the overlap of each sentence's
-10 nearest neighbours under both, and (for causal language models) the perplexity ratio. It is
-measured for the direct GELU→ReLU swap too, and along the conversion (the curve of metric vs minutes).
+10 nearest neighbours under both, for causal language models the perplexity ratio, and for a model with
+a head the share of the original's predictions it keeps. It is measured for the direct GELU→ReLU swap
+too, and along the conversion (the curve of metric vs minutes). The model is loaded as the class its
+config names, head and all, so that the checkpoint written holds every weight the original had.
 
 The checkpoint is written to a temporary directory beside ``DIR`` and renamed at the end, so an
 interrupted conversion never leaves a half-written checkpoint at ``DIR``.
@@ -40,6 +42,11 @@ REFIT_STEP_COST = {"length": 1.75, "shuffled": 1.2}
 BUDGET_SHARE = 0.97  # of --minutes, what the step count is planned for: a step's time varied by ±3% between runs
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
 _CAUSAL = ("LMHeadModel", "ForCausalLM")
+# what a report measures of a conversion: key, column, format; the last two only where the model has them
+METRICS = (("cosine", "cosine", "{:.4f}"), ("top10_overlap", "top-10 overlap", "{:.3f}"),
+           ("perplexity_ratio", "perplexity ÷ original", "{:.3f}"), ("agreement", "predictions kept", "{:.3f}"))
+AGREEMENT = ("*predictions kept*: the share of the original's predictions (the argmax of its logits) the model makes "
+             "too, per sentence for a sequence classifier, per real token otherwise")
 
 
 def model_directory(name: str) -> Path:
@@ -134,12 +141,24 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     extra = read_texts(texts)
     try:
         config = transformers.AutoConfig.from_pretrained(source)
-        causal = any(a.endswith(_CAUSAL) for a in (config.architectures or []))
-        loader = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
-        model = loader.from_pretrained(source).eval()
+        architecture = (config.architectures or [""])[0]
+        causal = architecture.endswith(_CAUSAL)
+        # the class the checkpoint was saved from, head and all (a classifier's, a masked LM's): AutoModel would
+        # load the bare encoder and the checkpoint written would lose the head
+        loader = getattr(transformers, architecture, None) if architecture else None
+        loader = loader or (transformers.AutoModelForCausalLM if causal else transformers.AutoModel)
+        model, loading = loader.from_pretrained(source, output_loading_info=True)
+        model.eval()
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     except Exception as e:  # noqa: BLE001 - a directory transformers cannot load: one line, whatever the cause
         raise ConfigError(f"cannot load {model_name} with transformers: {str(e).splitlines()[0]}") from None
+    unused = sorted(loading["unexpected_keys"])
+    if unused:
+        raise ConfigError(f"{model_name}: {type(model).__name__} leaves {len(unused)} of its weights unused "
+                          f"({', '.join(unused[:3])}{', …' if len(unused) > 3 else ''}), which its ReLU checkpoint "
+                          "would lose" + (f" (its config names the architecture {architecture!r}, which this "
+                                          "transformers does not have)" if architecture and not hasattr(
+                                              transformers, architecture) else ""))
     if not any(lg.is_gelu_like(m) for m in model.modules()):
         raise ConfigError(f"{model_name} has no GELU-like activation module to convert "
                           f"(looked for: {', '.join(lg.GELU_LIKE)})")
@@ -166,10 +185,10 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
 
     held_batches = [encode(held[i:i + 64]) for i in range(0, len(held), 64)]
     original = copy.deepcopy(model)
-    reference = _evaluate(original, held_batches)
+    reference = _evaluate(original, held_batches, causal)
     direct = copy.deepcopy(model)
     lg.to_relu_(direct, include_gelu=True)
-    swap_scores = _scores(_evaluate(direct, held_batches), reference)
+    swap_scores = _scores(_evaluate(direct, held_batches, causal), reference)
     del direct
 
     torch.manual_seed(seed)
@@ -193,13 +212,13 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
             t = time.perf_counter()
             lam = entry["lam"] if entry["lam"] != float("inf") else None  # None: exact ReLU already
             curve.append({"step": entry["step"], "minutes": (entry["seconds"] - measuring[0]) / 60, "lam": lam,
-                          **_scores(_evaluate(model, held_batches), reference)})
+                          **_scores(_evaluate(model, held_batches, causal), reference)})
             measuring[0] += time.perf_counter() - t
 
     result = lg.reluize(model, batches, steps, teacher=original, schedule=schedule, repair=repair,
                         refit=-(-refit // batch_size), lr_schedule=lr_schedule, progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
-    final = _scores(_evaluate(model, held_batches), reference)
+    final = _scores(_evaluate(model, held_batches, causal), reference)
     curve.append({"step": steps, "minutes": seconds / 60, "lam": None, **final})
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": repair, "seed": seed,
@@ -212,20 +231,27 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
 
 
 @torch.no_grad()
-def _evaluate(model, batches) -> dict:
-    """Mean-pooled, normalised last hidden states (and the LM loss where there are logits)."""
+def _evaluate(model, batches, causal: bool) -> dict:
+    """Mean-pooled, normalised last hidden states; where there are logits, the prediction at each sentence (a
+    classifier's) or real token (any other head), and for a causal language model the next-token loss."""
     model.eval()
-    embeddings, nll, tokens = [], 0.0, 0
+    embeddings, predictions, nll, tokens = [], [], 0.0, 0
     for b in batches:
         out = model(**b, output_hidden_states=True)
         embeddings.append(F.normalize(mean_pool(out.hidden_states[-1], b["attention_mask"]), dim=-1))
         logits = getattr(out, "logits", None)
-        if logits is not None:
-            labels = b["input_ids"][:, 1:].masked_fill(b["attention_mask"][:, 1:] == 0, -100)
+        if logits is None:
+            continue
+        mask = b["attention_mask"].bool()
+        chosen = logits.argmax(-1)
+        predictions.append(chosen[mask] if chosen.shape == mask.shape else chosen.flatten())
+        if causal:
+            labels = b["input_ids"][:, 1:].masked_fill(~mask[:, 1:], -100)
             nll += F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
                                    reduction="sum").item()
             tokens += int((labels != -100).sum())
-    return {"embeddings": torch.cat(embeddings), "perplexity": float(torch.tensor(nll / tokens).exp()) if tokens else None}
+    return {"embeddings": torch.cat(embeddings), "predictions": torch.cat(predictions) if predictions else None,
+            "perplexity": float(torch.tensor(nll / tokens).exp()) if tokens else None}
 
 
 def _scores(ev: dict, ref: dict) -> dict:
@@ -239,6 +265,8 @@ def _scores(ev: dict, ref: dict) -> dict:
     scores = {"cosine": (e * r).sum(-1).mean().item(), "top10_overlap": overlap}
     if ev["perplexity"] is not None:
         scores["perplexity_ratio"] = ev["perplexity"] / ref["perplexity"]
+    if ev["predictions"] is not None:
+        scores["agreement"] = (ev["predictions"] == ref["predictions"]).float().mean().item()
     return scores
 
 
@@ -278,12 +306,12 @@ def _write(target: Path, model, tokenizer, report: dict) -> None:
 
 
 def _markdown(r: dict) -> str:
-    lm = "perplexity_ratio" in r["reluized"]
+    metrics = [m for m in METRICS if m[0] in r["reluized"]]
 
     def cells(s: dict) -> str:
-        return f"{s['cosine']:.4f} | {s['top10_overlap']:.3f}" + (f" | {s['perplexity_ratio']:.3f}" if lm else "")
+        return " | ".join(fmt.format(s[key]) for key, _, fmt in metrics)
 
-    head, rule = "cosine | top-10 overlap" + (" | perplexity ÷ original" if lm else ""), "---|---" + ("|---" if lm else "")
+    head, rule = " | ".join(label for _, label, _ in metrics), "|".join("---" for _ in metrics)
     lines = [f"# {r['model']} → exact ReLU", "",
              f"`reluize` with schedule `{r['schedule']}`"
              + (f" (the last {r['repair']:.0%} of the steps end to end)" if r.get("repair") else "")
@@ -295,7 +323,9 @@ def _markdown(r: dict) -> str:
              + f" in {r['seconds'] / 60:.1f} min; {len(r['replaced'])} activations replaced by `nn.ReLU`. "
              f"Measured on {r['held_out_sentences']} held-out standard-library docstring "
              "sentences (from files never used in training) against the original GELU model: mean cosine of the "
-             "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept.", "",
+             "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept"
+             + ("; the perplexity ratio" if "perplexity_ratio" in r["reluized"] else "")
+             + (f"; {AGREEMENT}" if "agreement" in r["reluized"] else "") + ".", "",
              f"| model | {head} |", f"|---|{rule}|",
              f"| direct GELU→ReLU swap, no training | {cells(r['direct_swap'])} |",
              f"| this checkpoint | {cells(r['reluized'])} |", "",

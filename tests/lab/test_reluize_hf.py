@@ -70,6 +70,79 @@ def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["relu"]
 
 
+def _classifier(tiny_bert, path):
+    """A small BERT sequence classifier (3 labels) with the real MiniLM tokenizer, saved at ``path``."""
+    torch.manual_seed(0)
+    transformers.BertForSequenceClassification(transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=30522,
+        max_position_embeddings=128, num_labels=3)).save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(path)
+    return path
+
+
+def test_a_classifier_keeps_its_head_and_the_report_counts_the_predictions_kept(tiny_bert, tmp_path):
+    """The checkpoint is loaded as the class it was saved from, so a classifier's head is converted and written
+    with it (AutoModel would load the bare encoder and drop it); the report's *predictions kept* is the share
+    of held-out sentences whose predicted label the ReLU model keeps, recomputed here from the two checkpoints."""
+    from lambda_gelu_lab.data import stdlib_sentences
+
+    source, out = _classifier(tiny_bert, tmp_path / "classifier"), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet"]) == 0
+    auto = transformers.AutoModelForSequenceClassification
+    original = auto.from_pretrained(source).eval()
+    loaded, loading = auto.from_pretrained(out, output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"]  # the head came along
+    assert sum(isinstance(m, torch.nn.ReLU) for m in loaded.modules()) == 2
+    assert not any(type(m).__name__.startswith("GELU") for m in loaded.modules())
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    held = stdlib_sentences()[1][:reluize_hf.HELD_OUT]
+
+    @torch.no_grad()
+    def labels(model):
+        return torch.cat([model.eval()(**tokenizer(held[i:i + 64], padding=True, truncation=True,
+                                                   max_length=reluize_hf.MAX_TOKENS, return_tensors="pt")
+                                       ).logits.argmax(-1) for i in range(0, len(held), 64)])
+
+    report = json.loads((out / "reluize_report.json").read_text())
+    kept = (labels(loaded) == labels(original)).float().mean().item()
+    assert report["reluized"]["agreement"] == pytest.approx(kept, abs=1e-6)
+    assert 0.0 <= report["direct_swap"]["agreement"] <= 1.0 and "perplexity_ratio" not in report["reluized"]
+    assert "| cosine | top-10 overlap | predictions kept |" in (out / "reluize_report.md").read_text()
+
+
+def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_kept(tiny_bert, tmp_path):
+    """GPT-2 (tanh GELU, the activation_function field) through the CLI: the checkpoint loads as a ReLU causal
+    LM; *predictions kept* counts real tokens only, recomputed here from the two checkpoints."""
+    from lambda_gelu_lab.data import stdlib_sentences
+
+    source, out = tmp_path / "gpt2", tmp_path / "relu"
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=30522,
+                                                         n_positions=128)).save_pretrained(source)
+    transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(source)
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet"]) == 0
+    original = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert loaded.config.activation_function == "relu"
+    assert sum(isinstance(m, torch.nn.ReLU) for m in loaded.modules()) == 2
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    held = stdlib_sentences()[1][:reluize_hf.HELD_OUT]
+    same, real = 0, 0
+    with torch.no_grad():
+        for i in range(0, len(held), 64):
+            b = tokenizer(held[i:i + 64], padding=True, truncation=True, max_length=reluize_hf.MAX_TOKENS,
+                          return_tensors="pt")
+            mask = b["attention_mask"].bool()
+            same += int((loaded(**b).logits.argmax(-1) == original(**b).logits.argmax(-1))[mask].sum())
+            real += int(mask.sum())
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert report["reluized"]["agreement"] == pytest.approx(same / real, abs=1e-6)  # a float32 mean
+    assert report["reluized"]["perplexity_ratio"] > 0 and report["curve"][-1]["agreement"] == report["reluized"]["agreement"]
+    assert "| cosine | top-10 overlap | perplexity ÷ original | predictions kept |" in (out / "reluize_report.md").read_text()
+
+
 def _cases(tiny_bert, tmp_path):
     full = tmp_path / "full"
     full.mkdir()
@@ -84,6 +157,9 @@ def _cases(tiny_bert, tmp_path):
         qkv_projection_method=["dw_bn"], kernel_qkv=[3], padding_kv=[1], stride_kv=[2], padding_q=[1], stride_q=[1],
     )).save_pretrained(hard_coded)
     transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(hard_coded)  # it loads; then the check
+    unknown = _classifier(tiny_bert, tmp_path / "unknown-architecture")
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps(config | {"architectures": ["MyBertClassifier"]}))
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{ not json")
@@ -100,6 +176,9 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(tmp_path / "nowhere"), "--out", out], "MODEL must be a local Hugging Face model directory"),
         (["reluize", str(broken), "--out", out], "cannot load .*broken with transformers"),
         (["reluize", str(relu_model), "--out", out], "has no GELU-like activation module"),
+        (["reluize", str(unknown), "--out", out], r"BertModel leaves 2 of its weights unused \(classifier.bias, "
+         r"classifier.weight\), which its ReLU checkpoint would lose \(its config names the architecture "
+         "'MyBertClassifier', which this transformers does not have\\)"),
         (["reluize", str(hard_coded), "--out", out], r"at 'encoder.stages.0.layers.0.intermediate.activation' the "
          r"converted network has ReLU but its config \(activation fields naming GELU: none\) builds GELU there, so "
          "its ReLU checkpoint would not load as the converted network"),
