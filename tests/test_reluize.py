@@ -544,6 +544,28 @@ def test_batchnorm_is_re_estimated_by_default_and_kept_with_recalibrate_0():
     assert reluize(_bn_net(), batches, 2, schedule="blockwise").recalibrated == []
 
 
+@pytest.mark.parametrize("kwargs", [{}, {"schedule": "anneal"}, {"schedule": "blockwise"},
+                                    {"schedule": "blockwise", "repair": 0.5}, {"sparsity": 0.1}])
+def test_a_callback_that_returns_true_ends_the_conversion_there_as_exact_relu(kwargs):
+    """A budget's way out: the callback returns True after step 3 of 12, and the network is exact ReLU all the
+    same — the anneal cut short at λ < λ_target, the second block never reached, the repair skipped."""
+    model, x = _mlp(), torch.randn(8, 12)
+    result = reluize(model, x, 12, callback=lambda entry: entry["step"] >= 3, **kwargs)
+    assert result.stopped and [e["step"] for e in result.log] == [1, 2, 3]
+    assert kwargs.get("schedule") != "anneal" or result.log[-1]["lam"] < lg.lambda_target()
+    assert sorted(result.replaced) == ["2", "4"] and all(type(model[i]) is nn.ReLU for i in (2, 4))
+    assert not model[2]._forward_hooks and not model[4]._forward_hooks  # no sparsity hook left
+    assert not reluize(_mlp(), x, 4, callback=lambda entry: None).stopped
+
+
+def test_a_callback_that_returns_true_at_step_0_leaves_the_refit_and_the_re_estimation_alone():
+    batches = [torch.randn(6, 1, 8, 8) for _ in range(3)]
+    model = _bn_net()
+    result = reluize(model, batches, 5, refit=1, recalibrate=2, callback=lambda entry: True)
+    assert result.stopped and [e["step"] for e in result.log] == [0] and result.recalibrated == ["1", "4"]
+    assert result.refit and not any(lg.is_gelu_like(m) for m in model.modules())
+
+
 def test_recalibration_refuses_batches_with_one_value_per_channel():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.GELU(), nn.Linear(4, 2))
     with pytest.raises(ValueError, match=r"BatchNorm '1' got one value per channel .* or recalibrate=0"):

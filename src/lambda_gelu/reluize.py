@@ -143,12 +143,13 @@ class AnnealedGELU(nn.Module):
 class ReluizeResult:
     """What :func:`reluize` did: the modules it replaced, the layers it refit, the BatchNorms it
     re-estimated, one log entry per step (with ``refit`` or ``recalibrate`` on the swap, a first one for
-    step 0: that work, no loss), the time it took."""
+    step 0: that work, no loss), the time it took, and whether the callback ended it before its steps."""
     replaced: list[str]
     log: list[dict] = field(default_factory=list)  # {"step", "lam", "loss", "seconds"[, "penalty"]}
     seconds: float = 0.0
     refit: list[str] = field(default_factory=list)
     recalibrated: list[str] = field(default_factory=list)
+    stopped: bool = False
 
     @property
     def final_loss(self) -> float:
@@ -200,7 +201,10 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
             default): :data:`RECALIBRATE` batches if the model has BatchNorm and the schedule is one of
             these, else none.
         progress: a progress bar (needs ``tqdm``).
-        callback: called after every step with its log entry.
+        callback: called after every step with its log entry. If it returns True, the conversion ends
+            there (a time budget, say): the remaining steps are skipped, and what is not exact ReLU yet
+            (an unfinished anneal, blocks not reached) becomes ReLU at once, BatchNorm re-estimated as
+            the schedule does; ``result.stopped`` says so.
 
     The model is put in eval mode (no dropout, normalisation statistics kept) and trained in it.
     Raises ``ValueError`` before changing anything if the model has no GELU-like module, or applies
@@ -275,7 +279,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         blocks_steps = steps - round(repair * steps)
         result = _blockwise(model, teacher, stream, blocks_steps, first, lr, weight_decay, lr_schedule, progress,
                             callback)
-        if blocks_steps < steps:
+        if blocks_steps < steps and not result.stopped:
             _distill(model, teacher, stream, range(blocks_steps, steps), loss or distillation_loss,
                      optimizer or _adamw(model, lr, weight_decay), lr_schedule, result, progress, callback)
         _name_relu_in_configs_(model, warn=not unsaveable)
@@ -295,15 +299,15 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
     if refit or result.recalibrated:  # conversion time, logged as step 0
         result.seconds = time.perf_counter() - t0
         result.log.append({"step": 0, "lam": float("inf"), "loss": float("nan"), "seconds": result.seconds})
-        if callback is not None:
-            callback(result.log[-1])
-    converted = set(replaced)  # the same names hold the annealed GELUs, then their ReLUs
-    regularizer = SparsityRegularizer(model, steps, sparsity, end=anneal, stages=3,
-                                      filter_fn=lambda m, fqn: fqn in converted) if sparsity else None
-    _distill(model, teacher, stream, range(steps), loss or distillation_loss,
-             optimizer or _adamw(model, lr, weight_decay), lr_schedule, result, progress, callback,
-             anneal_steps=max(1, round(anneal * steps)), lam_target=lam_target, regularizer=regularizer,
-             recalibrate=recalibrate if schedule == "anneal" else 0)
+        result.stopped = callback is not None and bool(callback(result.log[-1]))
+    if not result.stopped:  # the callback may end it at step 0, after the refit or the re-estimation
+        converted = set(replaced)  # the same names hold the annealed GELUs, then their ReLUs
+        regularizer = SparsityRegularizer(model, steps, sparsity, end=anneal, stages=3,
+                                          filter_fn=lambda m, fqn: fqn in converted) if sparsity else None
+        _distill(model, teacher, stream, range(steps), loss or distillation_loss,
+                 optimizer or _adamw(model, lr, weight_decay), lr_schedule, result, progress, callback,
+                 anneal_steps=max(1, round(anneal * steps)), lam_target=lam_target, regularizer=regularizer,
+                 recalibrate=recalibrate if schedule == "anneal" else 0)
     _name_relu_in_configs_(model, warn=not unsaveable)
     return result
 
@@ -355,10 +359,11 @@ def _distill(model, teacher, stream, steps: range, loss, optimizer, lr_schedule:
                 entry["penalty"] = penalty.item()
                 regularizer.step()
             result.log.append(entry)
-            if callback is not None:
-                callback(entry)
             bar.set_postfix_str(f"λ {entry['lam']:.3g} loss {entry['loss']:.4g}")
             bar.update()
+            if callback is not None and callback(entry):
+                result.stopped = True
+                break
     bar.close()
     if annealed:
         _anneal_ends(model, stream, recalibrate, result)
@@ -543,6 +548,8 @@ def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, lr_schedu
     t0, step = time.perf_counter(), 0
     model.eval()
     for i, block in enumerate(blocks):
+        if result.stopped:
+            break
         result.replaced += replace_modules_(model, lambda m, fqn: fqn in block.activations, lambda old: nn.ReLU(), "GELU")
         params = list({id(p): p for n in block.modules for p in model.get_submodule(n).parameters()
                        if p.requires_grad}.values())
@@ -566,12 +573,14 @@ def _blockwise(model, teacher, stream, steps, first, lr, weight_decay, lr_schedu
             entry = {"step": step, "lam": float("inf"), "loss": value.item(), "seconds": time.perf_counter() - t0,
                      "block": block.name}
             result.log.append(entry)
-            if callback is not None:
-                callback(entry)
             bar.set_postfix_str(f"{block.name} loss {entry['loss']:.4g}")
             bar.update()
+            if callback is not None and callback(entry):
+                result.stopped = True
+                break
     bar.close()
-    result.replaced += replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")  # never called
+    # the activations of blocks not reached (the callback ended it) and of none (never called)
+    result.replaced += replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
     result.seconds = time.perf_counter() - t0
     return result
 

@@ -94,7 +94,9 @@ def _parser() -> argparse.ArgumentParser:
     rz.add_argument("--out", required=True, help="where to write the ReLU checkpoint and reluize_report.md")
     budget = rz.add_mutually_exclusive_group()
     budget.add_argument("--steps", type=int, default=None, help="conversion steps (default: what fits --minutes)")
-    budget.add_argument("--minutes", type=float, default=None, help="time budget in minutes (default 15)")
+    budget.add_argument("--minutes", type=float, default=None,
+                        help="time budget in minutes (default 15): the steps are planned to fit it, and end before "
+                             "they would overrun it")
     rz.add_argument("--text", nargs="+", default=[], metavar="FILE", help="your own training text, one sentence a line")
     rz.add_argument("--schedule", choices=("swap", "anneal", "blockwise"), default="swap",
                     help="swap to ReLU at once and distil (default: the best measured), anneal the gates to "

@@ -207,22 +207,32 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
     marks = {max(1, round(steps * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS + 1)} | ({0} if refit else set())
 
-    def measure(entry):
+    clock = {"last": 0.0, "longest": 0.0}  # conversion seconds at the last step, and the longest step so far
+
+    def measure(entry):  # True ends the conversion: when the plan ran long, before a step would overrun --minutes
+        spent = entry["seconds"] - measuring[0]
+        clock["longest"] = max(clock["longest"], spent - clock["last"]) if entry["step"] else 0.0
+        clock["last"] = spent
+        if minutes is not None and spent + clock["longest"] > minutes * 60:
+            return True
         if entry["step"] in marks and entry["step"] < steps:  # the final point is measured on the ReLU model
             t = time.perf_counter()
             lam = entry["lam"] if entry["lam"] != float("inf") else None  # None: exact ReLU already
             curve.append({"step": entry["step"], "minutes": (entry["seconds"] - measuring[0]) / 60, "lam": lam,
                           **_scores(_evaluate(model, held_batches, causal), reference)})
             measuring[0] += time.perf_counter() - t
+        return False
 
     result = lg.reluize(model, batches, steps, teacher=original, schedule=schedule, repair=repair,
                         refit=-(-refit // batch_size), lr_schedule=lr_schedule, progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
+    taken = result.log[-1]["step"] if result.stopped else steps
     final = _scores(_evaluate(model, held_batches, causal), reference)
-    curve.append({"step": steps, "minutes": seconds / 60, "lam": None, **final})
+    curve.append({"step": taken, "minutes": seconds / 60, "lam": None, **final})
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": repair, "seed": seed,
-              "steps": steps, "budget_minutes": minutes, "refit_sentences": refit, "refit": result.refit,
+              "steps": taken, "planned_steps": steps, "budget_minutes": minutes, "refit_sentences": refit,
+              "refit": result.refit,
               "batch_size": batch_size, "batching": batching, "lr_schedule": lr_schedule, "max_tokens": MAX_TOKENS,
               "train_sentences": len(train), "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
               "replaced": result.replaced, "direct_swap": swap_scores, "reluized": final, "curve": curve}
@@ -320,7 +330,10 @@ def _markdown(r: dict) -> str:
              + f": {r['steps']} steps of {r['batch_size']} sentences "
              f"(≤ {r['max_tokens']} tokens{', grouped by length' if r.get('batching') == 'length' else ''})"
              + (", the learning rate falling linearly to 0" if r.get("lr_schedule") == "linear" else "")
-             + f" in {r['seconds'] / 60:.1f} min; {len(r['replaced'])} activations replaced by `nn.ReLU`. "
+             + f" in {r['seconds'] / 60:.1f} min"
+             + (f" (the --minutes budget ended it; {r['planned_steps']} steps were planned)"
+                if r["steps"] < r.get("planned_steps", r["steps"]) else "")
+             + f"; {len(r['replaced'])} activations replaced by `nn.ReLU`. "
              f"Measured on {r['held_out_sentences']} held-out standard-library docstring "
              "sentences (from files never used in training) against the original GELU model: mean cosine of the "
              "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept"

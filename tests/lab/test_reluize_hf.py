@@ -70,6 +70,23 @@ def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["relu"]
 
 
+def test_minutes_is_a_budget_the_conversion_ends_within_when_the_plan_runs_long(tiny_bert, tmp_path, monkeypatch):
+    """--minutes plans its steps from two timed passes; should the steps run slower than planned (here: a plan of
+    a million), the conversion ends before a step would overrun the budget, and is exact ReLU all the same."""
+    monkeypatch.setattr(reluize_hf, "_steps_for", lambda model, batch, seconds: 10 ** 6)
+    out = tmp_path / "relu"
+    assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.05", "--batch-size", "8",
+                 "--refit", "16", "--quiet"]) == 0
+    report = json.loads((out / "reluize_report.json").read_text())
+    planned = 10 ** 6 - round(16 / 8 * reluize_hf.REFIT_STEP_COST["length"])  # less the refit's share
+    assert 0 < report["steps"] < report["planned_steps"] == planned
+    assert report["curve"][-1]["step"] == report["steps"] and report["curve"][-1]["lam"] is None
+    loaded = transformers.AutoModel.from_pretrained(out)
+    assert sum(isinstance(m, torch.nn.ReLU) for m in loaded.modules()) == 2
+    assert f"(the --minutes budget ended it; {report['planned_steps']} steps were planned)" in (
+        out / "reluize_report.md").read_text()
+
+
 def _classifier(tiny_bert, path):
     """A small BERT sequence classifier (3 labels) with the real MiniLM tokenizer, saved at ``path``."""
     torch.manual_seed(0)
