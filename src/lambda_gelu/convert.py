@@ -268,7 +268,9 @@ def to_relu_(model: nn.Module, filter_fn: FilterFn | None = None, include_gelu: 
     """Replace, in place, every ``LambdaGELU`` by an exact ``nn.ReLU``; returns the names replaced.
 
     With ``include_gelu=True`` GELU-like modules are swapped too — the "direct swap" baseline that
-    ReLU-izes a GELU network without any hardening.
+    ReLU-izes a GELU network without any hardening. The config of every Hugging Face model in ``model``
+    then names ReLU, so that ``save_pretrained`` writes a checkpoint that loads as the ReLU network (or,
+    where the config cannot say it, is left as it was, with a warning; see the module's docstring).
     """
     def is_target(m: nn.Module) -> bool:
         return isinstance(m, LambdaGELU) or (include_gelu and is_gelu_like(m))
