@@ -138,6 +138,7 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
 
     source = model_directory(model_name)
     target = prepare_out(out, overwrite)
+    pipeline = sentence_transformers_files(source)
     extra = read_texts(texts)
     try:
         config = transformers.AutoConfig.from_pretrained(source)
@@ -236,8 +237,25 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
               "batch_size": batch_size, "batching": batching, "lr_schedule": lr_schedule, "max_tokens": MAX_TOKENS,
               "train_sentences": len(train), "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
               "replaced": result.replaced, "direct_swap": swap_scores, "reluized": final, "curve": curve}
-    _write(target, model, tokenizer, report)
+    _write(target, model, tokenizer, report, source, pipeline)
     return target
+
+
+def sentence_transformers_files(source: Path) -> list[Path]:  # relative to source
+    """What sentence-transformers reads in a model directory beside the Hugging Face files: its module list,
+    its settings and each module's folder (pooling, normalisation, a dense layer), as ``source`` has them;
+    none for a plain Hugging Face directory. Copied unchanged into the checkpoint, so that
+    ``SentenceTransformer(DIR)`` loads the ReLU network inside the original's pipeline."""
+    modules = source / "modules.json"
+    if not modules.is_file():
+        return []
+    try:
+        listed = [m["path"] for m in json.loads(modules.read_text(encoding="utf-8")) if m.get("path")]
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # not JSON, or not a list of modules
+        raise ConfigError(f"{modules} is not a sentence-transformers module list ({type(e).__name__}: {e})") from None
+    inside = [Path(path) for path in listed if (source / path).resolve().is_relative_to(source.resolve())]
+    settings = [Path("sentence_bert_config.json"), Path("config_sentence_transformers.json")]
+    return [Path("modules.json")] + [f for f in settings + inside if (source / f).exists()]
 
 
 @torch.no_grad()
@@ -295,12 +313,16 @@ def _steps_for(model, batch, seconds: float) -> int:
     return max(1, int(seconds / (1.5 * min(times))))
 
 
-def _write(target: Path, model, tokenizer, report: dict) -> None:
+def _write(target: Path, model, tokenizer, report: dict, source: Path | None = None,
+           pipeline: list[Path] = ()) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         model.save_pretrained(tmp)  # safetensors, config naming ReLU
         tokenizer.save_pretrained(tmp)
+        for path in pipeline:  # sentence-transformers' files, as the original has them
+            (tmp / path).parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if (source / path).is_dir() else shutil.copy2)(source / path, tmp / path)
         (tmp / "reluize_report.json").write_text(json.dumps(report, indent=1) + "\n")
         (tmp / "reluize_report.md").write_text(_markdown(report))
         if target.exists():  # --overwrite: the old one goes only once the new one is complete

@@ -3,6 +3,7 @@ transformers loads; bad input is one line and exit status 2, and nothing half-wr
 import json
 import os
 import re
+import shutil
 
 import pytest
 import torch
@@ -85,6 +86,38 @@ def test_minutes_is_a_budget_the_conversion_ends_within_when_the_plan_runs_long(
     assert sum(isinstance(m, torch.nn.ReLU) for m in loaded.modules()) == 2
     assert f"(the --minutes budget ended it; {report['planned_steps']} steps were planned)" in (
         out / "reluize_report.md").read_text()
+
+
+def test_a_sentence_transformers_model_keeps_its_pipeline(tiny_bert, tmp_path):
+    """A sentence-transformers directory (a module list, mean pooling, normalisation): the checkpoint carries those
+    files as they were, so SentenceTransformer(DIR) loads the ReLU network in the same pipeline, and encodes
+    what the converted encoder's mean-pooled, normalised states are."""
+    st = pytest.importorskip("sentence_transformers")
+    from lambda_gelu.reluize import mean_pool
+
+    source, out = tmp_path / "st", tmp_path / "relu"
+    shutil.copytree(tiny_bert, source)
+    (source / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (source / "1_Pooling").mkdir()
+    (source / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                                  "pooling_mode_mean_tokens": True}))
+    (source / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet"]) == 0
+    assert (out / "1_Pooling" / "config.json").read_text() == (source / "1_Pooling" / "config.json").read_text()
+    model = st.SentenceTransformer(str(out), device="cpu")
+    assert [type(m).__name__ for m in model] == ["Transformer", "Pooling", "Normalize"]
+    assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
+    assert not any(type(m).__name__.startswith("GELU") for m in model.modules())
+    sentences = ["Return the number of items.", "Raise ValueError if the file is empty, otherwise read it."]
+    encoder = transformers.AutoModel.from_pretrained(out).eval()
+    batch = transformers.AutoTokenizer.from_pretrained(out)(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = torch.nn.functional.normalize(mean_pool(encoder(**batch).last_hidden_state,
+                                                           batch["attention_mask"]), dim=-1)
+    torch.testing.assert_close(model.encode(sentences, convert_to_tensor=True), expected, rtol=1e-5, atol=1e-6)
 
 
 def _classifier(tiny_bert, path):
@@ -177,6 +210,9 @@ def _cases(tiny_bert, tmp_path):
     unknown = _classifier(tiny_bert, tmp_path / "unknown-architecture")
     config = json.loads((unknown / "config.json").read_text())
     (unknown / "config.json").write_text(json.dumps(config | {"architectures": ["MyBertClassifier"]}))
+    bad_modules = tmp_path / "bad-modules"
+    shutil.copytree(tiny_bert, bad_modules)
+    (bad_modules / "modules.json").write_text('{"path": "not a list"}')
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{ not json")
@@ -196,6 +232,7 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(unknown), "--out", out], r"BertModel leaves 2 of its weights unused \(classifier.bias, "
          r"classifier.weight\), which its ReLU checkpoint would lose \(its config names the architecture "
          "'MyBertClassifier', which this transformers does not have\\)"),
+        (["reluize", str(bad_modules), "--out", out], r"modules.json is not a sentence-transformers module list"),
         (["reluize", str(hard_coded), "--out", out], r"at 'encoder.stages.0.layers.0.intermediate.activation' the "
          r"converted network has ReLU but its config \(activation fields naming GELU: none\) builds GELU there, so "
          "its ReLU checkpoint would not load as the converted network"),
