@@ -149,7 +149,8 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
         loader = getattr(transformers, architecture, None) if architecture else None
         loader = loader or (transformers.AutoModelForCausalLM if causal else transformers.AutoModel)
         model, loading = loader.from_pretrained(source, output_loading_info=True)
-        model.eval()
+        stored = next(model.parameters()).dtype
+        model.float().eval()  # trained in float32 (AdamW's small steps vanish in bfloat16), written as stored
         tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     except Exception as e:  # noqa: BLE001 - a directory transformers cannot load: one line, whatever the cause
         raise ConfigError(f"cannot load {model_name} with transformers: {str(e).splitlines()[0]}") from None
@@ -227,17 +228,18 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     result = lg.reluize(model, batches, steps, teacher=original, schedule=schedule, repair=repair,
                         refit=-(-refit // batch_size), lr_schedule=lr_schedule, progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
+    model.to(stored).float()  # what is written, measured in float32 arithmetic as the original was
     taken = result.log[-1]["step"] if result.stopped else steps
     final = _scores(_evaluate(model, held_batches, causal), reference)
     curve.append({"step": taken, "minutes": seconds / 60, "lam": None, **final})
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": repair, "seed": seed,
-              "steps": taken, "planned_steps": steps, "budget_minutes": minutes, "refit_sentences": refit,
+              "dtype": str(stored).removeprefix("torch."), "steps": taken, "planned_steps": steps, "budget_minutes": minutes, "refit_sentences": refit,
               "refit": result.refit,
               "batch_size": batch_size, "batching": batching, "lr_schedule": lr_schedule, "max_tokens": MAX_TOKENS,
               "train_sentences": len(train), "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
               "replaced": result.replaced, "direct_swap": swap_scores, "reluized": final, "curve": curve}
-    _write(target, model, tokenizer, report, source, pipeline)
+    _write(target, model.to(stored), tokenizer, report, source, pipeline)
     return target
 
 
@@ -355,7 +357,9 @@ def _markdown(r: dict) -> str:
              + f" in {r['seconds'] / 60:.1f} min"
              + (f" (the --minutes budget ended it; {r['planned_steps']} steps were planned)"
                 if r["steps"] < r.get("planned_steps", r["steps"]) else "")
-             + f"; {len(r['replaced'])} activations replaced by `nn.ReLU`. "
+             + f"; {len(r['replaced'])} activations replaced by `nn.ReLU`"
+             + (f"; trained in float32, written in {r['dtype']} as the original was" if r.get("dtype", "float32")
+                != "float32" else "") + ". "
              f"Measured on {r['held_out_sentences']} held-out standard-library docstring "
              "sentences (from files never used in training) against the original GELU model: mean cosine of the "
              "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept"

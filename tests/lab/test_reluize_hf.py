@@ -120,6 +120,31 @@ def test_a_sentence_transformers_model_keeps_its_pipeline(tiny_bert, tmp_path):
     torch.testing.assert_close(model.encode(sentences, convert_to_tensor=True), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_bfloat16_checkpoint_trains_in_float32_and_is_written_and_measured_as_bfloat16(tiny_bert, tmp_path):
+    """A model stored in bfloat16 is converted in float32 (AdamW's steps of 5e-5 would round away in bfloat16) and
+    written back in bfloat16, the size the user had; the report's final numbers are those of the weights written,
+    recomputed here in float32 arithmetic against the original's."""
+    from lambda_gelu_lab.data import stdlib_sentences
+
+    source, out = tmp_path / "bf16", tmp_path / "relu"
+    transformers.AutoModel.from_pretrained(tiny_bert).to(torch.bfloat16).save_pretrained(source)
+    transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(source)
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "3", "--batch-size", "8", "--quiet"]) == 0
+    written = transformers.AutoModel.from_pretrained(out)
+    assert {p.dtype for p in written.parameters()} == {torch.bfloat16}
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert report["dtype"] == "bfloat16" and "written in bfloat16" in (out / "reluize_report.md").read_text()
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    held = stdlib_sentences()[1][:reluize_hf.HELD_OUT]
+    batches = [dict(tokenizer(held[i:i + 64], padding=True, truncation=True, max_length=reluize_hf.MAX_TOKENS,
+                              return_tensors="pt")) for i in range(0, len(held), 64)]
+    original = transformers.AutoModel.from_pretrained(source).float()
+    scores = reluize_hf._scores(reluize_hf._evaluate(written.float(), batches, causal=False),
+                                reluize_hf._evaluate(original, batches, causal=False))
+    assert scores["cosine"] == pytest.approx(report["reluized"]["cosine"], abs=1e-6)
+
+
 def _classifier(tiny_bert, path):
     """A small BERT sequence classifier (3 labels) with the real MiniLM tokenizer, saved at ``path``."""
     torch.manual_seed(0)
