@@ -3,6 +3,7 @@ GPT-2, MPNet), the real all-MiniLM-L6-v2, and the errors."""
 import copy
 import os
 import random
+import warnings
 
 import pytest
 import torch
@@ -597,6 +598,18 @@ def test_a_callback_that_returns_true_at_step_0_leaves_the_refit_and_the_re_esti
     result = reluize(model, batches, 5, refit=1, recalibrate=2, callback=lambda entry: True)
     assert result.stopped and [e["step"] for e in result.log] == [0] and result.recalibrated == ["1", "4"]
     assert result.refit and not any(lg.is_gelu_like(m) for m in model.modules())
+
+
+def test_training_low_precision_weights_with_the_default_optimizer_is_warned_about():
+    model = _mlp().to(torch.bfloat16)
+    with pytest.warns(UserWarning, match=r"trains the model's bfloat16 weights as they are, where AdamW's steps of "
+                                         r"lr=5e-05 mostly round away; convert a float32 copy"):
+        reluize(model, torch.randn(4, 12, dtype=torch.bfloat16), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reluize(_mlp(), torch.randn(4, 12), 2)  # float32: nothing to say
+        model = _mlp().to(torch.bfloat16)
+        reluize(model, torch.randn(4, 12, dtype=torch.bfloat16), 2, optimizer=torch.optim.SGD(model.parameters(), 0.1))
 
 
 def test_recalibration_refuses_batches_with_one_value_per_channel():

@@ -269,6 +269,12 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, *, teacher: nn.Modu
         raise ValueError(f"{functional[0]} applies gelu as a function, which no module replacement can make "
                          "ReLU; make it an nn.GELU module (or give reluize a model without it)")
     consumers = refit_consumers(model, first) if refit else {}
+    low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
+                  if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)})
+    if low and optimizer is None:  # AdamW's step is ~lr per weight, below their resolution near 1
+        warnings.warn(f"reluize trains the model's {' and '.join(low)} weights as they are, where AdamW's steps of "
+                      f"lr={lr:g} mostly round away; convert a float32 copy (model.float()) and cast it back after, "
+                      "or give an optimizer that keeps float32 weights", stacklevel=2)
     unsaveable = relu_config_problem(model)
     if unsaveable:  # the conversion is right in memory; say now, not after the steps, what a checkpoint would lose
         warnings.warn(f"{unsaveable}: the converted model will be exact ReLU, but save_pretrained would write a "
