@@ -200,12 +200,14 @@ def markdown(gaps: dict[str, dict[int, float]], steps: dict[str, int], longer: d
         seeds = sorted(fresh_original)
         lines += [
             "## Fresh seeds", "",
-            f"`{BEST}` is the best of {len(RECIPES)} recipes on seeds {min(original)}–{max(original)}, so its mean there "
-            f"is an optimistic estimate. The reference and it again at {BUDGET:.0%}, on seeds {seeds[0]}–{seeds[-1]}: "
+            f"`{BEST}` is the best of {len(RECIPES)} recipes on seeds {min(original)}–{max(original)}, so its mean "
+            f"there is an optimistic estimate. The reference and it again at {BUDGET:.0%}, on seeds "
+            f"{seeds[0]}–{seeds[-1]}: "
             "never used in the pilots or to choose a recipe, with their own GELU networks (test accuracy "
             f"{100 * sum(fresh_original.values()) / len(fresh_original):.2f}% over the seeds). The last columns pair "
             "each row with the reference by seed.", "",
-            f"| recipe | gap (mean ± std) | 95% CI | {' | '.join(f'seed {s}' for s in seeds)} | − reference | 95% CI |",
+            f"| recipe | gap (mean ± std) | 95% CI | {' | '.join(f'seed {s}' for s in seeds)} | − reference "
+            "| 95% CI |",
             "|---|---|---|" + "---|" * len(seeds) + "---|---|",
         ]
         for name in (REFERENCE, BEST):
@@ -264,7 +266,8 @@ def main(argv=None) -> int:
             print(f"  {name}: {100 * fresh[name][seed]:+.2f}", flush=True)
     command = "python experiments/posthoc_resnet_recipes.py " + " ".join(sys.argv[1:] if argv is None else argv)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(markdown(gaps, steps, longer, longer_steps, original, fresh, fresh_original, command.strip()), encoding="utf-8")
+    text = markdown(gaps, steps, longer, longer_steps, original, fresh, fresh_original, command.strip())
+    args.output.write_text(text, encoding="utf-8")
     print(f"wrote {args.output}")
     return 0
 

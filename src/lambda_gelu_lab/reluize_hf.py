@@ -234,9 +234,9 @@ def run(model_name: str, out: str, steps: int | None, minutes: float | None, tex
     curve.append({"step": taken, "minutes": seconds / 60, "lam": None, **final})
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": repair, "seed": seed,
-              "dtype": str(stored).removeprefix("torch."), "steps": taken, "planned_steps": steps, "budget_minutes": minutes, "refit_sentences": refit,
-              "refit": result.refit,
-              "batch_size": batch_size, "batching": batching, "lr_schedule": lr_schedule, "max_tokens": MAX_TOKENS,
+              "dtype": str(stored).removeprefix("torch."), "steps": taken, "planned_steps": steps,
+              "budget_minutes": minutes, "refit_sentences": refit, "refit": result.refit, "batch_size": batch_size,
+              "batching": batching, "lr_schedule": lr_schedule, "max_tokens": MAX_TOKENS,
               "train_sentences": len(train), "user_lines": len(extra), "held_out_sentences": len(held), "seconds": seconds,
               "replaced": result.replaced, "direct_swap": swap_scores, "reluized": final, "curve": curve}
     _write(target, model.to(stored), tokenizer, report, source, pipeline)
