@@ -78,10 +78,10 @@ none otherwise; ``recalibrate=0`` keeps the GELU network's statistics.
 Batches are tensors (one positional argument), tuples (positional arguments) or dicts (keyword
 arguments, as a Hugging Face tokenizer returns them — or the one argument a forward requires when the
 dict does not name it, as a ``SentenceTransformer`` takes its features); they are cycled if there are
-fewer than ``steps``. The model is converted in place; the config of every Hugging Face model in it names ReLU
-(see :mod:`lambda_gelu.convert`), so that ``save_pretrained`` writes a checkpoint that plain
-``transformers`` loads as the ReLU network — and where a config cannot say so, ``reluize`` warns before
-its first step.
+fewer than ``steps``. The model is converted in place; the config of every Hugging Face model in it
+names ReLU (see :mod:`lambda_gelu.convert`), so that ``save_pretrained`` writes a checkpoint that plain
+``transformers`` loads as the ReLU network — and where a config cannot say so, ``reluize`` warns
+before its first step.
 
 Sparsity. ``sparsity=`` adds :class:`lambda_gelu.SparsityRegularizer`'s L1 penalty on the converted
 activations' outputs, its factor rising to the given peak along the anneal (three sine-shaped
