@@ -198,7 +198,8 @@ def test_distillation_loss_is_zero_for_identical_outputs_and_kl_for_logits():
 def test_distillation_loss_of_sentence_transformers_outputs_is_the_cosine_and_the_token_error():
     torch.manual_seed(0)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
-    teacher = {"sentence_embedding": torch.randn(2, 3), "token_embeddings": torch.randn(2, 4, 3), "attention_mask": mask}
+    teacher = {"sentence_embedding": torch.randn(2, 3), "token_embeddings": torch.randn(2, 4, 3),
+               "attention_mask": mask}
     student = {**teacher, "sentence_embedding": torch.randn(2, 3), "token_embeddings": torch.randn(2, 4, 3)}
     cosine = 1 - F.cosine_similarity(student["sentence_embedding"], teacher["sentence_embedding"]).mean()
     real = mask.bool()  # the padded position counts for nothing

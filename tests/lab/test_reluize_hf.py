@@ -120,12 +120,20 @@ def test_a_sentence_transformers_model_keeps_its_pipeline(tiny_bert, tmp_path):
     torch.testing.assert_close(model.encode(sentences, convert_to_tensor=True), expected, rtol=1e-5, atol=1e-6)
 
 
+def _held_out(source):
+    """The CLI's held-out sentences in its batches of 64, tokenized by ``source``'s tokenizer as the CLI does."""
+    from lambda_gelu_lab.data import stdlib_sentences
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    held = stdlib_sentences()[1][:reluize_hf.HELD_OUT]
+    return [dict(tokenizer(held[i:i + 64], padding=True, truncation=True, max_length=reluize_hf.MAX_TOKENS,
+                           return_tensors="pt")) for i in range(0, len(held), 64)]
+
+
 def test_a_bfloat16_checkpoint_trains_in_float32_and_is_written_and_measured_as_bfloat16(tiny_bert, tmp_path):
     """A model stored in bfloat16 is converted in float32 (AdamW's steps of 5e-5 would round away in bfloat16) and
     written back in bfloat16, the size the user had; the report's final numbers are those of the weights written,
     recomputed here in float32 arithmetic against the original's."""
-    from lambda_gelu_lab.data import stdlib_sentences
-
     source, out = tmp_path / "bf16", tmp_path / "relu"
     transformers.AutoModel.from_pretrained(tiny_bert).to(torch.bfloat16).save_pretrained(source)
     transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(source)
@@ -135,10 +143,7 @@ def test_a_bfloat16_checkpoint_trains_in_float32_and_is_written_and_measured_as_
     report = json.loads((out / "reluize_report.json").read_text())
     assert report["dtype"] == "bfloat16" and "written in bfloat16" in (out / "reluize_report.md").read_text()
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-    held = stdlib_sentences()[1][:reluize_hf.HELD_OUT]
-    batches = [dict(tokenizer(held[i:i + 64], padding=True, truncation=True, max_length=reluize_hf.MAX_TOKENS,
-                              return_tensors="pt")) for i in range(0, len(held), 64)]
+    batches = _held_out(source)
     original = transformers.AutoModel.from_pretrained(source).float()
     scores = reluize_hf._scores(reluize_hf._evaluate(written.float(), batches, causal=False),
                                 reluize_hf._evaluate(original, batches, causal=False))
@@ -159,8 +164,6 @@ def test_a_classifier_keeps_its_head_and_the_report_counts_the_predictions_kept(
     """The checkpoint is loaded as the class it was saved from, so a classifier's head is converted and written
     with it (AutoModel would load the bare encoder and drop it); the report's *predictions kept* is the share
     of held-out sentences whose predicted label the ReLU model keeps, recomputed here from the two checkpoints."""
-    from lambda_gelu_lab.data import stdlib_sentences
-
     source, out = _classifier(tiny_bert, tmp_path / "classifier"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet"]) == 0
     auto = transformers.AutoModelForSequenceClassification
@@ -170,14 +173,11 @@ def test_a_classifier_keeps_its_head_and_the_report_counts_the_predictions_kept(
     assert sum(isinstance(m, torch.nn.ReLU) for m in loaded.modules()) == 2
     assert not any(type(m).__name__.startswith("GELU") for m in loaded.modules())
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-    held = stdlib_sentences()[1][:reluize_hf.HELD_OUT]
+    batches = _held_out(source)
 
     @torch.no_grad()
     def labels(model):
-        return torch.cat([model.eval()(**tokenizer(held[i:i + 64], padding=True, truncation=True,
-                                                   max_length=reluize_hf.MAX_TOKENS, return_tensors="pt")
-                                       ).logits.argmax(-1) for i in range(0, len(held), 64)])
+        return torch.cat([model.eval()(**b).logits.argmax(-1) for b in batches])
 
     report = json.loads((out / "reluize_report.json").read_text())
     kept = (labels(loaded) == labels(original)).float().mean().item()
@@ -189,8 +189,6 @@ def test_a_classifier_keeps_its_head_and_the_report_counts_the_predictions_kept(
 def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_kept(tiny_bert, tmp_path):
     """GPT-2 (tanh GELU, the activation_function field) through the CLI: the checkpoint loads as a ReLU causal
     LM; *predictions kept* counts real tokens only, recomputed here from the two checkpoints."""
-    from lambda_gelu_lab.data import stdlib_sentences
-
     source, out = tmp_path / "gpt2", tmp_path / "relu"
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=30522,
@@ -202,13 +200,9 @@ def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_k
     assert loaded.config.activation_function == "relu"
     assert sum(isinstance(m, torch.nn.ReLU) for m in loaded.modules()) == 2
 
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-    held = stdlib_sentences()[1][:reluize_hf.HELD_OUT]
     same, real = 0, 0
     with torch.no_grad():
-        for i in range(0, len(held), 64):
-            b = tokenizer(held[i:i + 64], padding=True, truncation=True, max_length=reluize_hf.MAX_TOKENS,
-                          return_tensors="pt")
+        for b in _held_out(source):
             mask = b["attention_mask"].bool()
             same += int((loaded(**b).logits.argmax(-1) == original(**b).logits.argmax(-1))[mask].sum())
             real += int(mask.sum())
@@ -216,7 +210,8 @@ def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_k
     assert report["reluized"]["agreement"] == pytest.approx(same / real, abs=1e-6)  # a float32 mean
     assert report["reluized"]["perplexity_ratio"] > 0
     assert report["curve"][-1]["agreement"] == report["reluized"]["agreement"]
-    assert "| cosine | top-10 overlap | perplexity ÷ original | predictions kept |" in (out / "reluize_report.md").read_text()
+    head = "| cosine | top-10 overlap | perplexity ÷ original | predictions kept |"
+    assert head in (out / "reluize_report.md").read_text()
 
 
 def _cases(tiny_bert, tmp_path):
