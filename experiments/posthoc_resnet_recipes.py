@@ -63,6 +63,7 @@ class Recipe:
     loss: object = logit_kl
     distill: bool = True    # False: the swap and the re-estimation, no step
     labels: float = 0.0     # weight of the cross-entropy with the training labels, added to the loss
+    schedule: str = "swap"  # reluize's: "anneal" re-estimates when its GELUs become ReLU, halfway through
 
 
 REFERENCE = "re-estimate 50, lr 3e-4"
@@ -108,6 +109,12 @@ def batches(x: torch.Tensor, batch_size: int, seed: int, labels: torch.Tensor | 
             yield x[index] if labels is None else (x[index], labels[index])
 
 
+def steps_within(budget: float, total: int, forwards: int) -> int:
+    """The optimizer steps left of ``budget`` × ``total`` training steps once ``forwards`` forward passes outside
+    the steps (a third of a step each) are paid for; at least one."""
+    return max(1, math.ceil(budget * total) - math.ceil(forwards / 3))
+
+
 def convert(gelu: torch.nn.Module, recipe: Recipe, x: torch.Tensor, y: torch.Tensor, cfg: RunConfig, total: int,
             budget: float = BUDGET):
     """A copy of ``gelu`` converted to exact ReLU by ``recipe`` within ``budget`` of ``total`` steps; and the
@@ -119,7 +126,7 @@ def convert(gelu: torch.nn.Module, recipe: Recipe, x: torch.Tensor, y: torch.Ten
         return model, 0
     activations = len(refit_consumers(model, x[:cfg.batch_size])) if recipe.refit else 0
     forwards = recipe.recalibrate + recipe.again + recipe.refit * activations
-    steps = max(1, math.ceil(budget * total) - math.ceil(forwards / 3))
+    steps = steps_within(budget, total, forwards)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)  # reluize's own default
     callback = None
     if recipe.decay:
@@ -128,11 +135,31 @@ def convert(gelu: torch.nn.Module, recipe: Recipe, x: torch.Tensor, y: torch.Ten
     if recipe.labels:  # the same batches as every other recipe, each with its labels
         model, stream = TakesLabels(model), batches(x, cfg.batch_size, cfg.seed, y)
         loss = lambda s, t, batch: recipe.loss(s, t) + recipe.labels * F.cross_entropy(s, batch[1])  # noqa: E731
-    lg.reluize(model, stream, steps, schedule="swap", loss=loss, optimizer=opt, lr_schedule="constant",
+    lg.reluize(model, stream, steps, schedule=recipe.schedule, loss=loss, optimizer=opt, lr_schedule="constant",
                callback=callback, recalibrate=recipe.recalibrate, refit=recipe.refit)
     if recipe.again:
         recalibrate_batchnorm_(model, [next(stream) for _ in range(recipe.again)])
     return (model.net if recipe.labels else model), steps
+
+
+def fmnist_resnet(train_limit: int = 0):
+    """The task, its splits, and the training inputs and labels (the first ``train_limit`` of them, if given)."""
+    task = TASKS["fmnist-resnet"]
+    splits = task.load(None)
+    x = splits.x_train[:train_limit] if train_limit else splits.x_train
+    return task, splits, x, splits.y_train[:len(x)]
+
+
+def gelu_network(task, splits, seed: int, train_limit: int = 0):
+    """Seed ``seed``'s GELU network, trained as the lab's `gelu` arm trains it; its run config, test accuracy and
+    training steps."""
+    cfg = RunConfig(task=task.name, arm="gelu", seed=seed, train_limit=train_limit, **task.defaults)
+    t0 = time.perf_counter()
+    run = train_run(task, splits, cfg)
+    gelu = build_model(task, splits, cfg)
+    gelu.load_state_dict(run.state_dict)
+    print(f"seed {seed}: GELU {100 * run.metrics['test_acc']:.2f}% ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return gelu, cfg, run.metrics["test_acc"], run.metrics["steps"]
 
 
 def _row(cells: str, g: dict[int, float], original: dict[int, float], against: dict[int, float] | None) -> str:
@@ -228,27 +255,15 @@ def main(argv=None) -> int:
         p.error("--seeds and --threads are positive numbers, --train-limit and --fresh are ≥ 0")
     check_overwrite(args.output, MARK)
     torch.set_num_threads(args.threads)
-    task = TASKS["fmnist-resnet"]
-    splits = task.load(None)
-    x = splits.x_train[:args.train_limit] if args.train_limit else splits.x_train
-    y = splits.y_train[:len(x)]
+    task, splits, x, y = fmnist_resnet(args.train_limit)
     gaps = {r.name: {} for r in RECIPES}
     by_name = {r.name: r for r in RECIPES}
     longer = {(name, budget): {} for name in (REFERENCE, BEST) for budget in LONGER}
     steps, longer_steps, original = {}, {}, {}
     fresh, fresh_original = {REFERENCE: {}, BEST: {}}, {}
 
-    def gelu_network(seed):
-        cfg = RunConfig(task=task.name, arm="gelu", seed=seed, train_limit=args.train_limit, **task.defaults)
-        t0 = time.perf_counter()
-        run = train_run(task, splits, cfg)
-        gelu = build_model(task, splits, cfg)
-        gelu.load_state_dict(run.state_dict)
-        print(f"seed {seed}: GELU {100 * run.metrics['test_acc']:.2f}% ({time.perf_counter() - t0:.0f} s)", flush=True)
-        return gelu, cfg, run.metrics["test_acc"], run.metrics["steps"]
-
     for seed in range(args.seeds):
-        gelu, cfg, original[seed], total = gelu_network(seed)
+        gelu, cfg, original[seed], total = gelu_network(task, splits, seed, args.train_limit)
         for recipe in RECIPES:
             model, steps[recipe.name] = convert(gelu, recipe, x, y, cfg, total)
             gaps[recipe.name][seed] = evaluate(model, splits.x_test, splits.y_test)[0] - original[seed]
@@ -259,7 +274,7 @@ def main(argv=None) -> int:
             longer[key][seed] = evaluate(model, splits.x_test, splits.y_test)[0] - original[seed]
             print(f"  {name}, {budget:.0%} of the steps: {100 * longer[key][seed]:+.2f}", flush=True)
     for seed in range(args.seeds, args.seeds + args.fresh):
-        gelu, cfg, fresh_original[seed], total = gelu_network(seed)
+        gelu, cfg, fresh_original[seed], total = gelu_network(task, splits, seed, args.train_limit)
         for name in fresh:
             model, _ = convert(gelu, by_name[name], x, y, cfg, total)
             fresh[name][seed] = evaluate(model, splits.x_test, splits.y_test)[0] - fresh_original[seed]
