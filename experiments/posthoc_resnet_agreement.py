@@ -116,8 +116,8 @@ def markdown(results: dict, steps: dict, original: dict[int, float], command: st
                      f"seed: {100 * c.mean:+.2f} points (95% CI {_ci(c)}).")
     if abs(fitted) < 0.005 and gained < 0.01:
         lines.append("- So the missing points are neither a gap between training and test images (the agreement "
-                     "differs by less than half a point) nor one more steps would close (five times the budget adds "
-                     "less than a point of agreement): from the GELU network's weights, distillation finds no "
+                     "differs by less than half a point) nor one that more steps would close (five times the budget "
+                     "adds less than a point of agreement): from the GELU network's weights, distillation finds no "
                      "exact-ReLU network that makes the original's decisions on those few percent of images, "
                      "swapped or annealed.")
     lines.append("")
