@@ -162,13 +162,20 @@ def gelu_network(task, splits, seed: int, train_limit: int = 0):
     return gelu, cfg, run.metrics["test_acc"], run.metrics["steps"]
 
 
+def gap_interval(g: dict[int, float], original: dict[int, float]):
+    """The gaps ``g`` (accuracy after − the original's, by seed) as a paired comparison of the accuracies: their
+    mean and 95% interval."""
+    seeds = sorted(original)
+    return paired([original[s] + g[s] for s in seeds], [original[s] for s in seeds])
+
+
 def _row(cells: str, g: dict[int, float], original: dict[int, float], against: dict[int, float] | None) -> str:
     """A table row: ``cells``, then the gaps ``g`` by seed (mean ± std, the 95% interval of the accuracy after
     against the original's, each seed), then the difference from ``against`` paired by seed ("—" without it)."""
     seeds = sorted(original)
     values = [100 * g[s] for s in seeds]
     mean, spread = sum(values) / len(values), f" ± {stdev(values):.2f}" if len(values) > 1 else ""
-    gap = paired([original[s] + g[s] for s in seeds], [original[s] for s in seeds])
+    gap = gap_interval(g, original)
     versus = "— | —"
     if against is not None:
         c = paired([g[s] for s in seeds], [against[s] for s in seeds])
@@ -179,8 +186,7 @@ def _row(cells: str, g: dict[int, float], original: dict[int, float], against: d
 def _verdict(g: dict[int, float], original: dict[int, float]) -> str:
     """Whether the gaps ``g`` meet the goal (within 0.3 points of the original): their mean, 95% interval and
     reading."""
-    seeds = sorted(original)
-    c = paired([original[s] + g[s] for s in seeds], [original[s] for s in seeds])
+    c = gap_interval(g, original)
     shown = (", not shown (one seed, no interval)" if math.isnan(c.lo) else ", and shown" if c.lo >= -0.003
              else ", not shown (the interval reaches below −0.3)")
     return (f"{100 * c.mean:+.2f} points, 95% CI {_ci(c)}: the goal (within 0.3 points of the original) is "
