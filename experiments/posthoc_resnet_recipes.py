@@ -227,8 +227,9 @@ def _verdict(g: dict[int, float], original: dict[int, float]) -> str:
     """Whether the gaps ``g`` meet the goal (within 0.3 points of the original): their mean, 95% interval and
     reading."""
     c = gap_interval(g, original)
-    shown = (", not shown (one seed, no interval)" if math.isnan(c.lo) else ", and shown" if c.lo >= -0.003
-             else ", not shown (the interval reaches below −0.3)")
+    lower = f"the interval's lower end, {100 * c.lo:+.3f}, is {'above' if c.lo >= -0.003 else 'below'} −0.3"
+    shown = (", not shown (one seed, no interval)" if math.isnan(c.lo) else f", and shown ({lower})"
+             if c.lo >= -0.003 else f", not shown ({lower})")
     return (f"{100 * c.mean:+.2f} points, 95% CI {_ci(c)}: the goal (within 0.3 points of the original) is "
             f"{'met by the mean' if c.mean >= -0.003 else 'not met'}{shown}")
 
