@@ -193,7 +193,7 @@ def gap_interval(g: dict[int, float], original: dict[int, float]):
     return paired([original[s] + g[s] for s in seeds], [original[s] for s in seeds])
 
 
-def _cells(g: dict[int, float], original: dict[int, float], against: dict[int, float] | None) -> tuple[str, str, str]:
+def gap_cells(g: dict[int, float], original: dict[int, float], against: dict[int, float] | None) -> tuple[str, str, str]:
     """The gaps ``g`` by seed as table cells: mean ± std, the 95% interval of the accuracy after against the
     original's, and the difference from ``against`` paired by seed with its interval ("— | —" without it)."""
     seeds = sorted(original)
@@ -207,17 +207,17 @@ def _cells(g: dict[int, float], original: dict[int, float], against: dict[int, f
 
 
 def _row(cells: str, g: dict[int, float], original: dict[int, float], against: dict[int, float] | None) -> str:
-    """A table row: ``cells``, then the gaps ``g`` (:func:`_cells`) with each seed's between the interval and the
+    """A table row: ``cells``, then the gaps ``g`` (:func:`gap_cells`) with each seed's between the interval and the
     difference from ``against``."""
-    mean, ci, versus = _cells(g, original, against)
+    mean, ci, versus = gap_cells(g, original, against)
     each = " | ".join(f"{100 * g[s]:+.2f}" for s in sorted(original))
     return f"| {cells} | {mean} | {ci} | {each} | {versus} |"
 
 
 def _summary_row(name: str, g: dict[int, float], original: dict[int, float], against: dict[int, float] | None) -> str:
-    """A row for many seeds: the gaps ``g`` (:func:`_cells`) with their median, worst, best and the share of seeds
+    """A row for many seeds: the gaps ``g`` (:func:`gap_cells`) with their median, worst, best and the share of seeds
     within 0.3 points of the original in place of each seed's."""
-    mean, ci, versus = _cells(g, original, against)
+    mean, ci, versus = gap_cells(g, original, against)
     values = [100 * v for v in g.values()]
     within = sum(v >= -0.3 - 1e-9 for v in values)
     return (f"| {name} | {len(values)} | {mean} | {ci} | {median(values):+.2f} | {min(values):+.2f} | "
@@ -228,9 +228,12 @@ def _verdict(g: dict[int, float], original: dict[int, float]) -> str:
     """Whether the gaps ``g`` meet the goal (within 0.3 points of the original): their mean, 95% interval and
     reading."""
     c = gap_interval(g, original)
-    lower = f"the interval's lower end, {100 * c.lo:+.3f}, is {'above' if c.lo >= -0.003 else 'below'} −0.3"
-    shown = (", not shown (one seed, no interval)" if math.isnan(c.lo) else f", and shown ({lower})"
-             if c.lo >= -0.003 else f", not shown ({lower})")
+    if math.isnan(c.lo):
+        shown = ", not shown (one seed, no interval)"
+    else:
+        above = c.lo >= -0.003
+        shown = (f", {'and shown' if above else 'not shown'} (the interval's lower end, {100 * c.lo:+.3f}, is "
+                 f"{'above' if above else 'below'} −0.3)")
     return (f"{100 * c.mean:+.2f} points, 95% CI {_ci(c)}: the goal (within 0.3 points of the original) is "
             f"{'met by the mean' if c.mean >= -0.003 else 'not met'}{shown}")
 
