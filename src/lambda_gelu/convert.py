@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn as nn
 
+from .batches import run_batch
 from .config import DEFAULTS, LambdaGELUConfig
 from .module import LambdaGELU
 
@@ -252,12 +253,7 @@ def _channel_counts(model: nn.Module, match: FilterFn, example_input, channel_di
             handles.append(m.register_forward_pre_hook(record))
     try:
         with torch.no_grad():
-            if isinstance(example_input, dict):
-                model(**example_input)
-            elif isinstance(example_input, tuple):
-                model(*example_input)
-            else:
-                model(example_input)
+            run_batch(model, example_input)
     finally:
         for h in handles:
             h.remove()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from .batches import run_batch
 from .config import DEFAULTS, LambdaGELUConfig
 from .convert import eval_mode, lambda_modules
 from .distributed import _is_sharded
@@ -284,13 +285,7 @@ class HardeningSchedule:
                  for m in signs]
         try:
             with eval_mode(self._model):  # no dropout: the pattern must depend on the weights alone
-                probe = self._probe
-                if isinstance(probe, Mapping):
-                    self._model(**probe)
-                elif isinstance(probe, (tuple, list)):
-                    self._model(*probe)
-                else:
-                    self._model(probe)
+                run_batch(self._model, self._probe)
         except Exception as e:
             raise RuntimeError(f"HardeningSchedule could not run its probe batch through the model "
                                f"({type(e).__name__}: {e}); pass probe= as the model takes a batch") from e

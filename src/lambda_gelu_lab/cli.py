@@ -19,7 +19,6 @@ import shlex
 import sys
 
 DEFAULT_OUT = "runs/main"
-REFIT_SENTENCES = 1024  # reluize's default least-squares refit (MiniLM: cosine 0.986 in 1 minute, 2048 0.987 in 2)
 DEMO_OUT = "runs/demo"
 # The demo: every arm on three tasks, few seeds and short budgets; about 2 minutes on 2 idle cores.
 DEMO = {"tasks": ["mnist1d-mlp", "tabular-mlp", "fmnist-mlp"], "seeds": 3,
@@ -68,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="where runs train: here (local, with --workers: local processes) or as Ray tasks")
     run.add_argument("--address", default=None, help="an existing Ray cluster (with --executor ray)")
+    run.set_defaults(func=_run)
 
     sub.add_parser("demo", help="the default sweep (same as `lambda-gelu run` with no task)").add_argument(
         "--out", default=DEMO_OUT)
@@ -75,11 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write report.md and plots from a results directory")
     rep.add_argument("--out", default=DEFAULT_OUT, help="results directory")
     rep.add_argument("--output", default=None, help="report file (default OUT/report.md); images go beside it")
+    rep.set_defaults(func=_report)
 
     exp = sub.add_parser("export", help="export the results tables")
     exp.add_argument("--out", default=DEFAULT_OUT, help="results directory")
     exp.add_argument("--csv", action="store_true", required=True, help="write runs.csv and lambdas.csv")
     exp.add_argument("--to", default=None, help="destination directory (default: the results directory)")
+    exp.set_defaults(func=_export)
 
     dep = sub.add_parser("deploy", help="int8 ONNX deployment, verification and sparsity of stored models")
     dep.add_argument("--out", default=DEFAULT_OUT, help="results directory with trained runs")
@@ -88,43 +90,59 @@ def _parser() -> argparse.ArgumentParser:
     dep.add_argument("--points", type=int, default=20, help="test points to verify per ε (default 20)")
     dep.add_argument("--time-limit", type=float, default=10.0, help="seconds of MILP per point (default 10)")
     dep.add_argument("--threads", type=int, default=None)
+    dep.set_defaults(func=_deploy)
 
     rz = sub.add_parser("reluize", help="convert a pretrained Hugging Face GELU model into an exact-ReLU checkpoint")
     rz.add_argument("model", metavar="MODEL", help="a local Hugging Face model directory, or all-minilm-l6-v2")
     rz.add_argument("--out", required=True, help="where to write the ReLU checkpoint and reluize_report.md")
-    budget = rz.add_mutually_exclusive_group()
-    budget.add_argument("--steps", type=int, default=None, help="conversion steps (default: what fits --minutes)")
-    budget.add_argument("--minutes", type=float, default=None,
-                        help="time budget in minutes (default 15): the steps are planned to fit it, and end before "
-                             "they would overrun it")
-    rz.add_argument("--text", nargs="+", default=[], metavar="FILE", help="your own training text, one sentence a line")
-    rz.add_argument("--schedule", choices=("swap", "anneal", "blockwise"), default="swap",
-                    help="swap to ReLU at once and distil (default: the best measured), anneal the gates to "
-                         "ReLU while distilling, or reconstruct block by block")
-    rz.add_argument("--refit", type=int, default=None, metavar="N",
-                    help="with --schedule swap: training sentences over which the layer after each activation is "
-                         f"solved by least squares before the first step (default {REFIT_SENTENCES}; 0: none)")
-    rz.add_argument("--repair", type=float, default=0.0, metavar="F",
-                    help="with --schedule blockwise: the fraction of steps that then train the whole network "
-                         "end to end, as the swap does (default 0)")
-    rz.add_argument("--batch-size", type=int, default=32)
-    rz.add_argument("--batching", choices=("length", "shuffled"), default="length",
-                    help="length: random batches of sentences of nearly one length, so that little of each step "
-                         "is padding (default); shuffled: consecutive sentences of the shuffled text")
-    rz.add_argument("--lr-schedule", choices=("linear", "constant"), default="linear",
-                    help="linear: AdamW's learning rate falls linearly to 0 over the steps (default); constant: it "
-                         "stays at 5e-5")
-    rz.add_argument("--seed", type=int, default=0)
-    rz.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    _config_options(rz)
+    rz.add_argument("--overwrite", action="store_true", help="replace an earlier conversion's --out")
     rz.add_argument("--quiet", action="store_true", help="no progress bar")
     rz.add_argument("--threads", type=int, default=None)
+    rz.set_defaults(func=_reluize)
 
     rr = sub.add_parser("reluize-report", help="several `reluize` conversions of one model (seeds, schedules) side by side")
     rr.add_argument("dirs", nargs="+", metavar="DIR", help="output directories of `lambda-gelu reluize`")
     rr.add_argument("--output", required=True, help="the Markdown file to write; its plot goes beside it")
+    rr.set_defaults(func=_reluize_report)
 
-    sub.add_parser("tasks", help="list the tasks")
+    sub.add_parser("tasks", help="list the tasks").set_defaults(func=_tasks)
     return p
+
+
+def _config_options(parser: argparse.ArgumentParser) -> None:
+    """``lambda-gelu reluize``'s settings: one option per field of ConversionConfig and ReluizeConfig (less the
+    refit in batches, which the command counts in sentences), with the field's help, choices and default."""
+    import dataclasses
+
+    from lambda_gelu.hf import ConversionConfig
+    from lambda_gelu.reluize import ReluizeConfig
+    for prefix, cls in (("c_", ConversionConfig), ("r_", ReluizeConfig)):
+        for f in dataclasses.fields(cls):
+            if f.name == "reluize" or (cls is ReluizeConfig and f.name == "refit"):
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else None
+            shown = f" (default {default})" if default not in (None, ()) else ""
+            options = {"dest": prefix + f.name, "default": None, "help": f.metadata.get("help", "") + shown}
+            if "choices" in f.metadata:
+                options["choices"] = f.metadata["choices"]
+            if f.name == "texts":
+                parser.add_argument("--text", nargs="+", metavar="FILE", **options)
+                continue
+            kind = str(f.type)
+            options["type"] = float if "float" in kind else int if "int" in kind else str
+            parser.add_argument("--" + f.name.replace("_", "-"), **options)
+
+
+def _conversion_config(args):
+    from lambda_gelu.hf import ConversionConfig
+    from lambda_gelu.reluize import ReluizeConfig
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    settings = {k[2:]: v for k, v in given.items() if k.startswith("r_")}
+    conversion = {k[2:]: v for k, v in given.items() if k.startswith("c_")}
+    if "texts" in conversion:
+        conversion["texts"] = tuple(conversion["texts"])
+    return ConversionConfig(**conversion, reluize=ReluizeConfig(**settings))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,8 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         from .runner import SweepError
         from .store import StoreError
     except ImportError as e:  # pragma: no cover - only without the [lab] extra
-        print(f"error: the lab needs its extra: pip install 'lambda-gelu[lab]' ({e})", file=sys.stderr)
-        return 2
+        if getattr(args, "func", None) is not _reluize:
+            print(f"error: the lab needs its extra: pip install 'lambda-gelu[lab]' ({e})", file=sys.stderr)
+            return 2
+        ConfigError = DataError = StoreError = SweepError = ()  # noqa: N806 - reluize needs none of the lab
     try:
         _check_args(args)
         if getattr(args, "threads", None) and getattr(args, "executor", "local") == "local" and (
@@ -149,46 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             _require_store(args.out)
         if args.command in (None, "demo") or (args.command == "run" and not args.tasks):
             return _demo(args, command)
-        if args.command == "run":
-            return _run(args, command)
-        if args.command == "report":
-            from .report import build_report
-            print(build_report(args.out, args.output, command))
-            return 0
-        if args.command == "export":
-            from .store import Store
-            with Store(args.out) as store:
-                for path in store.export_csv(args.to):
-                    print(path)
-            return 0
-        if args.command == "deploy":
-            from .deploy_eval import run_deploy
-            from .report import build_report
-            from .tasks import resolve_tasks
-            names = [t.name for t in resolve_tasks(args.tasks)]
-            run_deploy(args.out, names, args.seeds, args.points, args.time_limit)
-            print(f"report: {build_report(args.out)}")
-            return 0
-        if args.command == "reluize":
-            from .reluize_hf import run
-            minutes = 15.0 if args.steps is None and args.minutes is None else args.minutes
-            refit = args.refit if args.refit is not None else REFIT_SENTENCES if args.schedule == "swap" else 0
-            print(run(args.model, args.out, args.steps, minutes, args.text, args.schedule, args.overwrite,
-                      args.batch_size, args.seed, progress=not args.quiet, repair=args.repair, refit=refit,
-                      batching=args.batching, lr_schedule=args.lr_schedule))
-            return 0
-        if args.command == "reluize-report":
-            from .report.conversions import conversions_report
-            print(conversions_report(args.dirs, args.output, command))
-            return 0
-        if args.command == "tasks":
-            from .tasks import GROUPS, TASKS
-            for t in TASKS.values():
-                print(f"{t.name:20s} {t.description}")
-            for g, members in GROUPS.items():
-                print(f"{g:20s} group: {', '.join(members)}")
-            return 0
-    except (ConfigError, DataError, StoreError) as e:
+        return args.func(args, command)
+    except (ConfigError, DataError, StoreError, ValueError) as e:  # a setting a config refused, one line
         print(f"error: {e}", file=sys.stderr)
         return 2
     except SweepError as e:
@@ -199,8 +181,56 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.strerror or e}{where}; choose another --out or free the place", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted: finished runs are stored; rerun the same command to resume", file=sys.stderr)
+        if args.command == "reluize":
+            print("interrupted: nothing was written to --out", file=sys.stderr)
+        else:
+            print("interrupted: finished runs are stored; rerun the same command to resume", file=sys.stderr)
         return 130
+
+
+def _report(args, command) -> int:
+    from .report import build_report
+    print(build_report(args.out, args.output, command))
+    return 0
+
+
+def _export(args, command) -> int:
+    from .store import Store
+    with Store(args.out) as store:
+        for path in store.export_csv(args.to):
+            print(path)
+    return 0
+
+
+def _deploy(args, command) -> int:
+    from .deploy_eval import run_deploy
+    from .report import build_report
+    from .tasks import resolve_tasks
+    names = [t.name for t in resolve_tasks(args.tasks)]
+    run_deploy(args.out, names, args.seeds, args.points, args.time_limit)
+    print(f"report: {build_report(args.out)}")
+    return 0
+
+
+def _reluize(args, command) -> int:
+    from lambda_gelu.hf import reluize_checkpoint
+    print(reluize_checkpoint(args.model, args.out, _conversion_config(args), overwrite=args.overwrite,
+                             progress=not args.quiet, log=lambda line: print(line, file=sys.stderr)))
+    return 0
+
+
+def _reluize_report(args, command) -> int:
+    from .report.conversions import conversions_report
+    print(conversions_report(args.dirs, args.output, command))
+    return 0
+
+
+def _tasks(args, command) -> int:
+    from .tasks import GROUPS, TASKS
+    for t in TASKS.values():
+        print(f"{t.name:20s} {t.description}")
+    for g, members in GROUPS.items():
+        print(f"{g:20s} group: {', '.join(members)}")
     return 0
 
 
@@ -210,7 +240,7 @@ _DEMO_IGNORES = {"seeds": None, "epochs": None, "arms": None, "switch_at": None,
 
 
 def _check_args(args) -> None:
-    """Values argparse's types cannot check: each a ConfigError naming the option."""
+    """Values argparse's types cannot check and no config owns: each a ConfigError naming the option."""
     from .config import ConfigError
     if args.command == "run" and not args.tasks:
         given = [f"--{k.replace('_', '-')}" if k != "overrides" else "--set"
@@ -220,25 +250,13 @@ def _check_args(args) -> None:
                               "or run the demo without them")
     if getattr(args, "address", None) and args.executor != "ray":
         raise ConfigError("--address names a Ray cluster: use it with --executor ray")
-    for name, low in (("threads", 1), ("seeds", 1), ("points", 1), ("epochs", 1), ("first_seed", 0), ("workers", 1),
-                      ("steps", 1), ("batch_size", 1)):
+    for name, low in (("threads", 1), ("seeds", 1), ("points", 1), ("epochs", 1), ("first_seed", 0), ("workers", 1)):
         value = getattr(args, name, None)
-        if value is not None and value < low:
-            raise ConfigError(f"--{name.replace('_', '-')} must be ≥ {low}, got {value}")
-    if args.command == "deploy" and not args.time_limit > 0:
+        if value is not None and not low <= value <= 2 ** 31:
+            raise ConfigError(f"--{name.replace('_', '-')} must be ≥ {low}, got {value}" if value < low else
+                              f"--{name.replace('_', '-')} must be at most 2^31, got {value}")
+    if args.command == "deploy" and not 0 < args.time_limit < float("inf"):
         raise ConfigError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
-    if getattr(args, "minutes", None) is not None and not args.minutes > 0:
-        raise ConfigError(f"--minutes must be > 0, got {args.minutes}")
-    if args.command == "reluize" and not 0.0 <= args.repair < 1.0:
-        raise ConfigError(f"--repair is a fraction of the steps, in [0, 1); got {args.repair}")
-    if args.command == "reluize" and args.refit is not None and args.refit < 0:
-        raise ConfigError(f"--refit is a number of sentences ≥ 0, got {args.refit}")
-    if args.command == "reluize" and args.refit and args.schedule != "swap":
-        raise ConfigError(f"--refit is for --schedule swap (--schedule {args.schedule} has no ReLU to refit for "
-                          "before its first step); leave it out")
-    if args.command == "reluize" and args.repair and args.schedule != "blockwise":
-        raise ConfigError(f"--repair is for --schedule blockwise (--schedule {args.schedule} repairs after its "
-                          "swap or anneal anyway); leave it out")
 
 
 def _require_store(out: str) -> None:

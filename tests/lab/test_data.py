@@ -125,7 +125,7 @@ def test_real_fashion_mnist_is_installed():
 
 
 def test_stdlib_sentences_are_prose_and_held_out_by_file():
-    from lambda_gelu_lab.data import stdlib_sentences
+    from lambda_gelu.hf import stdlib_sentences
     train, held = stdlib_sentences()
     assert len(train) > 5000 and len(held) > 300
     assert not set(train) & set(held) and len(set(train)) == len(train)

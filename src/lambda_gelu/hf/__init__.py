@@ -1,0 +1,19 @@
+"""Hugging Face checkpoints → exact-ReLU checkpoints (the ``[hf]`` extra: transformers).
+
+    from lambda_gelu.hf import ConversionConfig, reluize_checkpoint
+    reluize_checkpoint("all-minilm-l6-v2", "minilm-relu", ConversionConfig(minutes=15))
+
+One module per part: ``load`` (a checkpoint loaded the way its own library does), ``save`` (the atomic write
+beside ``--out``), ``text`` (the offline training text and its batchings), ``evaluate`` (what the conversion
+kept, and its report), ``convert`` (:class:`ConversionConfig` and :func:`reluize_checkpoint`, which the
+``lambda-gelu reluize`` command calls). transformers is imported only when a checkpoint is loaded.
+"""
+from .convert import BATCHINGS, ConversionConfig, reluize_checkpoint
+from .errors import CheckpointError
+from .load import OFFLINE_MODELS, load, model_directory, sentence_transformers_files
+from .save import prepare_out, write_atomically
+from .text import in_order, length_grouped, read_texts, stdlib_sentences
+
+__all__ = ["ConversionConfig", "reluize_checkpoint", "CheckpointError", "BATCHINGS", "OFFLINE_MODELS", "load",
+           "model_directory", "sentence_transformers_files", "prepare_out", "write_atomically", "stdlib_sentences",
+           "read_texts", "length_grouped", "in_order"]

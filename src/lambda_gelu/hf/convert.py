@@ -1,0 +1,243 @@
+"""A pretrained Hugging Face GELU model → a standard checkpoint of its exact-ReLU version, with a report of
+what the conversion kept (``lambda-gelu reluize MODEL --out DIR`` calls :func:`reluize_checkpoint`).
+
+The training text is English every machine has (the sentences of the standard library's docstrings), plus the
+user's ``texts``; the report measures on held-out docstring sentences from files never used in training, for the
+direct GELU→ReLU swap too and along the conversion (the curve of metric vs minutes). The checkpoint loads with
+plain transformers (and sentence-transformers, for such a directory) as the ReLU network.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import json
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..reluize import ReluizeConfig, reluize
+from .errors import CheckpointError
+from .evaluate import evaluate, markdown, scores
+from .load import load, model_directory
+from .save import REPORT, files_in, prepare_out, write_atomically
+from .text import in_order, length_grouped, read_texts, stdlib_sentences
+
+__all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS"]
+
+BATCHINGS = ("length", "shuffled")
+HELD_OUT, CHECKPOINTS = 256, 8
+# the refit of a batch, in the steps --minutes counts (MiniLM): 1.85 s against 1.5 s on shuffled batches; on length
+# batches, shorter, the refit's fixed work weighs more: 0.68-0.80 s against 0.46 s
+REFIT_STEP_COST = {"length": 1.75, "shuffled": 1.2}
+BUDGET_SHARE = 0.97  # of --minutes, what the step count is planned for: a step's time varied by ±3% between runs
+BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
+
+
+def _help(text: str, **more) -> dict:
+    return {"help": text, **more}
+
+
+@dataclass(frozen=True)
+class ConversionConfig:
+    """A checkpoint conversion: its budget, its text and batches, and the :class:`ReluizeConfig` it runs with
+    (``reluize.refit`` is set from ``refit``, counted in sentences here). The ``lambda-gelu reluize`` options
+    are these fields and ReluizeConfig's, with their defaults and help."""
+    steps: int | None = field(default=None, metadata=_help("conversion steps (default: what fits --minutes)"))
+    minutes: float | None = field(default=None, metadata=_help(
+        "time budget in minutes (default 15 when --steps is not given): the steps are planned to fit it, and end "
+        "before they would overrun it"))
+    refit: int | None = field(default=None, metadata=_help(
+        "with the swap: training sentences over which the layer after each activation is solved by least squares "
+        "before the first step (default 1024 with the swap; 0: none)"))
+    batch_size: int = field(default=32, metadata=_help("sentences per step"))
+    batching: str = field(default="length", metadata=_help(
+        "length: random batches of sentences of nearly one length, so that little of each step is padding; "
+        "shuffled: consecutive sentences of the shuffled text", choices=BATCHINGS))
+    max_tokens: int = field(default=64, metadata=_help("tokens per sentence at most"))
+    seed: int = field(default=0, metadata=_help("the seed of the sentences' order and of the steps"))
+    texts: tuple[str, ...] = field(default=(), metadata=_help("your own training text files, one sentence a line"))
+    reluize: ReluizeConfig = field(default_factory=ReluizeConfig)
+
+    DEFAULT_MINUTES = 15.0
+    DEFAULT_REFIT = 1024  # sentences, with the swap (MiniLM: cosine 0.986 in 1 minute; docs/minilm_refit.md)
+
+    def __post_init__(self):
+        def need(ok: bool, message: str):
+            if not ok:
+                raise CheckpointError(message)
+
+        def whole(v, low):
+            return isinstance(v, int) and not isinstance(v, bool) and low <= v <= 2 ** 31
+
+        need(self.steps is None or self.minutes is None, "give --steps or --minutes, not both")
+        need(self.steps is None or whole(self.steps, -2 ** 31) and self.steps >= 1, f"--steps must be ≥ 1, got "
+             f"{self.steps!r}")
+        need(self.steps is None or whole(self.steps, 1), f"--steps must be at most 2^31, got {self.steps!r}")
+        need(self.minutes is None or isinstance(self.minutes, (int, float)) and 0 < self.minutes <= 60 * 24 * 365,
+             f"--minutes must be > 0 and at most a year, got {self.minutes!r}")
+        need(self.refit is None or whole(self.refit, 0), f"--refit is a number of sentences ≥ 0, got {self.refit!r}")
+        need(not self.refit or self.reluize.schedule == "swap", f"--refit is for --schedule swap (--schedule "
+             f"{self.reluize.schedule} has no ReLU to refit for before its first step); leave it out")
+        need(whole(self.batch_size, 1), f"--batch-size must be ≥ 1, got {self.batch_size!r}")
+        need(self.batching in BATCHINGS, f"--batching must be one of {', '.join(BATCHINGS)}, got {self.batching!r}")
+        need(whole(self.max_tokens, 2), f"--max-tokens must be ≥ 2, got {self.max_tokens!r}")
+        need(whole(self.seed, 0), f"--seed must be a whole number from 0 to 2^31, got {self.seed!r}")
+        need(self.reluize.refit == 0, "ConversionConfig counts the refit in sentences: set refit, not reluize.refit")
+
+    @property
+    def budget_minutes(self) -> float | None:
+        return self.DEFAULT_MINUTES if self.steps is None and self.minutes is None else self.minutes
+
+    @property
+    def refit_sentences(self) -> int:
+        return self.refit if self.refit is not None else self.DEFAULT_REFIT if self.reluize.schedule == "swap" else 0
+
+    def replace(self, **changes) -> "ConversionConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: ConversionConfig | None = None, *,
+                       overwrite: bool = False, progress: bool = False, log=print) -> Path:
+    """Convert the checkpoint ``model_name`` (a directory, or a name of :data:`OFFLINE_MODELS`) and write its
+    exact-ReLU version, with ``reluize_report.md``/``.json``, to ``out``. Every input is checked before the
+    conversion starts; a :class:`CheckpointError` says what was wrong in one line. Returns ``out``."""
+    config = config or ConversionConfig()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
+    try:
+        import transformers
+    except ImportError:
+        raise CheckpointError("reluize needs transformers: pip install 'lambda-gelu[hf]'") from None
+    transformers.logging.set_verbosity_error()  # its loading and saving chatter would bury our one-line errors
+    transformers.utils.logging.disable_progress_bar()
+    import lambda_gelu as lg
+
+    source = model_directory(model_name)
+    target = prepare_out(out, overwrite)
+    extra = read_texts(list(config.texts))
+    loaded = load(source, model_name)
+    if loaded.note:
+        log(f"note: {loaded.note}")
+    model, tokenizer, causal = loaded.model, loaded.tokenizer, loaded.causal
+    if not any(lg.is_gelu_like(m) for m in model.modules()):
+        raise CheckpointError(f"{model_name} has no GELU-like activation module to convert "
+                              f"(looked for: {', '.join(lg.GELU_LIKE)})")
+    unsaveable = lg.relu_config_problem(model)
+    if unsaveable:
+        raise CheckpointError(f"{model_name}: {unsaveable}, so its ReLU checkpoint would not load as the converted "
+                              "network")
+    schedule, seed, batch_size = config.reluize.schedule, config.seed, config.batch_size
+    minutes, refit = config.budget_minutes, config.refit_sentences
+
+    train, held = stdlib_sentences()
+    random.Random(seed).shuffle(train)
+    train, held = extra + train, held[:HELD_OUT]
+    pad = copy.copy(tokenizer)
+    if pad.pad_token is None:  # GPT-2 and others have none; batching needs one (the saved tokenizer keeps its own)
+        pad.pad_token = pad.eos_token
+
+    def encode(sentences):
+        return dict(pad(sentences, padding=True, truncation=True, max_length=config.max_tokens, return_tensors="pt"))
+
+    lengths = [len(ids) for ids in pad(train, truncation=True, max_length=config.max_tokens)["input_ids"]]
+
+    def stream():  # a fresh copy of the batches' order: the same for timing and for the steps
+        if config.batching == "length":
+            return length_grouped(lengths, batch_size, seed)
+        return in_order(len(train), batch_size)
+
+    held_batches = [encode(held[i:i + 64]) for i in range(0, len(held), 64)]
+    original = copy.deepcopy(model)
+    reference = evaluate(original, held_batches, causal)
+    direct = copy.deepcopy(model)
+    lg.to_relu_(direct, include_gelu=True)
+    swap_scores = scores(evaluate(direct, held_batches, causal), reference)
+    del direct
+
+    torch.manual_seed(seed)
+    steps = config.steps
+    if steps is None:  # timed on a batch of the mean padded length of a pass: time varies with it, by batch
+        epoch = list(itertools.islice(stream(), -(-len(train) // batch_size)))
+        padded = [max(lengths[j] for j in b) for b in epoch]
+        mean = sum(padded) / len(padded)
+        typical = encode([train[j] for j in epoch[min(range(len(epoch)), key=lambda i: abs(padded[i] - mean))]])
+        repair = config.reluize.repair
+        step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
+        steps = (_steps_for(model, typical, BUDGET_SHARE * minutes * 60 / step_cost)
+                 - round(refit / batch_size * REFIT_STEP_COST[config.batching]))
+        if steps < 1:
+            raise CheckpointError(f"--minutes {minutes:g} leaves no time for a step after the refit of {refit} "
+                                  "sentences: give more minutes or a smaller --refit")
+    batches = (encode([train[j] for j in b]) for b in itertools.islice(stream(), steps))
+    curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
+    marks = {max(1, round(steps * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS + 1)} | ({0} if refit else set())
+    clock = {"last": 0.0, "longest": 0.0}  # conversion seconds at the last step, and the longest step so far
+
+    def measure(entry):  # True ends the conversion: when the plan ran long, before a step would overrun --minutes
+        spent = entry["seconds"] - measuring[0]
+        clock["longest"] = max(clock["longest"], spent - clock["last"]) if entry["step"] else 0.0
+        clock["last"] = spent
+        if minutes is not None and spent + clock["longest"] > minutes * 60:
+            return True
+        if entry["step"] in marks and entry["step"] < steps:  # the final point is measured on the ReLU model
+            t = time.perf_counter()
+            lam = entry["lam"] if entry["lam"] != float("inf") else None  # None: exact ReLU already
+            curve.append({"step": entry["step"], "minutes": (entry["seconds"] - measuring[0]) / 60, "lam": lam,
+                          **scores(evaluate(model, held_batches, causal), reference)})
+            measuring[0] += time.perf_counter() - t
+        return False
+
+    settings = config.reluize.replace(refit=-(-refit // batch_size))
+    result = reluize(model, batches, steps, settings, teacher=original, progress=progress, callback=measure)
+    seconds = result.seconds - measuring[0]
+    model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was
+    taken = result.log[-1]["step"] if result.stopped else steps
+    final = scores(evaluate(model, held_batches, causal), reference)
+    curve.append({"step": taken, "minutes": seconds / 60, "lam": None, **final})
+
+    report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": config.reluize.repair,
+              "seed": seed, "dtype": str(loaded.dtype).removeprefix("torch."), "steps": taken, "planned_steps": steps,
+              "budget_minutes": minutes, "refit_sentences": refit, "refit": result.refit, "batch_size": batch_size,
+              "batching": config.batching, "lr_schedule": config.reluize.lr_schedule, "loss": result.loss,
+              "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
+              "held_out_sentences": len(held), "seconds": seconds, "replaced": result.replaced,
+              "direct_swap": swap_scores, "reluized": final, "curve": curve,
+              "settings": dataclasses.asdict(settings)}
+    model.to(loaded.dtype)
+
+    def fill(tmp: Path):
+        model.save_pretrained(tmp / loaded.subfolder)  # safetensors, config naming ReLU
+        tokenizer.save_pretrained(tmp / loaded.subfolder)
+        for path in loaded.pipeline:  # sentence-transformers' files, as the original has them
+            _copy(source / path, tmp / path)
+        report["files"] = sorted(files_in(tmp) + [REPORT, "reluize_report.md"])
+        (tmp / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+        (tmp / "reluize_report.md").write_text(markdown(report))
+
+    write_atomically(target, fill)
+    return target
+
+
+def _copy(src: Path, dst: Path) -> None:
+    import shutil
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+
+
+def _steps_for(model, batch, seconds: float) -> int:
+    """How many conversion steps fit in ``seconds``: one step (student forward and backward, teacher
+    forward, optimizer) is timed as ~1.5× a forward and backward of the model, measured twice; the
+    gradients are dropped again, the weights are not touched."""
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        out = model(**batch)
+        h = getattr(out, "logits", None)
+        (h if h is not None else out.last_hidden_state).float().mean().backward()
+        times.append(time.perf_counter() - t)
+    model.zero_grad(set_to_none=True)
+    return max(1, int(seconds / (1.5 * min(times))))

@@ -1,0 +1,94 @@
+"""What a conversion kept, measured on held-out text against the original: the mean cosine of the mean-pooled
+sentence embeddings, the overlap of each sentence's 10 nearest neighbours, for causal language models the
+perplexity ratio, and for a model with a head the share of the original's predictions it keeps; and the report
+(Markdown) written beside the checkpoint."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..reluize.losses import mean_pool
+
+__all__ = ["METRICS", "AGREEMENT", "evaluate", "scores", "markdown"]
+
+# what a report measures of a conversion: key, column, format; the last two only where the model has them
+METRICS = (("cosine", "cosine", "{:.4f}"), ("top10_overlap", "top-10 overlap", "{:.3f}"),
+           ("perplexity_ratio", "perplexity ÷ original", "{:.3f}"), ("agreement", "predictions kept", "{:.3f}"))
+AGREEMENT = ("*predictions kept*: the share of the original's predictions (the argmax of its logits) the model makes "
+             "too, per sentence for a sequence classifier, per real token otherwise")
+
+
+@torch.no_grad()
+def evaluate(model, batches, causal: bool) -> dict:
+    """Mean-pooled, normalised last hidden states; where there are logits, the prediction at each sentence (a
+    classifier's) or real token (any other head), and for a causal language model the next-token loss."""
+    model.eval()
+    embeddings, predictions, nll, tokens = [], [], 0.0, 0
+    for b in batches:
+        out = model(**b, output_hidden_states=True)
+        embeddings.append(F.normalize(mean_pool(out.hidden_states[-1], b["attention_mask"]), dim=-1))
+        logits = getattr(out, "logits", None)
+        if logits is None:
+            continue
+        mask = b["attention_mask"].bool()
+        chosen = logits.argmax(-1)
+        predictions.append(chosen[mask] if chosen.shape == mask.shape else chosen.flatten())
+        if causal:
+            labels = b["input_ids"][:, 1:].masked_fill(~mask[:, 1:], -100)
+            nll += F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                                   reduction="sum").item()
+            tokens += int((labels != -100).sum())
+    return {"embeddings": torch.cat(embeddings), "predictions": torch.cat(predictions) if predictions else None,
+            "perplexity": float(torch.tensor(nll / tokens).exp()) if tokens else None}
+
+
+def scores(ev: dict, ref: dict) -> dict:
+    e, r = ev["embeddings"], ref["embeddings"]
+
+    def neighbours(v):
+        return (v @ v.T).fill_diagonal_(-2.0).topk(10, dim=-1).indices
+
+    a, b = neighbours(e), neighbours(r)
+    overlap = sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b)) / (10 * len(e))
+    scores = {"cosine": (e * r).sum(-1).mean().item(), "top10_overlap": overlap}
+    if ev["perplexity"] is not None:
+        scores["perplexity_ratio"] = ev["perplexity"] / ref["perplexity"]
+    if ev["predictions"] is not None:
+        scores["agreement"] = (ev["predictions"] == ref["predictions"]).float().mean().item()
+    return scores
+
+
+def markdown(r: dict) -> str:
+    metrics = [m for m in METRICS if m[0] in r["reluized"]]
+
+    def cells(s: dict) -> str:
+        return " | ".join(fmt.format(s[key]) for key, _, fmt in metrics)
+
+    head, rule = " | ".join(label for _, label, _ in metrics), "|".join("---" for _ in metrics)
+    lines = [f"# {r['model']} → exact ReLU", "",
+             f"`reluize` with schedule `{r['schedule']}`"
+             + (f" (the last {r['repair']:.0%} of the steps end to end)" if r.get("repair") else "")
+             + (f", after a least-squares refit of {len(r['refit'])} layers over {r['refit_sentences']} sentences "
+                "(step 0)" if r.get("refit") else "")
+             + f": {r['steps']} steps of {r['batch_size']} sentences "
+             f"(≤ {r['max_tokens']} tokens{', grouped by length' if r.get('batching') == 'length' else ''})"
+             + (", the learning rate falling linearly to 0" if r.get("lr_schedule") == "linear" else "")
+             + f" in {r['seconds'] / 60:.1f} min"
+             + (f" (the --minutes budget ended it; {r['planned_steps']} steps were planned)"
+                if r["steps"] < r.get("planned_steps", r["steps"]) else "")
+             + f"; {len(r['replaced'])} activations replaced by `nn.ReLU`"
+             + (f"; trained in float32, written in {r['dtype']} as the original was" if r.get("dtype", "float32")
+                != "float32" else "") + ". "
+             f"Measured on {r['held_out_sentences']} held-out standard-library docstring "
+             "sentences (from files never used in training) against the original GELU model: mean cosine of the "
+             "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept"
+             + ("; the perplexity ratio" if "perplexity_ratio" in r["reluized"] else "")
+             + (f"; {AGREEMENT}" if "agreement" in r["reluized"] else "") + ".", "",
+             f"| model | {head} |", f"|---|{rule}|",
+             f"| direct GELU→ReLU swap, no training | {cells(r['direct_swap'])} |",
+             f"| this checkpoint | {cells(r['reluized'])} |", "",
+             "## Along the conversion", "", f"| step | minutes | λ | {head} |", f"|---|---|---|{rule}|"]
+    for c in r["curve"]:
+        lam = "ReLU" if c["lam"] is None else f"{c['lam']:.3g}"
+        lines.append(f"| {c['step']} | {c['minutes']:.2f} | {lam} | {cells(c)} |")
+    return "\n".join(lines) + "\n"

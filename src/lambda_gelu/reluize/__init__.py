@@ -1,0 +1,28 @@
+"""ReLU-ize a pretrained GELU network while it distils from its original:
+
+    result = lambda_gelu.reluize(model, batches, steps=300)   # model is now an exact-ReLU network
+    result = lambda_gelu.reluize(model, batches, 300, ReluizeConfig(schedule="anneal", lr=1e-4))
+
+One module per part: ``config`` (:class:`ReluizeConfig`, every setting and rule), ``api`` (:func:`reluize`),
+``distill`` (the swap and the anneal: the whole network trained end to end), ``blockwise`` (block by block
+reconstruction), ``refit`` (the least-squares refit after the swap), ``batchnorm`` (BatchNorm re-estimation),
+``losses`` (the named distillation losses), ``stream`` (the batches), ``probes`` (GELU applied as a function).
+
+Which recipe when, with the measurements behind each default: docs/findings.md.
+
+The model is converted in place; the config of every Hugging Face model in it names ReLU (see
+:mod:`lambda_gelu.convert`), so that ``save_pretrained`` writes a checkpoint that plain ``transformers`` loads as
+the ReLU network — and where a config cannot say so, ``reluize`` warns before its first step.
+"""
+from .api import reluize
+from .batchnorm import recalibrate_batchnorm_
+from .blockwise import ReconstructionBlock, reconstruction_blocks
+from .config import LR_SCHEDULES, RECALIBRATE, RIDGE, SCHEDULES, ReluizeConfig
+from .distill import AnnealedGELU
+from .losses import LOSSES, AutoLoss, distillation_loss, mean_pool
+from .refit import refit_after_swap_, refit_consumers
+from .result import ReluizeResult
+
+__all__ = ["reluize", "ReluizeConfig", "ReluizeResult", "SCHEDULES", "LR_SCHEDULES", "RIDGE", "RECALIBRATE",
+           "LOSSES", "AutoLoss", "distillation_loss", "mean_pool", "reconstruction_blocks", "ReconstructionBlock",
+           "AnnealedGELU", "refit_after_swap_", "refit_consumers", "recalibrate_batchnorm_"]

@@ -1,0 +1,119 @@
+"""``ReluizeConfig``: every setting of a conversion and its rules, in one place, checked when it is built.
+
+The library's :func:`~lambda_gelu.reluize.reluize`, the ``lambda-gelu reluize`` command (which builds its
+options, defaults and choices from these fields), the lab's post-hoc arms and the experiment scripts all take
+one. Which recipe when, and the measurements behind each default: docs/findings.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass, field
+
+from ..config import DEFAULTS
+from ..functional import lambda_target
+from .losses import LOSSES
+
+__all__ = ["ReluizeConfig", "SCHEDULES", "LR_SCHEDULES", "RIDGE", "RECALIBRATE"]
+
+SCHEDULES = ("anneal", "swap", "blockwise")
+LR_SCHEDULES = ("constant", "linear")
+LOSS_NAMES = ("auto", *LOSSES)
+RIDGE = 1e-3       # the refit's ridge factor, relative to the mean diagonal of its Gram matrix
+RECALIBRATE = 50   # batches re-estimating BatchNorm when the model has it and ``recalibrate`` is left at None
+
+
+def _help(text: str, **more) -> dict:
+    return {"help": text, **more}
+
+
+@dataclass(frozen=True)
+class ReluizeConfig:
+    """How :func:`~lambda_gelu.reluize.reluize` turns a GELU network into an exact-ReLU one.
+
+    Every field's ``metadata["help"]`` says what it does (the CLI shows it); the rules between fields
+    (``refit`` needs the swap, ``repair`` the blockwise schedule, ...) are checked here, once.
+    """
+    schedule: str = field(default="swap", metadata=_help(
+        "swap: exact ReLU at once, then distil; anneal: the gates harden to ReLU while distilling; "
+        "blockwise: block by block, each reconstructs its teacher block's output", choices=SCHEDULES))
+    anneal: float = field(default=0.5, metadata=_help(
+        "with the anneal: the fraction of the steps over which 1/λ falls linearly from 1 to 1/λ_target"))
+    repair: float = field(default=0.0, metadata=_help(
+        "with blockwise: the fraction of the steps that then train the whole network end to end"))
+    epsilon: float = field(default=DEFAULTS.epsilon, metadata=_help(
+        "the gate's L1 distance to the step at which an annealed GELU becomes ReLU (λ_target = 2/(ε√(2π)))"))
+    loss: str = field(default="auto", metadata=_help(
+        "what the network is trained to keep: auto picks by the output's type (logits: KL; sentence embeddings, "
+        "pooled hidden states: cosine; a tensor: relative error) and the result says which", choices=LOSS_NAMES))
+    lr: float = field(default=5e-5, metadata=_help("AdamW's learning rate (the default optimizer's)"))
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW's weight decay"))
+    lr_schedule: str = field(default="linear", metadata=_help(
+        "linear: the learning rate falls linearly to 0 over the steps; constant: it stays at lr",
+        choices=LR_SCHEDULES))
+    sparsity: float = field(default=0.0, metadata=_help(
+        "the final factor of an L1 penalty on the converted activations' outputs, rising over the anneal "
+        "fraction of the steps (0: none)"))
+    refit: int = field(default=0, metadata=_help(
+        "with the swap: batches over which the layers reading each activation are solved by least squares "
+        "before the first step (0: none)"))
+    ridge: float = field(default=RIDGE, metadata=_help("the refit's ridge factor, relative to its Gram diagonal"))
+    recalibrate: int | None = field(default=None, metadata=_help(
+        "with the swap or the anneal: batches over which BatchNorm's running statistics are re-estimated once the "
+        f"network is ReLU (None: {RECALIBRATE} where the model has BatchNorm; 0: none)"))
+
+    def __post_init__(self):
+        def need(ok: bool, message: str):
+            if not ok:
+                raise ValueError(message)
+
+        def number(name, low=0.0, high=math.inf, *, low_open=False, high_open=True):
+            v = getattr(self, name)
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+            return ok and (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+
+        def count(name):
+            v = getattr(self, name)
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+        schedule = self.schedule
+        need(schedule in SCHEDULES, f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        need(self.lr_schedule in LR_SCHEDULES,
+             f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
+        need(self.loss in LOSS_NAMES, f"loss must be one of {', '.join(LOSS_NAMES)}, got {self.loss!r}")
+        need(number("anneal", 0.0, 1.0, low_open=True, high_open=False),
+             f"anneal is the fraction of steps spent annealing, in (0, 1]; got {self.anneal!r}")
+        need(number("repair", 0.0, 1.0),
+             f"repair is the fraction of steps spent end to end after the blocks, in [0, 1); got {self.repair!r}")
+        lambda_target(self.epsilon)  # "epsilon must be in (0, 0.7979) ..."
+        need(number("lr"), f"lr is a finite number ≥ 0, got {self.lr!r}")
+        need(number("weight_decay"), f"weight_decay is a finite number ≥ 0, got {self.weight_decay!r}")
+        need(number("sparsity"),
+             f"sparsity is the activation penalty's final factor, a finite number ≥ 0; got {self.sparsity!r}")
+        need(count("refit"), f"refit is a number of batches ≥ 0, got {self.refit!r}")
+        need(number("ridge"), f"ridge is a finite factor ≥ 0, got {self.ridge!r}")
+        need(self.recalibrate is None or count("recalibrate"),
+             f"recalibrate is a number of batches ≥ 0 (or None: the default), got {self.recalibrate!r}")
+        need(not self.refit or schedule == "swap", "refit: used by schedule='swap' only (it refits the layers after "
+             f"an exact ReLU before the first step; schedule={schedule!r} has none yet); leave it out")
+        need(not self.repair or schedule == "blockwise", f"repair: used by schedule='blockwise' only "
+             f"(schedule={schedule!r} repairs after its swap or anneal anyway); leave it out")
+        need(not self.recalibrate or schedule != "blockwise", "recalibrate: used by schedule='swap' or 'anneal' only "
+             "(blockwise trains each block, BatchNorm's affine parameters included, against its teacher block); "
+             "leave it out")
+        given = [name for name in ("loss", "sparsity") if getattr(self, name) not in ("auto", 0, 0.0)
+                 and (name == "sparsity" or not self.repair)]
+        need(schedule != "blockwise" or not given, f"{', '.join(given)}: not used by schedule='blockwise', which "
+             "reconstructs each block's output (relative squared error) with an AdamW of its own per block"
+             f"{'' if 'sparsity' in given else ' (give repair > 0 for end-to-end steps that use it)'}; leave them out")
+
+    @property
+    def lambda_target(self) -> float:
+        """The λ at which an annealed gate is within ``epsilon`` of the step."""
+        return lambda_target(self.epsilon)
+
+    def replace(self, **changes) -> "ReluizeConfig":
+        """A copy with ``changes``, checked again; an unknown name is a TypeError naming it."""
+        return dataclasses.replace(self, **changes)
+

@@ -1,0 +1,151 @@
+"""What the converted network is trained to keep: named distillation losses, each
+``loss(student_output, teacher_output, batch) -> scalar``, and ``"auto"``, which picks one by the output's
+type and says which (:attr:`AutoLoss.picked`, and ``ReluizeResult.loss``).
+
+=====================  ==========================================================================================
+name                   for outputs with ... (what it measures)
+=====================  ==========================================================================================
+``logits-kl``          ``logits`` (language models, classifiers): KL(teacher ‖ student) of the softmax over the
+                       last dimension, averaged over positions (the attention mask's, if the batch has one)
+``sentence-cosine``    ``sentence_embedding`` (sentence-transformers): 1 − cosine of those, plus the relative
+                       squared error of the ``token_embeddings`` under their ``attention_mask``
+``pooled-cosine``      ``last_hidden_state`` (encoders): 1 − cosine of the mean-pooled embeddings
+``relative-error``     a plain tensor: ‖s − t‖² / ‖t‖²
+=====================  ==========================================================================================
+
+The first three add the mean over layers of each hidden state's relative squared error when the outputs carry
+``hidden_states`` (``reluize`` asks a Hugging Face model for them).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..batches import attention_mask
+
+__all__ = ["LOSSES", "AutoLoss", "LogitsKL", "SentenceCosine", "PooledCosine", "RelativeError", "distillation_loss",
+           "get_loss", "mean_pool", "relative_error"]
+
+
+class LogitsKL:
+    name = "logits-kl"
+
+    def __call__(self, student, teacher, batch=None) -> torch.Tensor:
+        mask = attention_mask(batch)
+        log_p_s = F.log_softmax(_field(student, "logits").float(), -1)
+        log_p_t = F.log_softmax(_field(teacher, "logits").float(), -1)
+        kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)
+        return _plus_hidden_states(_masked_mean(kl, mask), student, teacher, mask)
+
+
+class SentenceCosine:
+    name = "sentence-cosine"
+
+    def __call__(self, student, teacher, batch=None) -> torch.Tensor:
+        mask = attention_mask(batch)
+        value = 1.0 - F.cosine_similarity(_field(student, "sentence_embedding"), _field(teacher, "sentence_embedding"),
+                                          dim=-1).mean()
+        tokens = _field(student, "token_embeddings")
+        if tokens is not None:
+            value = value + relative_error(tokens, _field(teacher, "token_embeddings"),
+                                           _field(student, "attention_mask") if mask is None else mask)
+        return _plus_hidden_states(value, student, teacher, mask)
+
+
+class PooledCosine:
+    name = "pooled-cosine"
+
+    def __call__(self, student, teacher, batch=None) -> torch.Tensor:
+        mask = attention_mask(batch)
+        h_s, h_t = _field(student, "last_hidden_state"), _field(teacher, "last_hidden_state")
+        value = 1.0 - F.cosine_similarity(mean_pool(h_s, mask), mean_pool(h_t, mask), dim=-1).mean()
+        return _plus_hidden_states(value, student, teacher, mask)
+
+
+class RelativeError:
+    name = "relative-error"
+
+    def __call__(self, student, teacher, batch=None) -> torch.Tensor:
+        return relative_error(student, teacher, None)
+
+
+LOSSES = {cls.name: cls for cls in (LogitsKL, SentenceCosine, PooledCosine, RelativeError)}
+
+
+def _pick(output):
+    """The loss for an output of this type (the order of the module's table), or a TypeError."""
+    if isinstance(output, torch.Tensor):
+        return RelativeError()
+    for name, cls in (("logits", LogitsKL), ("sentence_embedding", SentenceCosine),
+                      ("last_hidden_state", PooledCosine)):
+        if _field(output, name) is not None:
+            return cls()
+    raise TypeError(f"no distillation loss knows outputs of type {type(output).__name__} (looked for a tensor, "
+                    "logits, sentence_embedding or last_hidden_state): give reluize a "
+                    "loss=(student_output, teacher_output, batch) callable")
+
+
+class AutoLoss:
+    """Picks the loss at its first call from the output's type (the module's table); :attr:`picked` says which."""
+    name = "auto"
+
+    def __init__(self):
+        self.picked = None
+
+    def __call__(self, student, teacher, batch=None) -> torch.Tensor:
+        if self.picked is None:
+            self.picked = _pick(student)
+        return self.picked(student, teacher, batch)
+
+
+def get_loss(loss):
+    """A loss by name (``"auto"`` or one of :data:`LOSSES`), or a callable as it is."""
+    if callable(loss):
+        return loss
+    if loss == "auto":
+        return AutoLoss()
+    if loss in LOSSES:
+        return LOSSES[loss]()
+    raise ValueError(f"loss must be 'auto', one of {', '.join(LOSSES)}, or a callable; got {loss!r}")
+
+
+def distillation_loss(student, teacher, batch=None) -> torch.Tensor:
+    """The loss the output's type calls for (see the module's table), chosen at every call."""
+    return _pick(student)(student, teacher, batch)
+
+
+def _plus_hidden_states(value, student, teacher, mask):
+    hidden_s, hidden_t = _field(student, "hidden_states"), _field(teacher, "hidden_states")
+    if hidden_s:
+        value = value + sum(relative_error(s, t, mask) for s, t in zip(hidden_s, hidden_t)) / len(hidden_s)
+    return value
+
+
+def _field(output, name: str):
+    if isinstance(output, dict):
+        return output.get(name)
+    return getattr(output, name, None)
+
+
+def _masked_mean(v: torch.Tensor, mask) -> torch.Tensor:
+    if mask is None or mask.shape != v.shape:
+        return v.mean()
+    mask = mask.to(v.dtype)
+    return (v * mask).sum() / mask.sum().clamp(min=1)
+
+
+def mean_pool(h: torch.Tensor, mask) -> torch.Tensor:
+    """Mean over positions (the sentence-transformers pooling), padding left out."""
+    if mask is None or mask.shape != h.shape[:-1]:
+        return h.float().mean(-2)
+    m = mask.unsqueeze(-1).to(torch.float32)
+    return (h.float() * m).sum(-2) / m.sum(-2).clamp(min=1)
+
+
+def relative_error(s: torch.Tensor, t: torch.Tensor, mask) -> torch.Tensor:
+    """‖s − t‖² / ‖t‖² over the positions ``mask`` keeps (all, if it does not fit ``s``)."""
+    se, norm = (s.float() - t.float()).pow(2), t.float().pow(2)
+    if mask is not None and mask.shape == s.shape[:-1]:
+        m = mask.unsqueeze(-1).to(torch.float32)
+        se, norm = se * m, norm * m
+    return se.sum() / norm.sum().clamp(min=torch.finfo(torch.float32).tiny)

@@ -1,0 +1,24 @@
+"""What :func:`~lambda_gelu.reluize.reluize` did, returned to the caller."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ReluizeResult"]
+
+
+@dataclass
+class ReluizeResult:
+    """What :func:`reluize` did: the modules it replaced, the layers it refit, the BatchNorms it
+    re-estimated, one log entry per step (with ``refit`` or ``recalibrate`` on the swap, a first one for
+    step 0: that work, no loss), the time it took, and whether the callback ended it before its steps."""
+    replaced: list[str]
+    log: list[dict] = field(default_factory=list)  # {"step", "lam", "loss", "seconds"[, "penalty"]}
+    seconds: float = 0.0
+    refit: list[str] = field(default_factory=list)
+    recalibrated: list[str] = field(default_factory=list)
+    stopped: bool = False
+    loss: str = ""  # the loss's name; with "auto", the one it picked
+
+    @property
+    def final_loss(self) -> float:
+        return self.log[-1]["loss"] if self.log else float("nan")
