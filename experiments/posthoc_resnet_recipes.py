@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 import lambda_gelu as lg
+from lambda_gelu import ReluizeConfig
 from lambda_gelu.reluize import recalibrate_batchnorm_, refit_consumers
 from lambda_gelu_lab.config import RunConfig
 from lambda_gelu_lab.report.sections import _ci
@@ -56,39 +57,46 @@ def kl_at(temperature: float):
     return loss
 
 
+# the reference recipe: the swap, BatchNorm re-estimated over 50 batches, lr 3e-4 held constant
+BASE = ReluizeConfig(lr=3e-4, recalibrate=50, lr_schedule="constant")
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    lr: float = 3e-4
-    recalibrate: int = 50   # batches, after the swap
+    config: ReluizeConfig = BASE  # reluize's settings (refit in batches, recalibrate in batches after the swap)
     again: int = 0          # batches, re-estimated once more after the last step
-    refit: int = 0          # batches for the least-squares refit after the swap
-    decay: bool = False     # the learning rate falls linearly to 0 over the steps
     loss: object = logit_kl
     distill: bool = True    # False: the swap and the re-estimation, no step
     labels: float = 0.0     # weight of the cross-entropy with the training labels, added to the loss
-    schedule: str = "swap"  # reluize's: "anneal" re-estimates when its GELUs become ReLU, halfway through
+
+
+def recipe(name: str, *, again: int = 0, loss=logit_kl, distill: bool = True, labels: float = 0.0,
+           **settings) -> Recipe:
+    """A recipe whose reluize settings are BASE's with ``settings`` changed."""
+    return Recipe(name, BASE.replace(**settings), again, loss, distill, labels)
 
 
 REFERENCE = "re-estimate 50, lr 3e-4"
 BEST = "re-estimate 100, lr 1e-4"
 LONGER = (0.2, 0.5)  # the budgets, in training steps, of the second table's rows: REFERENCE and BEST at each
 RECIPES = [
-    Recipe("the lab's defaults: swap, lr 1e-3", lr=1e-3, recalibrate=0),
-    Recipe("re-estimate 50, no distillation", distill=False),
-    Recipe(REFERENCE),
-    Recipe("re-estimate 50, lr 1e-4", lr=1e-4),
-    Recipe("re-estimate 50, lr 3e-5", lr=3e-5),
-    Recipe("re-estimate 50, lr 1e-3", lr=1e-3),
-    Recipe("re-estimate 50, lr 3e-4 falling linearly to 0", decay=True),
-    Recipe("re-estimate 10, lr 3e-4", recalibrate=10),
-    Recipe(BEST, lr=1e-4, recalibrate=100),
-    Recipe("re-estimate 25, and 25 again at the end", recalibrate=25, again=25),
-    Recipe("refit 4 batches, no re-estimation", recalibrate=0, refit=4),
-    Recipe("refit 4 batches, re-estimate 50", refit=4),
-    Recipe("re-estimate 50, KL at temperature 4", loss=kl_at(4.0)),
-    Recipe("re-estimate 50, mean squared error of the logits", loss=logit_mse),
-    Recipe("re-estimate 100, lr 1e-4, + 0.3 × cross-entropy with the labels", lr=1e-4, recalibrate=100, labels=0.3),
+    recipe("the lab's defaults: swap, lr 1e-3", lr=1e-3, recalibrate=0),
+    recipe("re-estimate 50, no distillation", distill=False),
+    recipe(REFERENCE),
+    recipe("re-estimate 50, lr 1e-4", lr=1e-4),
+    recipe("re-estimate 50, lr 3e-5", lr=3e-5),
+    recipe("re-estimate 50, lr 1e-3", lr=1e-3),
+    recipe("re-estimate 50, lr 3e-4 falling linearly to 0", lr_schedule="linear"),
+    recipe("re-estimate 10, lr 3e-4", recalibrate=10),
+    recipe(BEST, lr=1e-4, recalibrate=100),
+    recipe("re-estimate 25, and 25 again at the end", recalibrate=25, again=25),
+    recipe("refit 4 batches, no re-estimation", recalibrate=0, refit=4),
+    recipe("refit 4 batches, re-estimate 50", refit=4),
+    recipe("re-estimate 50, KL at temperature 4", loss=kl_at(4.0)),
+    recipe("re-estimate 50, mean squared error of the logits", loss=logit_mse),
+    recipe("re-estimate 100, lr 1e-4, + 0.3 × cross-entropy with the labels", lr=1e-4, recalibrate=100,
+           labels=0.3),
 ]
 
 
@@ -123,24 +131,19 @@ def convert(gelu: torch.nn.Module, recipe: Recipe, x: torch.Tensor, y: torch.Ten
             budget: float = BUDGET):
     """A copy of ``gelu`` converted to exact ReLU by ``recipe`` within ``budget`` of ``total`` steps; and the
     optimizer steps it took."""
-    model, stream, loss = copy.deepcopy(gelu), batches(x, cfg.batch_size, cfg.seed), recipe.loss
+    model, stream, loss, config = copy.deepcopy(gelu), batches(x, cfg.batch_size, cfg.seed), recipe.loss, recipe.config
     if not recipe.distill:
         relu_ize_(model)
-        recalibrate_batchnorm_(model, [next(stream) for _ in range(recipe.recalibrate)])
+        recalibrate_batchnorm_(model, [next(stream) for _ in range(config.recalibrate)])
         return model, 0
-    activations = len(refit_consumers(model, x[:cfg.batch_size])) if recipe.refit else 0
-    forwards = recipe.recalibrate + recipe.again + recipe.refit * activations
+    activations = len(refit_consumers(model, x[:cfg.batch_size])) if config.refit else 0
+    forwards = config.recalibrate + recipe.again + config.refit * activations
     steps = steps_within(budget, total, forwards)
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)  # reluize's own default
-    callback = None
-    if recipe.decay:
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: max(0.0, 1 - k / steps))
-        callback = lambda entry: sched.step() if entry["step"] else None  # noqa: E731 (step 0: the swap)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)  # reluize's own default
     if recipe.labels:  # the same batches as every other recipe, each with its labels
         model, stream = TakesLabels(model), batches(x, cfg.batch_size, cfg.seed, y)
         loss = lambda s, t, batch: recipe.loss(s, t) + recipe.labels * F.cross_entropy(s, batch[1])  # noqa: E731
-    lg.reluize(model, stream, steps, schedule=recipe.schedule, loss=loss, optimizer=opt, lr_schedule="constant",
-               callback=callback, recalibrate=recipe.recalibrate, refit=recipe.refit)
+    lg.reluize(model, stream, steps, config, loss=loss, optimizer=opt)
     if recipe.again:
         recalibrate_batchnorm_(model, [next(stream) for _ in range(recipe.again)])
     return (model.net if recipe.labels else model), steps

@@ -270,7 +270,7 @@ def _require_store(out: str) -> None:
 
 def _sweep(task_names, seeds, first_seed, epochs_for, arms, overrides, out, data_dir, keep_weights, quiet, command,
            execution=None):
-    from .config import DEFAULT_ARMS
+    from .arms import DEFAULT_ARMS
     from .runner import plan, run_sweep
     from .store import Store
     from .tasks import resolve_tasks

@@ -9,34 +9,8 @@ from dataclasses import dataclass, fields
 
 from lambda_gelu import DEFAULTS
 
-# Which λ/hardening settings matter to which arm. Fields not listed for an arm do not enter its hash,
-# so e.g. the GELU baseline is computed once and shared by every switch-point ablation.
-LAMBDA_FIELDS = ("init_lambda", "temperature", "multiplier")
-HARDEN_FIELDS = LAMBDA_FIELDS + ("switch_at", "epsilon")
-SPARSE_FIELDS = HARDEN_FIELDS + ("sparsity",)
-POSTHOC_FIELDS = ("epsilon", "posthoc_budget", "posthoc_lr", "posthoc_recalibrate")
-ARM_FIELDS = SPARSE_FIELDS + POSTHOC_FIELDS[1:]  # every field some arm owns; the others are shared by all arms
-ARMS: dict[str, tuple[str, ...]] = {
-    "gelu": (),            # nn.GELU; then the direct swap to ReLU
-    "lambda": LAMBDA_FIELDS,   # learned λ, no hardening
-    "lambda-harden": HARDEN_FIELDS,  # learned λ, frozen at switch_at, annealed to λ_target(ε), → ReLU
-    # lambda-harden plus an L1 penalty on the activations rising from switch_at (SparsityRegularizer)
-    "lambda-harden-sparse": SPARSE_FIELDS,
-    # the freeze ablation: λ keeps learning during the anneal, (1 − a)·λ(s) + a·λ_target (freeze=False)
-    "lambda-harden-learn": HARDEN_FIELDS,
-    # post-hoc conversion of the trained GELU network (the gelu arm's, same seed) with lambda_gelu.reluize,
-    # distilling from it for posthoc_budget × its training steps: annealed, swapped at once, or block by block
-    "reluize-anneal": POSTHOC_FIELDS,
-    "reluize-swap": POSTHOC_FIELDS,
-    "reluize-blockwise": POSTHOC_FIELDS,
-    "relu": (),            # ReLU from scratch
-    # baselines the paper did not run, all ending as exact-ReLU networks
-    "prelu": (),           # PReLU; then its slopes set to 0, i.e. ReLU
-    "swish-harden": HARDEN_FIELDS,   # learnable-β Swish hardened like λ-GELU (same ε), → ReLU
-    "gelu-finetune": ("switch_at",),  # GELU until switch_at, direct swap, ReLU fine-tuning to the end
-}
-DEFAULT_ARMS = ("gelu", "lambda", "lambda-harden", "relu")
-LAMBDA_ARMS = ("lambda", "lambda-harden", "lambda-harden-sparse", "lambda-harden-learn")  # λ-GELU networks
+from .arms import ARM_FIELDS, ARMS, LAB_POSTHOC
+
 LATER_FIELDS = ("train_limit", "posthoc_recalibrate")
 
 
@@ -64,10 +38,10 @@ class RunConfig:
     epsilon: float = DEFAULTS.epsilon           # target L1 gap between gate and step → λ_target ≈ 159.6
     sparsity: float = 1.0           # lambda-harden-sparse: the activation L1 penalty's final factor
     posthoc_budget: float = 0.1     # reluize-*: conversion steps as a fraction of the GELU training's
-    posthoc_lr: float = 1e-3        # reluize-*: AdamW's learning rate during the conversion
+    posthoc_lr: float = LAB_POSTHOC.lr  # reluize-*: AdamW's learning rate during the conversion
     # reluize-swap/-anneal: batches over which BatchNorm's running statistics are re-estimated once the network is
     # ReLU; forward passes at a third of a step each, taken from the budget's steps
-    posthoc_recalibrate: int = 0
+    posthoc_recalibrate: int = LAB_POSTHOC.recalibrate
     train_limit: int = 0            # use only the first N training examples (0: all) — for smoke tests
 
     def __post_init__(self):
@@ -89,9 +63,6 @@ class RunConfig:
                  name, "a finite number > 0" if strict else "a finite number ≥ 0")
         need(self.lr > 0, "lr", "> 0")
         need(0 < self.posthoc_budget <= 1, "posthoc_budget", "in (0, 1]: a fraction of the training steps")
-        need(self.posthoc_lr > 0, "posthoc_lr", "> 0")
-        need(not self.posthoc_recalibrate or self.arm != "reluize-blockwise", "posthoc_recalibrate",
-             "0 for reluize-blockwise (its blocks train BatchNorm's affine parameters instead)")
         need(self.temperature > 0, "temperature", "> 0")
         need(self.momentum < 1, "momentum", "< 1")
         need(self.warmup < 1, "warmup", "< 1")
@@ -102,6 +73,18 @@ class RunConfig:
         need(0 < self.epsilon < 0.79, "epsilon", "in (0, 0.79): below GELU's own gap 2/√(2π)")
         need(self.arm != "lambda-harden-sparse" or self.switch_at != "auto", "switch_at",
              "a fraction for lambda-harden-sparse: its penalty starts rising at the switch point")
+        if ARMS[self.arm].posthoc is not None:
+            try:
+                self.reluize_config()
+            except ValueError as e:
+                raise ConfigError(f"{self.arm}: {e}") from None
+
+    def reluize_config(self):
+        """A post-hoc arm's reluize recipe with this run's settings (None for the other arms)."""
+        recipe = ARMS[self.arm].posthoc
+        if recipe is None:
+            return None
+        return recipe.replace(lr=self.posthoc_lr, recalibrate=self.posthoc_recalibrate, epsilon=self.epsilon)
 
     def replace(self, **changes) -> "RunConfig":
         return dataclasses.replace(self, **changes)
@@ -110,7 +93,7 @@ class RunConfig:
         """The fields that determine this run's result: the shared ones plus its arm's own. Fields
         added after results existed (``LATER_FIELDS``) count only when set, so old hashes stay valid."""
         arm_free = {f.name for f in fields(self)} - set(ARM_FIELDS)
-        keep = arm_free | set(ARMS[self.arm])
+        keep = arm_free | set(ARMS[self.arm].fields)
         defaults = {f.name: f.default for f in fields(self)}
         return {k: v for k, v in dataclasses.asdict(self).items()
                 if k in keep and not (k in LATER_FIELDS and v == defaults[k])}
@@ -129,7 +112,7 @@ class RunConfig:
         """A readable label of the arm and its own settings, e.g. ``lambda-harden[switch_at=0.1]``
         (settings equal to the defaults are left out)."""
         defaults = {f.name: f.default for f in fields(RunConfig)}
-        own = [f"{k}={_label(getattr(self, k))}" for k in ARMS[self.arm] if getattr(self, k) != defaults[k]]
+        own = [f"{k}={_label(getattr(self, k))}" for k in ARMS[self.arm].fields if getattr(self, k) != defaults[k]]
         return self.arm + (f"[{','.join(own)}]" if own else "")
 
 

@@ -23,7 +23,8 @@ from .config import RunConfig
 from .data import DataError
 from .store import Store
 from .tasks import TASKS, Task
-from .train import POSTHOC, build_model, evaluate, relu_ize_
+from .arms import ARMS
+from .train import build_model, evaluate, relu_ize_
 
 MODELS = (  # (name, arm it comes from, ReLU-ize it)
     ("GELU", "gelu", False),
@@ -41,7 +42,7 @@ def load_model(store: Store, run: dict, task: Task, splits) -> torch.nn.Module:
     cfg = RunConfig(**run["config"])
     model = build_model(task, splits, cfg)
     model.load_state_dict(load_file(str(store.dir / run["weights"])))
-    if cfg.arm == "gelu-finetune" or cfg.arm in POSTHOC:  # stored after their conversion to ReLU
+    if ARMS[cfg.arm].stored_as_relu:
         relu_ize_(model)
     return model.eval()
 

@@ -15,7 +15,8 @@ import subprocess
 import sys
 from collections.abc import Iterable
 
-from .config import ARMS, ConfigError, RunConfig
+from .arms import ARMS
+from .config import ConfigError, RunConfig
 from .data import Splits
 from .store import Store
 from .tasks import TASKS, Task
@@ -113,7 +114,7 @@ def run_sweep(runs: list[tuple[Task, RunConfig]], store: Store, data_dir: str | 
 def _longest_first(todo, splits):
     """Runs side by side start longest first (most examples × epochs, then the arms that learn an
     activation's parameters), so that no worker is left with a long run while the others idle."""
-    return sorted(todo, key=lambda tc: (tc[1].epochs * len(splits[tc[0].name].y_train), bool(ARMS[tc[1].arm])),
+    return sorted(todo, key=lambda tc: (tc[1].epochs * len(splits[tc[0].name].y_train), bool(ARMS[tc[1].arm].fields)),
                   reverse=True)
 
 

@@ -14,7 +14,8 @@ from lambda_gelu.convert import eval_mode
 from lambda_gelu.sparse import activation_sparsity
 
 from .baselines import LearnableSwish, swish_init, swish_target
-from .config import LAMBDA_ARMS, RunConfig
+from .arms import ARMS
+from .config import RunConfig
 from .data import Splits
 from .tasks import Task
 
@@ -22,8 +23,6 @@ LAMBDA_POINTS = 100  # λ is logged about this many times per run
 # lambda-harden-sparse: the penalty's factor rises from the switch point to its peak (cfg.sparsity) at 90% of
 # training, in three sine-shaped stages, and stays there for the last 10%
 SPARSITY_END, SPARSITY_STAGES = 0.9, 3
-HARDENED = LAMBDA_ARMS[1:] + ("swish-harden",)  # hardened by a HardeningSchedule
-POSTHOC = {"reluize-anneal": "anneal", "reluize-swap": "swap", "reluize-blockwise": "blockwise"}  # arm → reluize's schedule
 
 
 def probe_batch(x_train: torch.Tensor, batch_size: int, total_steps: int) -> torch.Tensor:
@@ -43,17 +42,12 @@ class RunResult:
 
 
 def activation_factory(cfg: RunConfig):
-    if cfg.arm in LAMBDA_ARMS:
+    activation = ARMS[cfg.arm].activation
+    if activation == "lambda":
         return lambda: lg.LambdaGELU(init_lambda=cfg.init_lambda, temperature=cfg.temperature)
-    if cfg.arm == "swish-harden":
+    if activation == "swish":
         return lambda: LearnableSwish(init_lambda=swish_init(cfg.init_lambda), temperature=cfg.temperature)
-    if cfg.arm in ("gelu", "gelu-finetune") or cfg.arm in POSTHOC:
-        return nn.GELU
-    if cfg.arm == "relu":
-        return nn.ReLU
-    if cfg.arm == "prelu":
-        return nn.PReLU
-    raise ValueError(f"no activation for arm {cfg.arm!r}")
+    return {"gelu": nn.GELU, "relu": nn.ReLU, "prelu": nn.PReLU}[activation]
 
 
 def relu_ize_(model: nn.Module) -> list[str]:
@@ -135,10 +129,8 @@ def convert_posthoc(model: nn.Module, cfg: RunConfig, x_train: torch.Tensor, tot
                 yield x_train[perm[i:i + cfg.batch_size]]
 
     steps = max(1, math.ceil(cfg.posthoc_budget * total) - math.ceil(cfg.posthoc_recalibrate / 3))
-    schedule = POSTHOC[cfg.arm]
-    return lg.reluize(model, batches(), steps, schedule=schedule, epsilon=cfg.epsilon, lr=cfg.posthoc_lr,
-                      lr_schedule="constant", loss=None if schedule == "blockwise" else logit_kl,
-                      recalibrate=cfg.posthoc_recalibrate)
+    recipe = cfg.reluize_config()
+    return lg.reluize(model, batches(), steps, recipe, loss=None if recipe.schedule == "blockwise" else logit_kl)
 
 
 def _layer_lambdas(model: nn.Module) -> dict[str, float]:
@@ -157,7 +149,7 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     total = cfg.epochs * steps_per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(total, cfg.warmup))
     hardening = None
-    if cfg.arm in HARDENED:
+    if ARMS[cfg.arm].hardened:
         target = swish_target(cfg.epsilon) if cfg.arm == "swish-harden" else lg.lambda_target(cfg.epsilon)
         probe = probe_batch(x_train, cfg.batch_size, total) if cfg.switch_at == "auto" else None
         hardening = lg.HardeningSchedule(model, total, cfg.switch_at, lambda_target=target, probe=probe,
@@ -220,7 +212,7 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     if cfg.arm == "lambda-harden-learn":  # where λ(s) itself went while the blend carried λ to the target
         m["lambda_learned_end"] = {name: lg.raw_to_lambda(mod.s.detach(), mod.temperature).mean().item()
                                    for name, mod in lg.lambda_modules(model)}
-    if cfg.arm in POSTHOC and not diverged:  # test_acc above is the GELU original's; sub_* below the converted
+    if ARMS[cfg.arm].posthoc is not None and not diverged:  # test_acc above is the GELU original's; sub_* below the converted
         converted = convert_posthoc(model, cfg, x_train, total, gen)
         m["posthoc_steps"] = sum(1 for e in converted.log if e["step"])  # not the step-0 entry of the swap's work
         m["posthoc_seconds"] = converted.seconds

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ConfigError
 from lambda_gelu.hf.evaluate import AGREEMENT, METRICS
+
+from ..config import ConfigError
 from ..store import check_overwrite
-from .stats import paired
+from .stats import mean_sd, paired
 
 # what the conversion should keep of an encoder, and in how long (the CLI's default budget)
 GOAL = {"cosine": 0.99, "top10_overlap": 0.92, "minutes": 15.0}
@@ -79,11 +80,11 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     lines += [f"| schedule | seeds | steps | minutes | {head} |", "|---|---|---|---|" + "---|" * len(metrics)]
     swap_row = [r["direct_swap"] for r in reports]
     lines.append(f"| direct swap, no training | {len(reports)} | 0 | 0 | "
-                 + " | ".join(_mean_sd([s[k] for s in swap_row], fmt) for k, _, fmt in metrics) + " |")
+                 + " | ".join(mean_sd([s[k] for s in swap_row], fmt) for k, _, fmt in metrics) + " |")
     for schedule, rs in by_schedule.items():
         lines.append(f"| {schedule} | {len(rs)} | {_span([r['steps'] for r in rs])} | "
                      f"{_span([round(r['seconds'] / 60, 1) for r in rs])} | "
-                     + " | ".join(_mean_sd([r["reluized"][k] for r in rs], fmt) for k, _, fmt in metrics) + " |")
+                     + " | ".join(mean_sd([r["reluized"][k] for r in rs], fmt) for k, _, fmt in metrics) + " |")
     lines += [""] + _goal(by_schedule, metrics) + _paired(by_schedule, metrics) + _curve(by_schedule, metrics)
     figure = _plot(by_schedule, metrics, img_dir)
     if figure is not None:
@@ -93,11 +94,6 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return output
-
-
-def _mean_sd(values, fmt: str) -> str:
-    mean = fmt.format(float(np.mean(values)))
-    return mean if len(values) < 2 else f"{mean} ± {fmt.format(float(np.std(values, ddof=1)))}"
 
 
 def _span(values) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis import layer_order
+from .analysis import layer_order
 
 
 def _pyplot():

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from ..analysis import drift
-from ..config import LAMBDA_ARMS
+from .analysis import drift
+from ..arms import ARMS
 from .plots import plot_drift_scatter
 
 MIN_RUNS = 5  # fewer runs (or variants) than this give no correlation worth a row
 VARIANT_MEANS = "variant means"
 # arm → the λ profile it learned (before any anneal): the learned arm's at the end, the others' at the switch
-LEARNED = {arm: "lambda_end" if arm == "lambda" else "lambda_switch" for arm in LAMBDA_ARMS}
+LEARNED = {a.name: a.learned_profile for a in ARMS.values() if a.learned_profile}
 
 
 def _predictors(run: dict) -> dict[str, float] | None:

@@ -10,25 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis import drift, layer_order, matched_spearman, pairwise_spearman
+from .analysis import drift, layer_order, matched_spearman, pairwise_spearman
 from .plots import plot_drift, plot_lambdas, plot_sparsity
-from .stats import (ALPHA, MARGIN, STABLE_RHO, Comparison, Finding, by_seed, by_variant, drift_cells, paired,
+from ..arms import ARMS
+from .stats import (ALPHA, MARGIN, STABLE_RHO, Comparison, Finding, by_seed, by_variant, drift_cells, mean_sd, paired,
                     paired_by_seed, profiles)
 
-ARM_LABEL = {
-    "gelu": "GELU (→ direct swap to ReLU)",
-    "lambda": "λ-GELU, learned (→ ReLU)",
-    "lambda-harden": "λ-GELU, annealed (→ ReLU)",
-    "lambda-harden-sparse": "λ-GELU, annealed with the L1 activation penalty (→ ReLU)",
-    "lambda-harden-learn": "λ-GELU, annealed while λ keeps learning (→ ReLU)",
-    "reluize-anneal": "GELU, then post-hoc: annealed distillation (→ ReLU)",
-    "reluize-swap": "GELU, then post-hoc: swap + distillation (→ ReLU)",
-    "reluize-blockwise": "GELU, then post-hoc: block-by-block reconstruction (→ ReLU)",
-    "relu": "ReLU from scratch",
-    "prelu": "PReLU (→ ReLU)",
-    "swish-harden": "learnable-β Swish, annealed (→ ReLU)",
-    "gelu-finetune": "GELU → swap at switch → ReLU fine-tune",
-}
+ARM_LABEL = {a.name: a.label for a in ARMS.values()}
 
 SPARSE_GOAL = (0.85, 0.005, 1.02)  # issue goal: ≥ 85% zeros at ≤ 0.5 points accuracy (≤ 2% perplexity) below annealed
 # (a, a's metric, b, b's metric, what the difference means)
@@ -58,9 +46,7 @@ def mean_std(values) -> str:
     v = np.asarray([x for x in values if x is not None], dtype=float)
     if len(v) == 0:
         return "—"
-    if len(v) == 1:
-        return f"{100 * v[0]:.2f}"
-    return f"{100 * v.mean():.2f} ± {100 * v.std(ddof=1):.2f}"
+    return mean_sd(v, scale=100)
 
 
 def reading(c: Comparison) -> str:
@@ -174,7 +160,7 @@ def _switch_points(by_variant, order) -> list[str]:
         g = by_variant[v]
         where = [r["metrics"]["switch_step"] / r["metrics"]["steps"] for r in g]
         lines.append(f"Automatic switch point (`{v}`, sign patterns of a fixed probe batch): it switched at "
-                     f"{np.mean(where):.2f} ± {np.std(where, ddof=1) if len(where) > 1 else 0:.2f} of training "
+                     f"{mean_sd(where, lone='0')} of training "
                      f"(range {min(where):.2f}–{max(where):.2f}, {len(g)} seeds). " +
                      ("After ReLU, paired against the fixed switch points (accuracy points, automatic minus fixed):"
                       if fixed else "No fixed switch point was run beside it in this experiment."))
@@ -329,7 +315,7 @@ def _profile_table(by_variant, order) -> list[str]:
         cells = []
         for _, d in cols:
             v = np.asarray(d.get(layer, []), float)
-            cells.append("—" if len(v) == 0 else f"{v.mean():.3f} ± {v.std(ddof=1) if len(v) > 1 else 0:.3f}")
+            cells.append("—" if len(v) == 0 else mean_sd(v, "{:.3f}", lone="0"))
         out.append(f"| {layer} | " + " | ".join(cells) + " |")
     return out + [""]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..analysis import drift, pairwise_spearman
+from .analysis import drift, pairwise_spearman
 from ..config import EXPERIMENT_FIELDS
 
 MARGIN = 0.005     # equivalence margin: ±0.5 accuracy points
@@ -45,6 +45,16 @@ class Comparison:
     def equivalent(self) -> bool | None:
         """Within ±MARGIN by TOST at α; None with fewer than two seeds."""
         return None if self.n < 2 else bool(self.p_tost < ALPHA)
+
+
+def mean_sd(values, fmt: str = "{:.2f}", scale: float = 1.0, *, lone: str | None = None) -> str:
+    """"mean ± sample std" of ``values`` (each statistic × ``scale``, formatted by ``fmt``): the one way every
+    report writes a spread. With one value: the mean alone, or with ``lone`` as its spread (e.g. "0")."""
+    v = np.asarray(values, dtype=float)
+    mean = fmt.format(scale * v.mean())
+    if len(v) < 2:
+        return mean if lone is None else f"{mean} ± {fmt.format(float(lone))}"
+    return f"{mean} ± {fmt.format(scale * v.std(ddof=1))}"
 
 
 def tost_p(d: np.ndarray, margin: float = MARGIN) -> float:

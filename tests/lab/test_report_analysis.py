@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from lambda_gelu_lab.analysis import drift, layer_order, matched_spearman, pairwise_spearman
+from lambda_gelu_lab.report.analysis import drift, layer_order, matched_spearman, pairwise_spearman
 
 
 def test_layer_order_is_numeric():
