@@ -13,4 +13,4 @@ for s in 0.10 0.50; do
     lambda-gelu run mnist1d-mlp --arms lambda-harden --switch-at $s $T
 done
 lambda-gelu deploy --out "$OUT" --task mnist1d-mlp --seeds 10 --points 10 --time-limit 2
-lambda-gelu report --out "$OUT" --output docs/drift_quality.md
+lambda-gelu report --out "$OUT" --output docs/drift_quality.md --title "Does hardness drift predict deployment quality? (mnist1d-mlp)"

@@ -10,4 +10,4 @@ for task in mnist1d-mlp fmnist-mlp; do
     lambda-gelu run $task --seeds 10 --arms lambda-harden lambda-harden-learn --workers 2 --threads 1 \
         --quiet --no-report --out "$OUT"
 done
-lambda-gelu report --out "$OUT" --output docs/freeze.md
+lambda-gelu report --out "$OUT" --output docs/freeze.md --title "Freeze λ at the switch, or keep learning it? (the freeze ablation)"

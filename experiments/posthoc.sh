@@ -16,4 +16,4 @@ done
 lambda-gelu run stdlib-gpt --seeds 5 --arms gelu $POSTHOC $T
 lambda-gelu run fmnist-vit --seeds 5 --arms gelu $POSTHOC $T
 lambda-gelu run fmnist-resnet --seeds 5 --arms gelu $POSTHOC $T
-lambda-gelu report --out "$OUT" --output docs/posthoc.md
+lambda-gelu report --out "$OUT" --output docs/posthoc.md --title "Post-hoc conversion of trained GELU networks at equal steps"

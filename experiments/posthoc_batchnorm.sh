@@ -12,4 +12,4 @@ T="fmnist-resnet --seeds ${SEEDS:-5} --workers 2 --threads 1 --quiet --no-report
 lambda-gelu run $T --arms gelu reluize-swap reluize-blockwise
 lambda-gelu run $T --arms reluize-swap --set posthoc_lr=3e-4
 lambda-gelu run $T --arms reluize-swap --set posthoc_lr=3e-4 --set posthoc_recalibrate=50
-lambda-gelu report --out "$OUT" --output docs/posthoc_batchnorm.md
+lambda-gelu report --out "$OUT" --output docs/posthoc_batchnorm.md --title "Post-hoc conversion of fmnist-resnet with BatchNorm re-estimated"

@@ -44,4 +44,4 @@ wait $first
 wait $second
 # Deployment of the stored models: int8, exact verification, sparsity.
 lambda-gelu deploy --out "$OUT" --task fmnist-mlp mnist1d-mlp --seeds 5 --points 20 --time-limit 10
-lambda-gelu report --out "$OUT" --output docs/results.md
+lambda-gelu report --out "$OUT" --output docs/results.md --title "The main study: the paper's protocol on seven tasks"

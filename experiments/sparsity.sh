@@ -14,4 +14,4 @@ for task in fmnist-mlp stdlib-gpt fmnist-vit; do
         lambda-gelu run $task --arms lambda-harden-sparse --set sparsity=$peak $T
     done
 done
-lambda-gelu report --out "$OUT" --output docs/sparsity.md
+lambda-gelu report --out "$OUT" --output docs/sparsity.md --title "Activation sparsity against quality (the L1 penalty)"

@@ -10,4 +10,4 @@ lambda-gelu run $T --arms lambda-harden
 for peak in 4 3 5; do
     lambda-gelu run $T --arms lambda-harden-sparse --set sparsity=$peak
 done
-lambda-gelu report --out "$OUT" --output docs/sparsity_mlp.md
+lambda-gelu report --out "$OUT" --output docs/sparsity_mlp.md --title "Activation sparsity on fmnist-mlp at 10 seeds"

@@ -15,4 +15,4 @@ for task in fmnist-vit fmnist-resnet; do
             --quiet --no-report --out "$OUT"
     done
 done
-lambda-gelu report --out "$OUT" --output docs/stability.md
+lambda-gelu report --out "$OUT" --output docs/stability.md --title "Layerwise hardness profiles with longer training"

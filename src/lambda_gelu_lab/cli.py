@@ -75,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write report.md and plots from a results directory")
     rep.add_argument("--out", default=DEFAULT_OUT, help="results directory")
     rep.add_argument("--output", default=None, help="report file (default OUT/report.md); images go beside it")
+    rep.add_argument("--title", default=None, help="the report's title (default: λ-GELU ReLU-ization results)")
     rep.set_defaults(func=_report)
 
     exp = sub.add_parser("export", help="export the results tables")
@@ -104,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     rr = sub.add_parser("reluize-report", help="several `reluize` conversions of one model (seeds, schedules) side by side")
     rr.add_argument("dirs", nargs="+", metavar="DIR", help="output directories of `lambda-gelu reluize`")
     rr.add_argument("--output", required=True, help="the Markdown file to write; its plot goes beside it")
+    rr.add_argument("--title", default=None, help="the report's title (default: MODEL → exact ReLU)")
     rr.set_defaults(func=_reluize_report)
 
     sub.add_parser("tasks", help="list the tasks").set_defaults(func=_tasks)
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(args, command) -> int:
     from .report import build_report
-    print(build_report(args.out, args.output, command))
+    print(build_report(args.out, args.output, command, args.title))
     return 0
 
 
@@ -221,7 +223,7 @@ def _reluize(args, command) -> int:
 
 def _reluize_report(args, command) -> int:
     from .report.conversions import conversions_report
-    print(conversions_report(args.dirs, args.output, command))
+    print(conversions_report(args.dirs, args.output, command, args.title))
     return 0
 
 
