@@ -216,3 +216,21 @@ def test_l1_gap_and_target():
 def test_bad_input_is_one_clear_error(bad, match):
     with pytest.raises((ValueError, TypeError), match=match):
         bad()
+
+
+@pytest.mark.parametrize("lam", [float("inf"), torch.tensor(float("inf")), torch.tensor(0.0), torch.tensor(-1.0),
+                                 torch.tensor(float("nan")), torch.tensor([1.5, float("inf")])])
+def test_a_lambda_that_is_not_finite_and_positive_is_refused_on_every_path(lam):
+    """λ = ∞ once gave NaN at x = 0 (and NaN input gradients on the fused path); a 0-dim tensor λ was never
+    checked, and the eager and fused paths then disagreed. Each backend refuses it with one line."""
+    x = torch.randn(70_000, 2)  # large enough for the fused kernels
+    for backend in ("eager", "auto"):
+        with lg.backend(backend):
+            with pytest.raises(ValueError, match="λ must be finite and positive"):
+                lambda_gelu(x, lam, channel_dim=-1)
+
+
+def test_the_module_refuses_an_infinite_lambda():
+    from lambda_gelu import LambdaGELU
+    with pytest.raises(ValueError, match="the ReLU limit is nn.ReLU itself"):
+        LambdaGELU().set_lambda(float("inf"))

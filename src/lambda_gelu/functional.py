@@ -135,18 +135,27 @@ def lambda_gelu(x: Tensor, lam: float | Tensor, channel_dim: int = -1) -> Tensor
     return _LambdaGELUFunction.apply(x, lam)
 
 
+def _bad_lambda(value: float) -> ValueError:
+    limit = "; the ReLU limit is nn.ReLU itself (lambda_gelu.to_relu_)" if value == math.inf else ""
+    return ValueError(f"λ must be finite and positive (λ ≥ 1 for λ-GELU), got {value}{limit}")
+
+
 def _broadcastable_lambda(lam: float | Tensor, x: Tensor, channel_dim: int) -> Tensor:
     """λ as a tensor that broadcasts against ``x``: 0-dim, or shaped (C, 1, ..., 1) / (C,)."""
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise TypeError(f"lambda_gelu needs a floating-point tensor x, got {type(x).__name__}"
                         + (f" of dtype {x.dtype}" if isinstance(x, Tensor) else ""))
     if isinstance(lam, numbers.Real) and not isinstance(lam, bool):
-        if not lam > 0:
-            raise ValueError(f"λ must be positive (λ ≥ 1 for λ-GELU), got {lam}")
+        if not 0 < lam < math.inf:
+            raise _bad_lambda(lam)
         return torch.tensor(float(lam), dtype=torch.promote_types(x.dtype, torch.float32),
                             device=x.device)
     if not isinstance(lam, Tensor) or not lam.is_floating_point():
         raise TypeError(f"λ must be a number or a floating-point tensor, got {lam!r}")
+    if lam.device.type == "cpu" and lam.numel() and not torch.compiler.is_compiling():
+        low, high = (float(v) for v in torch.aminmax(lam.detach()))  # on an accelerator this would wait: CPU only
+        if not (0 < low and high < math.inf):
+            raise _bad_lambda(high if 0 < low else low)
     if lam.dim() == 0:
         return lam
     if lam.dim() != 1:

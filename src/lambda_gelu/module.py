@@ -47,8 +47,10 @@ def lambda_to_raw(lam: float | Tensor, temperature: float) -> Tensor:
     maps to the finite s = −1000·t (not −∞), so that arithmetic on parameters (norms, averages,
     clipping) never meets inf or NaN."""
     y = torch.as_tensor(lam, dtype=torch.float64) - 1.0
-    if bool((y < 0).any()) or bool(torch.isnan(y).any()):
-        raise ValueError(f"λ must be ≥ 1, got {lam}")
+    if bool((y < 0).any()) or not bool(torch.isfinite(y).all()):
+        raise ValueError(f"λ must be ≥ 1 and finite, got {lam}"
+                         + ("; the ReLU limit is nn.ReLU itself (lambda_gelu.to_relu_)" if bool(torch.isinf(y).any())
+                            else ""))
     # softplus⁻¹(y) = y + log(1 − e^{−y}); F.softplus returns its input unchanged above 20, so do we.
     inv = torch.where(y > 20.0, y, y + torch.log(-torch.expm1(-y)))
     return temperature * inv.clamp(min=RAW_EXACT_GELU)
