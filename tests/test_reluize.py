@@ -721,3 +721,62 @@ def test_real_minilm_in_half_a_minute_beats_the_direct_swap_by_far():
     cos, overlap = scores(model, reference)
     assert direct_cos < 0.7 and direct_overlap < 0.7
     assert cos > 0.92 and overlap > 0.72, (cos, overlap)
+
+
+class _Breaks(nn.Module):
+    """A GELU MLP whose forward fails on a batch marked as bad (a batch the model cannot take)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 3))
+
+    def forward(self, x):
+        if bool((x == 99).all()):
+            raise RuntimeError("a batch the model cannot take")
+        return self.net(x)
+
+
+@pytest.mark.parametrize("schedule", ["swap", "anneal", "blockwise"])
+def test_a_conversion_that_fails_part_way_gives_the_original_back_and_says_so(schedule):
+    torch.manual_seed(0)
+    model = _Breaks()
+    before = copy.deepcopy(model.state_dict())
+    batches = [torch.randn(8, 6) for _ in range(6)] + [torch.full((8, 6), 99.0)]
+    with pytest.raises(RuntimeError, match="cannot take") as caught:
+        reluize(model, batches, steps=12, schedule=schedule)
+    assert any("holds the original network again" in note for note in getattr(caught.value, "__notes__", []))
+    assert sum(isinstance(m, nn.GELU) for m in model.modules()) == 2  # no ReLU, no annealed wrapper left
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    assert all(p.requires_grad for p in model.parameters()) and model.training
+
+
+def test_an_endless_generator_of_batches_is_not_kept_in_memory():
+    """itertools.cycle kept every batch a generator yielded (1 GiB over 250 steps of 4 MiB batches); a one-shot
+    iterator is now remembered only while it is short."""
+    import gc
+    import weakref
+
+    from lambda_gelu.reluize.stream import REMEMBER
+    alive = []
+
+    def batches():
+        while True:
+            x = torch.randn(16, 8)
+            alive.append(weakref.ref(x))
+            yield x
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    reluize(model, batches(), steps=3 * REMEMBER)
+    gc.collect()
+    assert len(alive) >= 3 * REMEMBER and sum(r() is not None for r in alive) <= REMEMBER + 2
+
+
+def test_a_short_generator_is_still_cycled_and_a_long_one_that_runs_out_is_one_clear_error():
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    result = reluize(model, (torch.randn(4, 8) for _ in range(3)), steps=10)  # 3 batches, cycled
+    assert len(result.log) == 10
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    with pytest.raises(ValueError, match="the batches ran out"):
+        reluize(model, (torch.randn(4, 8) for _ in range(100)), steps=150)
+    assert sum(isinstance(m, nn.GELU) for m in model.modules()) == 1  # and the model is the original again

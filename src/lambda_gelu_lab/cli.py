@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sqlite3
 import sys
 
 DEFAULT_OUT = "runs/main"
@@ -178,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except sqlite3.DatabaseError as e:  # a store damaged after its first page, or one that cannot be written
+        where = getattr(args, "out", None) or "the results directory"
+        print(f"error: the results store in {where} cannot be used ({e}); restore it from a copy or choose another "
+              "--out (the file was not changed)", file=sys.stderr)
+        return 2
     except OSError as e:  # an unwritable --out, a full disk: the environment, not a bug
         where = f" ({e.filename})" if e.filename else ""
         print(f"error: {e.strerror or e}{where}; choose another --out or free the place", file=sys.stderr)

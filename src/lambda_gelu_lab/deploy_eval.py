@@ -39,9 +39,13 @@ def load_model(store: Store, run: dict, task: Task, splits) -> torch.nn.Module:
     if not run["weights"]:
         raise DataError(f"run {run['id']} ({run['task']} {run['variant']} seed {run['seed']}) was stored without "
                         "weights (--no-weights); delete it from the store and rerun it to deploy it")
+    weights = store.dir / run["weights"]
+    if not weights.is_file():
+        raise DataError(f"run {run['id']} ({run['task']} {run['variant']} seed {run['seed']}): its weights file "
+                        f"{weights} is missing; restore it, or delete the run from the store and rerun it")
     cfg = RunConfig(**run["config"])
     model = build_model(task, splits, cfg)
-    model.load_state_dict(load_file(str(store.dir / run["weights"])))
+    model.load_state_dict(load_file(str(weights)))
     if ARMS[cfg.arm].stored_as_relu:
         relu_ize_(model)
     return model.eval()

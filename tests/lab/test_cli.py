@@ -5,6 +5,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import torch
 
 from lambda_gelu_lab.cli import main
 from lambda_gelu_lab.store import DB_NAME, Store
@@ -28,6 +29,22 @@ def _store_dir(tmp_path, kind):
     elif kind == "foreign":
         with sqlite3.connect(out / DB_NAME) as db:
             db.execute("CREATE TABLE invoices (id INTEGER)")
+    elif kind == "corrupt":  # the first page (the schema) readable, the pages of its rows overwritten
+        with Store(out) as store:
+            for i in range(200):
+                store.record_sweep(f"lambda-gelu run wine-mlp --seeds {i} " + "x" * 500)
+        data = bytearray((out / DB_NAME).read_bytes())
+        data[8192:] = GARBAGE[:1].ljust(len(data) - 8192, b"\xff")
+        (out / DB_NAME).write_bytes(bytes(data))
+    elif kind == "missing-weights":  # every arm deploy needs, stored, and one weights file gone
+        from lambda_gelu_lab.config import RunConfig
+        from lambda_gelu_lab.train import RunResult
+        with Store(out) as store:
+            for arm in ("gelu", "lambda-harden", "relu"):
+                store.add(RunConfig(task="mnist1d-mlp", arm=arm, seed=0),
+                          RunResult(metrics={"test_acc": 0.5}, state_dict={"w": torch.zeros(1)}))
+            first = store.runs()[0]["weights"]
+        (out / first).unlink()
     return out
 
 
@@ -63,6 +80,10 @@ CASES = [  # (argv, results directory, message)
     (["demo", "--seeds", "3"], "store", "unrecognized arguments: --seeds 3"),
     (["report"], "empty", "no results in .*: run `lambda-gelu run TASK --out"),
     (["report"], "garbage", "is not a results store"),
+    (["report"], "corrupt", "the results store in .* cannot be used .*the file was not changed"),
+    (["run", "wine-mlp"], "corrupt", "the results store in .* cannot be used"),
+    (["deploy", "--task", "mnist1d-mlp", "--seeds", "1"], "missing-weights",
+     r"its weights file .* is missing; restore it, or delete the run from the store and rerun it"),
     (["export", "--csv"], "garbage", "is not a results store"),
     (["deploy"], "empty", "no results in .*: run `lambda-gelu run TASK --out"),
     (["deploy"], "foreign", "an SQLite database of something else"),
@@ -127,3 +148,15 @@ def test_outputs_never_overwrite_what_the_tool_did_not_write(tmp_path, capsys, a
     if argv[0] != "reluize-report":
         assert main([fill(a) for a in argv] + ["--out", str(out)]) == 0
         assert main([fill(a) for a in argv] + ["--out", str(out)]) == 0
+
+
+def test_a_store_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    """A read-only store (or store directory): sqlite3's OperationalError was a traceback."""
+    out = _store_dir(tmp_path, "store")
+
+    def read_only(self, command):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+    monkeypatch.setattr(Store, "record_sweep", read_only)
+    assert main(["run", "wine-mlp", "--seeds", "1", "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "attempt to write a readonly database" in err

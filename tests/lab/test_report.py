@@ -30,3 +30,14 @@ def test_report_and_export(tmp_path):
     with open(os.path.join(out, "runs.csv")) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 12 and json.loads(rows[0]["config"])["task"] == "wine-mlp"
+
+
+def test_a_stored_task_name_cannot_lead_an_image_out_of_the_report(tmp_path):
+    """Image names are built from stored task names; a crafted store once wrote a PNG outside the report."""
+    from lambda_gelu_lab.report.plots import _pyplot, _save
+    plt = _pyplot()
+    img_dir = tmp_path / "report_img"
+    img_dir.mkdir()
+    fig = plt.figure()
+    path = _save(plt, fig, img_dir, "lambda_../../../escaped_0123.png")
+    assert path.parent == img_dir and path.is_file() and not list(tmp_path.glob("escaped*"))

@@ -35,6 +35,7 @@ HELD_OUT, CHECKPOINTS = 256, 8
 # batches, shorter, the refit's fixed work weighs more: 0.68-0.80 s against 0.46 s
 REFIT_STEP_COST = {"length": 1.75, "shuffled": 1.2}
 BUDGET_SHARE = 0.97  # of --minutes, what the step count is planned for: a step's time varied by ±3% between runs
+REFIT_SHARE = 0.25  # of --minutes, the most the refit may take (one batch of it timed on a copy of the model)
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
 
 
@@ -114,6 +115,11 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         raise CheckpointError("reluize needs transformers: pip install 'lambda-gelu[hf]'") from None
     transformers.logging.set_verbosity_error()  # its loading and saving chatter would bury our one-line errors
     transformers.utils.logging.disable_progress_bar()
+    try:  # the bars of huggingface_hub, which transformers writes its shards with
+        from huggingface_hub.utils import disable_progress_bars
+        disable_progress_bars()
+    except ImportError:
+        pass
     import lambda_gelu as lg
 
     source = model_directory(model_name)
@@ -159,12 +165,21 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     del direct
 
     torch.manual_seed(seed)
-    steps = config.steps
+    steps, refit_batches, refit_note = config.steps, -(-refit // batch_size), None
     if steps is None:  # timed on a batch of the mean padded length of a pass: time varies with it, by batch
         epoch = list(itertools.islice(stream(), -(-len(train) // batch_size)))
         padded = [max(lengths[j] for j in b) for b in epoch]
         mean = sum(padded) / len(padded)
         typical = encode([train[j] for j in epoch[min(range(len(epoch)), key=lambda i: abs(padded[i] - mean))]])
+        if refit_batches:  # the refit gets at most REFIT_SHARE of the budget, whatever the model's size
+            one = _refit_seconds(model, typical)
+            fits = int(REFIT_SHARE * minutes * 60 / one)
+            if fits < refit_batches:
+                refit_note = (f"the refit of {refit} sentences would take more than {REFIT_SHARE:.0%} of --minutes "
+                              f"{minutes:g} on this model ({one:.1f} s a batch): refit over "
+                              f"{max(fits, 0) * batch_size} sentences instead")
+                refit, refit_batches = max(fits, 0) * batch_size, max(fits, 0)
+                log(f"note: {refit_note}")
         repair = config.reluize.repair
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
         steps = (_steps_for(model, typical, BUDGET_SHARE * minutes * 60 / step_cost)
@@ -191,7 +206,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
             measuring[0] += time.perf_counter() - t
         return False
 
-    settings = config.reluize.replace(refit=-(-refit // batch_size))
+    settings = config.reluize.replace(refit=refit_batches)
     result = reluize(model, batches, steps, settings, teacher=original, progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
     model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was
@@ -206,7 +221,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
               "held_out_sentences": len(held), "seconds": seconds, "replaced": result.replaced,
               "direct_swap": swap_scores, "reluized": final, "curve": curve,
-              "settings": dataclasses.asdict(settings)}
+              "settings": dataclasses.asdict(settings), "refit_note": refit_note}
     model.to(loaded.dtype)
 
     def fill(tmp: Path):
@@ -226,6 +241,15 @@ def _copy(src: Path, dst: Path) -> None:
     import shutil
     dst.parent.mkdir(parents=True, exist_ok=True)
     (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+
+
+def _refit_seconds(model, batch) -> float:
+    """Seconds the refit of one batch takes on a copy of ``model`` (its fixed cost, the solves, included)."""
+    from ..reluize import refit_after_swap_
+    trial = copy.deepcopy(model)
+    t = time.perf_counter()
+    refit_after_swap_(trial, [batch])
+    return time.perf_counter() - t
 
 
 def _steps_for(model, batch, seconds: float) -> int:

