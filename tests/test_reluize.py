@@ -668,16 +668,17 @@ def test_bad_input_is_refused_before_the_model_changes():
 
 @pytest.mark.parametrize("kwargs", [{}, {"refit": 1}, {"schedule": "anneal"}, {"schedule": "blockwise"}])
 def test_a_config_that_cannot_name_the_relu_network_is_said_before_the_first_step(kwargs):
-    """A BERT whose second layer's activation was made SiLU by hand: its config's one hidden_act cannot say
-    "ReLU in layer 0, SiLU in layer 1", so reluize converts (right in memory) but warns before its first step
-    that a saved checkpoint would not load as it, once, and leaves the config as it was."""
+    """A BERT whose second layer's activation was made Tanh by hand: its config's one hidden_act cannot say
+    "ReLU in layer 0, Tanh in layer 1", so reluize converts (right in memory) but warns before its first step
+    that a saved checkpoint would not load as it, once, and leaves the config as it was. (SiLU, the example
+    before λ-SiLU, is now converted too.)"""
     model = _hf_models()["bert"]().eval()
-    model.encoder.layer[1].intermediate.intermediate_act_fn = nn.SiLU()
+    model.encoder.layer[1].intermediate.intermediate_act_fn = nn.Tanh()
     steps = []
     with pytest.warns(UserWarning) as caught:
         reluize(model, _batches(), steps=2, callback=lambda entry: steps.append(len(caught)), **kwargs)
     assert [str(w.message) for w in caught] == [
-        "at 'encoder.layer.1.intermediate.intermediate_act_fn' the converted network has SiLU but its config "
+        "at 'encoder.layer.1.intermediate.intermediate_act_fn' the converted network has Tanh but its config "
         "(activation fields naming GELU: hidden_act='gelu') builds ReLU there: the converted model will be exact "
         "ReLU, but save_pretrained would write a checkpoint that does not load as it"]
     assert steps and set(steps) == {1}  # said before the first step (or the refit's step 0), and only then

@@ -3,7 +3,8 @@
     f(x; λ) = x · Φ(λx),   λ = 1: GELU,   λ → ∞: ReLU.
 
 The pieces, one per file: ``config`` (``LambdaGELUConfig``, the paper's settings in one place),
-``functional`` (the op and its math; ``_compiled`` and ``_native`` its fused kernels),
+``functional`` (the op and its math; ``_compiled`` and ``_native`` its fused kernels), ``silu`` (λ-SiLU,
+x·σ(λx), the same family for SiLU gates),
 ``module`` (``LambdaGELU``), ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``),
 ``convert`` (model surgery), ``registry`` (activations by name), ``reluize`` (a pretrained GELU
 network → exact ReLU: annealed distillation from its frozen original), ``regularize``
@@ -15,25 +16,28 @@ sparsity), ``deploy`` (ONNX export, int8 with ONNX Runtime; the ``[deploy]`` ext
 ``integrations.transformers`` and ``integrations.lightning`` (hardening callbacks for those trainers).
 """
 from .config import DEFAULTS, LambdaGELUConfig
-from .convert import (GELU_LIKE, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, relu_config_problem,
-                      replace_modules_, to_relu_)
+from .convert import (GELU_LIKE, SILU_LIKE, convert_to_lambda_gelu_, convert_to_lambda_silu_, is_gelu_like,
+                      is_reluizable, is_silu_like, lambda_modules, relu_config_problem, replace_modules_, to_relu_)
 from .distributed import replicate_lambdas
 from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target, set_backend
-from .module import LambdaGELU, lambda_to_raw, raw_to_lambda
+from .module import LambdaGELU, LambdaSiLU, lambda_to_raw, raw_to_lambda
 from .optim import lambda_param_groups
 from .registry import create_act, get_act_layer
 from .regularize import SparsityRegularizer, sparsity_factor
 from .reluize import ReluizeConfig, ReluizeResult, reluize
 from .schedule import AutoSwitch, HardeningSchedule
+from .silu import lambda_silu, lambda_silu_reference, silu_l1_gap, silu_lambda_target
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LambdaGELUConfig", "DEFAULTS",
     "lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "backend", "set_backend", "get_backend",
-    "LambdaGELU", "lambda_to_raw", "raw_to_lambda",
+    "LambdaGELU", "LambdaSiLU", "lambda_to_raw", "raw_to_lambda",
+    "lambda_silu", "lambda_silu_reference", "silu_l1_gap", "silu_lambda_target",
     "lambda_param_groups", "HardeningSchedule", "AutoSwitch", "replicate_lambdas",
-    "convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
+    "convert_to_lambda_gelu_", "convert_to_lambda_silu_", "to_relu_", "replace_modules_", "lambda_modules",
+    "is_gelu_like", "is_silu_like", "is_reluizable", "GELU_LIKE", "SILU_LIKE",
     "relu_config_problem",
     "get_act_layer", "create_act",
     "reluize", "ReluizeConfig", "ReluizeResult",

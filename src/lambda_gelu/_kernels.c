@@ -14,6 +14,12 @@
  *   last: x is (outer, C) and λ[c] applies to column c.
  * gλ is accumulated in double, one row of C partial sums per thread; the caller adds the rows.
  * Each kernel exists for float32 (suffix _f32) and bfloat16 (_bf16): see _kernels_body.h.
+ *
+ * λ-SiLU (suffix _silu_f32, _silu_bf16) is the same walk with the logistic gate σ in place of Φ:
+ *   forward   y  = x · σ(z)
+ *   backward  gx = g · (σ(z) + λ·u),         u = x·σ'(z) = x·σ(z)(1 − σ(z))
+ *             gλ = Σ g · x · u
+ * with one exponential per element, e = exp(−|z|): σ(|z|) = 1/(1 + e), σ' = e/(1 + e)².
  */
 #include <math.h>
 #include <stdint.h>
@@ -76,6 +82,22 @@ static inline float bwd1(float g, float x, float lam, float *xu) {
     return g * (gate(z, e) + lam * u);
 }
 
+static inline float silu_fwd1(float x, float lam) {
+    float z = x * lam;
+    float e = exp_neg(-fabsf(z));
+    float s = 1.0f / (1.0f + e);
+    return x * (z >= 0.0f ? s : e * s);
+}
+
+static inline float silu_bwd1(float g, float x, float lam, float *xu) {
+    float z = x * lam;
+    float e = exp_neg(-fabsf(z));
+    float s = 1.0f / (1.0f + e);
+    float u = x * (e * s * s); /* x·σ'(z) */
+    *xu = x * u;
+    return g * ((z >= 0.0f ? s : e * s) + lam * u);
+}
+
 /* The element range [lo, hi) of thread `tid` among `nt`, in whole multiples of `align`. */
 static void split(int64_t n, int64_t align, int tid, int nt, int64_t *lo, int64_t *hi) {
     int64_t blocks = (n + align - 1) / align;
@@ -135,6 +157,30 @@ static inline uint16_t bf16_store(float f) {
 #undef SUFFIX
 #undef LD
 #undef ST
+
+/* λ-SiLU: the same kernels with the logistic gate */
+#define fwd1 silu_fwd1
+#define bwd1 silu_bwd1
+#define T float
+#define SUFFIX _silu_f32
+#define LD(v) (v)
+#define ST(f) (f)
+#include "_kernels_body.h"
+#undef T
+#undef SUFFIX
+#undef LD
+#undef ST
+#define T uint16_t
+#define SUFFIX _silu_bf16
+#define LD(v) bf16_load(v)
+#define ST(f) bf16_store(f)
+#include "_kernels_body.h"
+#undef T
+#undef SUFFIX
+#undef LD
+#undef ST
+#undef fwd1
+#undef bwd1
 
 /* The inputs (columns of x (n, in)) that are non-zero in some row, in increasing order, written to
  * `active` (room for `in`); returns how many. NaN counts as non-zero, −0 as zero, as `x != 0` does.

@@ -38,6 +38,7 @@ from ._compiled import layout
 SOURCE = Path(__file__).with_name("_kernels.c")
 SOURCES = (SOURCE, SOURCE.with_name("_kernels_body.h"))  # everything the build reads
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+GATES = {"gelu": "", "silu": "silu_"}  # the gate Φ (λ-GELU) or σ (λ-SiLU): the entry points' infix
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {  # entry point (without the dtype suffix) → argument types; see _kernels_body.h
     "forward_runs": [_P, _P, _P, _I64, _I64, _I64, _I32],
@@ -111,31 +112,33 @@ class Kernels:
         if not path.exists():
             _build(cc, target, path)
         self.target, self.path, self.lib = target, path, ctypes.CDLL(str(path))
-        self.fns: dict[tuple[str, torch.dtype], Callable] = {}  # (entry point, dtype) → function
+        self.fns: dict[tuple[str, str, torch.dtype], Callable] = {}  # (entry point, gate, dtype) → function
         for dtype, sfx in _SUFFIX.items():
-            for name, argtypes in _SIGNATURES.items():
-                fn = getattr(self.lib, f"lg_{name}_{sfx}")
-                fn.argtypes = argtypes
-                self.fns[name, dtype] = fn
+            for gate, infix in GATES.items():
+                for name, argtypes in _SIGNATURES.items():
+                    fn = getattr(self.lib, f"lg_{name}_{infix}{sfx}")
+                    fn.argtypes = argtypes
+                    self.fns[name, gate, dtype] = fn
         self.sparse_linear_f32 = self.lib.lg_sparse_linear_f32  # lambda_gelu.sparse
         self.sparse_linear_f32.argtypes = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_linear_f32.restype = _I64
         self.active_union_f32 = self.lib.lg_active_union_f32
         self.active_union_f32.argtypes, self.active_union_f32.restype = [_P, _I64, _I64, _P], _I64
 
-    def forward(self, x: Tensor, lam: Tensor) -> Tensor:
+    def forward(self, x: Tensor, lam: Tensor, gate: str = "gelu") -> Tensor:
         x = x.detach().contiguous()
         lamf = lam.detach().to(torch.float32).contiguous()
         y = torch.empty_like(x)
         outer, c, inner = layout(x, lam)
         nt = _threads(x.numel())
         if inner == 1:  # λ varies along the contiguous dimension
-            self.fns["forward_last", x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, nt)
+            self.fns["forward_last", gate, x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, nt)
         else:
-            self.fns["forward_runs", x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, inner, nt)
+            self.fns["forward_runs", gate, x.dtype](x.data_ptr(), y.data_ptr(), lamf.data_ptr(), outer, c, inner, nt)
         return y
 
-    def backward(self, g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor, Tensor | None]:
+    def backward(self, g: Tensor, x: Tensor, lam: Tensor, need_lam: bool,
+                 gate: str = "gelu") -> tuple[Tensor, Tensor | None]:
         x = x.detach().contiguous()
         g = g.detach().to(x.dtype).contiguous()
         lamf = lam.detach().to(torch.float32).contiguous()
@@ -145,10 +148,10 @@ class Kernels:
         partial = torch.zeros(nt, c, dtype=torch.float64) if need_lam else None  # a row of sums per thread
         pp = partial.data_ptr() if need_lam else None
         if inner == 1:
-            self.fns["backward_last", x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
+            self.fns["backward_last", gate, x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
                                                outer, c, nt)
         else:
-            self.fns["backward_runs", x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
+            self.fns["backward_runs", gate, x.dtype](g.data_ptr(), x.data_ptr(), gx.data_ptr(), lamf.data_ptr(), pp,
                                                outer, c, inner, nt)
         grad_lam = partial.sum(0).to(lam.dtype).reshape(lam.shape) if need_lam else None
         return gx, grad_lam
@@ -191,12 +194,12 @@ def _threads(n: int) -> int:
     return max(1, min(torch.get_num_threads(), n // GRAIN))
 
 
-def forward(x: Tensor, lam: Tensor) -> Tensor:
-    return library().forward(x, lam)  # loaded already when called through lambda_gelu
+def forward(x: Tensor, lam: Tensor, gate: str = "gelu") -> Tensor:
+    return library().forward(x, lam, gate)  # loaded already when called through lambda_gelu
 
 
-def backward(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor, Tensor | None]:
-    return library().backward(g, x, lam, need_lam)
+def backward(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool, gate: str = "gelu") -> tuple[Tensor, Tensor | None]:
+    return library().backward(g, x, lam, need_lam, gate)
 
 
 # The same kernels as custom operators, so that inside a user's torch.compile'd model Inductor calls
@@ -204,21 +207,21 @@ def backward(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor,
 # slower loop). Eager code calls the functions above directly: dispatch through an operator costs more.
 
 @torch.library.custom_op("lambda_gelu::forward", mutates_args=())
-def forward_op(x: Tensor, lam: Tensor) -> Tensor:
-    return forward(x, lam)
+def forward_op(x: Tensor, lam: Tensor, gate: str = "gelu") -> Tensor:
+    return forward(x, lam, gate)
 
 
 @forward_op.register_fake
-def _(x, lam):
+def _(x, lam, gate="gelu"):
     return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("lambda_gelu::backward", mutates_args=())
-def backward_op(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool) -> tuple[Tensor, Tensor]:
-    grad_x, grad_lam = backward(g, x, lam, need_lam)
+def backward_op(g: Tensor, x: Tensor, lam: Tensor, need_lam: bool, gate: str = "gelu") -> tuple[Tensor, Tensor]:
+    grad_x, grad_lam = backward(g, x, lam, need_lam, gate)
     return grad_x, grad_lam if grad_lam is not None else lam.new_zeros(lam.shape)
 
 
 @backward_op.register_fake
-def _(g, x, lam, need_lam):
+def _(g, x, lam, need_lam, gate="gelu"):
     return x.new_empty(x.shape), lam.new_empty(lam.shape)

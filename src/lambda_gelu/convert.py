@@ -37,18 +37,21 @@ import torch.nn as nn
 
 from .batches import run_batch
 from .config import DEFAULTS, LambdaGELUConfig
-from .module import LambdaGELU
+from .module import LambdaGELU, LambdaSiLU
 
-__all__ = ["convert_to_lambda_gelu_", "to_relu_", "replace_modules_", "lambda_modules", "is_gelu_like", "GELU_LIKE",
-           "eval_mode", "relu_config_problem"]
+__all__ = ["convert_to_lambda_gelu_", "convert_to_lambda_silu_", "to_relu_", "replace_modules_", "lambda_modules",
+           "is_gelu_like", "is_silu_like", "is_reluizable", "GELU_LIKE", "SILU_LIKE", "eval_mode", "relu_config_problem"]
 
 GELU_LIKE = ("torch.nn.GELU", "transformers.*.GELUActivation", "transformers.*.NewGELUActivation",
              "transformers.*.GELUTanh", "transformers.*.PytorchGELUTanh",
              "transformers.*.FastGELUActivation", "transformers.*.AccurateGELUActivation",
              "timm.*.GELU", "timm.*.GELUTanh")
+# SiLU gates (Llama, Mistral, Qwen, SmolLM: SwiGLU), which reluize turns into ReLU as it does GELUs
+SILU_LIKE = ("torch.nn.SiLU", "transformers.*.SiLUActivation")
 _GELU_NAMES: dict[str, set[str]] = {}  # package → class names
 for _name in GELU_LIKE[1:]:
     _GELU_NAMES.setdefault(_name.split(".")[0], set()).add(_name.rsplit(".", 1)[1])
+_SILU_NAMES = {"transformers": {"SiLUActivation"}}
 # F.gelu(, functional.gelu(, a bare gelu( or gelu_new( — but not self.gelu( (a module attribute)
 _FUNCTIONAL_GELU = re.compile(r"(?:\bF\.|\bfunctional\.|(?<![\w.]))gelu\w*\s*\(")
 
@@ -59,6 +62,7 @@ _ACT_FIELD = re.compile(r"act|feed_forward_proj")
 # the values of those fields from which transformers builds a GELU_LIKE module (not quick_gelu, gelu_10)
 _GELU_VALUES = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
                           "gelu_accurate"})
+_GATE_VALUES = _GELU_VALUES | {"silu", "swish"}  # ... and those from which it builds a SILU_LIKE one
 
 FilterFn = Callable[[nn.Module, str], bool]
 
@@ -83,6 +87,19 @@ def is_gelu_like(module: nn.Module) -> bool:
         return True
     cls = type(module)
     return cls.__name__ in _GELU_NAMES.get(cls.__module__.split(".")[0], ())
+
+
+def is_silu_like(module: nn.Module) -> bool:
+    """True for the modules listed in ``SILU_LIKE`` (exactly SiLU: not a subclass with a forward of its own)."""
+    if type(module) is nn.SiLU:
+        return True
+    cls = type(module)
+    return cls.__name__ in _SILU_NAMES.get(cls.__module__.split(".")[0], ())
+
+
+def is_reluizable(module: nn.Module) -> bool:
+    """A gate ``reluize`` turns into an exact ReLU: GELU-like or SiLU-like."""
+    return is_gelu_like(module) or is_silu_like(module)
 
 
 def _plain(m: nn.Module, cls: type) -> bool:
@@ -194,24 +211,39 @@ def convert_to_lambda_gelu_(model: nn.Module, config: LambdaGELUConfig | None = 
     new λ parameters are float32 (λ needs the precision even in a bf16 model); build the optimizer
     after converting.
     """
-    config = config or DEFAULTS
-    kwargs = {"init_lambda": config.init_lambda, "temperature": config.temperature, **module_kwargs}
-    LambdaGELU(**kwargs)  # validate the arguments once, before touching the model
-    match = filter_fn or (lambda m, fqn: is_gelu_like(m))
     if filter_fn is None:
         _warn_functional_gelu(model)
+    return _convert_to_lambda(model, LambdaGELU, is_gelu_like, GELU_LIKE, "GELU", config, filter_fn, device,
+                              example_input, module_kwargs)
+
+
+def convert_to_lambda_silu_(model: nn.Module, config: LambdaGELUConfig | None = None,
+                            filter_fn: FilterFn | None = None, device: torch.device | str | None = None,
+                            example_input=None, **module_kwargs) -> list[str]:
+    """Replace, in place, every SiLU-like module (see ``SILU_LIKE``) by a :class:`LambdaSiLU`, x·σ(λx): the
+    SwiGLU gates of Llama-family FFNs. Arguments and result as :func:`convert_to_lambda_gelu_`'s."""
+    return _convert_to_lambda(model, LambdaSiLU, is_silu_like, SILU_LIKE, "SiLU", config, filter_fn, device,
+                              example_input, module_kwargs)
+
+
+def _convert_to_lambda(model, cls, like, names, what, config, filter_fn, device, example_input,
+                       module_kwargs) -> list[str]:
+    config = config or DEFAULTS
+    kwargs = {"init_lambda": config.init_lambda, "temperature": config.temperature, **module_kwargs}
+    cls(**kwargs)  # validate the arguments once, before touching the model
+    match = filter_fn or (lambda m, fqn: like(m))
     channels = _channel_counts(model, match, example_input, kwargs.get("channel_dim", -1)) if config.per_channel else {}
     devices = _devices(model)
 
     def make(old: nn.Module) -> nn.Module:
         extra = {"num_channels": channels[id(old)]} if config.per_channel else {}
-        return LambdaGELU(**kwargs, **extra).to(device if device is not None else devices[id(old)])
+        return cls(**kwargs, **extra).to(device if device is not None else devices[id(old)])
 
-    replaced = replace_modules_(model, match, make, "GELU")
+    replaced = replace_modules_(model, match, make, what)
     if not replaced:
-        raise ValueError("convert_to_lambda_gelu_ found no " + ("module that filter_fn accepts" if filter_fn else
-                                                                 "GELU module to replace (looked for: "
-                                                                 + ", ".join(GELU_LIKE) + ")"))
+        raise ValueError(f"convert_to_lambda_{what.lower()}_ found no " + (
+            "module that filter_fn accepts" if filter_fn else f"{what} module to replace (looked for: "
+            + ", ".join(names) + ")"))
     return replaced
 
 
@@ -263,18 +295,18 @@ def _channel_counts(model: nn.Module, match: FilterFn, example_input, channel_di
 def to_relu_(model: nn.Module, filter_fn: FilterFn | None = None, include_gelu: bool = False) -> list[str]:
     """Replace, in place, every ``LambdaGELU`` by an exact ``nn.ReLU``; returns the names replaced.
 
-    With ``include_gelu=True`` GELU-like modules are swapped too — the "direct swap" baseline that
-    ReLU-izes a GELU network without any hardening. The config of every Hugging Face model in ``model``
+    With ``include_gelu=True`` GELU-like and SiLU-like modules are swapped too — the "direct swap" baseline
+    that ReLU-izes a GELU (or SiLU) network without any hardening. The config of every Hugging Face model in ``model``
     then names ReLU, so that ``save_pretrained`` writes a checkpoint that loads as the ReLU network (or,
     where the config cannot say it, is left as it was, with a warning; see the module's docstring).
     """
     def is_target(m: nn.Module) -> bool:
-        return isinstance(m, LambdaGELU) or (include_gelu and is_gelu_like(m))
+        return isinstance(m, LambdaGELU) or (include_gelu and is_reluizable(m))
 
     match = (lambda m, fqn: is_target(m) and filter_fn(m, fqn)) if filter_fn else (lambda m, fqn: is_target(m))
     replaced = replace_modules_(model, match, lambda old: nn.ReLU(), "λ-GELU")
     if not replaced:
-        looked_for = "LambdaGELU" + (", " + ", ".join(GELU_LIKE) if include_gelu else "")
+        looked_for = "LambdaGELU" + (", " + ", ".join(GELU_LIKE + SILU_LIKE) if include_gelu else "")
         raise ValueError(f"to_relu_ found nothing to replace (looked for: {looked_for})")
     _name_relu_in_configs_(model)
     return replaced
@@ -301,7 +333,7 @@ def _relu_fields(config) -> dict[str, str]:
         value = getattr(config, name, None)
         if _ACT_FIELD.search(name) and isinstance(value, str):
             gated = value.lower().startswith("gated-")
-            if value.lower().removeprefix("gated-") in _GELU_VALUES:
+            if value.lower().removeprefix("gated-") in _GATE_VALUES:
                 out[name] = "gated-relu" if gated else "relu"
     return out
 
@@ -322,13 +354,16 @@ def _mismatch(hf: nn.Module, fields: dict[str, str], becomes_relu: FilterFn) -> 
     for name, m in hf.named_modules():
         relu = becomes_relu(m, name) or isinstance(m, nn.ReLU)
         b = built.get(name)
-        if not (relu or is_gelu_like(m) or isinstance(m, LambdaGELU) or is_gelu_like(b) or isinstance(b, nn.ReLU)):
+        if not (relu or is_reluizable(m) or isinstance(m, LambdaGELU) or is_reluizable(b) or isinstance(b, nn.ReLU)):
             continue
         expected = nn.ReLU if relu else type(m)
         if type(b) is not expected:
-            field = ", ".join(f"{k}={getattr(hf.config, k)!r}" for k in _relu_fields(hf.config)) or "none"
+            fields = _relu_fields(hf.config)
+            field = ", ".join(f"{k}={getattr(hf.config, k)!r}" for k in fields) or "none"
+            gate = "GELU or SiLU" if any(str(getattr(hf.config, k)).lower() in ("silu", "swish") for k in fields) \
+                else "GELU"
             return (f"at '{name or '<root>'}' the converted network has {expected.__name__} but its config (activation "
-                    f"fields naming GELU: {field}) builds {type(b).__name__ if b is not None else 'no module'} there")
+                    f"fields naming {gate}: {field}) builds {type(b).__name__ if b is not None else 'no module'} there")
     return None
 
 
@@ -337,7 +372,7 @@ def relu_config_problem(model: nn.Module, becomes_relu: FilterFn | None = None) 
     accepts (default: every GELU-like one) are exact ReLU, could not be saved with ``save_pretrained`` as a
     checkpoint that loads as that network: its config cannot name ReLU where it now is, or still builds GELU
     elsewhere. None if it could, or if ``model`` holds no Hugging Face model. Builds each on the meta device."""
-    match = becomes_relu or (lambda m, fqn: is_gelu_like(m))
+    match = becomes_relu or (lambda m, fqn: is_reluizable(m))
     for prefix, hf in _hugging_face_models(model):
         outer = f"{prefix}." if prefix else ""
         problem = _mismatch(hf, _relu_fields(hf.config), lambda m, fqn: match(m, outer + fqn))

@@ -10,9 +10,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .config import DEFAULTS
-from .functional import lambda_gelu
+from .functional import lambda_gelu, lambda_target
+from .silu import lambda_silu, silu_lambda_target
 
-__all__ = ["LambdaGELU", "lambda_to_raw", "raw_to_lambda"]
+__all__ = ["LambdaGELU", "LambdaSiLU", "lambda_to_raw", "raw_to_lambda"]
 
 DEFAULT_INIT_LAMBDA = DEFAULTS.init_lambda
 DEFAULT_TEMPERATURE = DEFAULTS.temperature
@@ -220,8 +221,15 @@ class LambdaGELU(nn.Module):
                     setattr(self, name, old.to(t.device))
         return self
 
+    _activation = staticmethod(lambda_gelu)   # the gate's op, f(x; λ)
+    _target = staticmethod(lambda_target)      # ε → the λ at which the gate is within ε of the step
+
+    def lambda_target_for(self, epsilon: float) -> float:
+        """The λ at which this layer's gate is within L1 distance ``epsilon`` of the step."""
+        return self._target(epsilon)
+
     def forward(self, x: Tensor) -> Tensor:
-        return lambda_gelu(x, self._lambda(), self.channel_dim)
+        return self._activation(x, self._lambda(), self.channel_dim)
 
     def extra_repr(self) -> str:
         lam = self.lam
@@ -232,3 +240,11 @@ class LambdaGELU(nn.Module):
                     f"lam=[{lam.min().item():.4g}, {lam.max().item():.4g}]")
         state = ", frozen" if self.frozen else ", annealing" if bool(self.lambda_annealing) else ""
         return f"{desc}, temperature={self.temperature:g}" + state
+
+
+class LambdaSiLU(LambdaGELU):
+    """λ-SiLU, x · σ(λx) (:mod:`lambda_gelu.silu`): exact SiLU at λ = 1, ReLU as λ → ∞, for the SiLU gates of
+    gated FFNs (SwiGLU). Everything else is :class:`LambdaGELU`'s: the parametrisation λ = 1 + softplus(s/t), the
+    hardening state in buffers, ``freeze``/``set_lambda``; its λ_target for a gap ε is 2 ln 2 / ε (≈ 277)."""
+    _activation = staticmethod(lambda_silu)
+    _target = staticmethod(silu_lambda_target)

@@ -5,12 +5,13 @@ from collections.abc import Callable
 
 import torch.nn as nn
 
-from .module import LambdaGELU
+from .module import LambdaGELU, LambdaSiLU
 
 __all__ = ["get_act_layer", "create_act", "ACTIVATIONS"]
 
 ACTIVATIONS: dict[str, Callable[..., nn.Module]] = {
     "lambda_gelu": LambdaGELU,
+    "lambda_silu": LambdaSiLU,
     "gelu": nn.GELU,
     "relu": nn.ReLU,
     "prelu": nn.PReLU,

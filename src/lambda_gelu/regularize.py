@@ -34,14 +34,14 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from .convert import is_gelu_like
+from .convert import is_reluizable
 from .module import LambdaGELU
 
 __all__ = ["SparsityRegularizer", "sparsity_factor"]
 
 
 def _is_activation(module: nn.Module, fqn: str) -> bool:
-    return isinstance(module, (LambdaGELU, nn.ReLU)) or is_gelu_like(module)
+    return isinstance(module, (LambdaGELU, nn.ReLU)) or is_reluizable(module)
 
 
 def sparsity_factor(progress: float, peak: float, start: float = 0.0, end: float = 1.0, stages: int = 1) -> float:

@@ -178,8 +178,9 @@ class HardeningSchedule:
         self.auto = _switch_rule(switch_at, probe)
         if epsilon is not None and lambda_target is not None:
             raise ValueError("give epsilon or lambda_target, not both")
+        self.epsilon = None if lambda_target is not None else config.epsilon if epsilon is None else epsilon
         if lambda_target is None:
-            lambda_target = _lambda_target(config.epsilon if epsilon is None else epsilon)
+            lambda_target = _lambda_target(self.epsilon)
         elif not isinstance(lambda_target, numbers.Real) or not 1.0 < lambda_target < float("inf"):
             raise ValueError(f"lambda_target must be a finite number > 1, got {lambda_target!r}")
         self.modules = {canonical_name(n): m for n, m in lambda_modules(model)}
@@ -320,11 +321,17 @@ class HardeningSchedule:
             return
         a = min(1.0, (k - switch) / (self.total_steps - switch)) if self.total_steps > switch else 1.0
         for m in self.modules.values():
+            target = self.target_of(m)
             if not self.freeze:
-                m.anneal_towards(self.lambda_target, a)  # records λ_learned the first time
+                m.anneal_towards(target, a)  # records λ_learned the first time
                 continue
             m.freeze()  # records λ_learned the first time; no-op after
-            m.set_lambda((1.0 - a) * m.lambda_start.double() + a * self.lambda_target)
+            m.set_lambda((1.0 - a) * m.lambda_start.double() + a * target)
+
+    def target_of(self, module) -> float:
+        """The λ ``module`` is annealed to: ``lambda_target`` if one was given, else the λ at which its own gate
+        (Φ for λ-GELU, σ for λ-SiLU) is within ``epsilon`` of the step."""
+        return self.lambda_target if self.epsilon is None else module.lambda_target_for(self.epsilon)
 
     def current_lambdas(self) -> dict[str, float | list[float]]:
         """λ of every layer by qualified name, for logging."""

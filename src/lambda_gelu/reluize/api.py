@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn as nn
 
-from ..convert import GELU_LIKE, _name_relu_in_configs_, is_gelu_like, relu_config_problem, replace_modules_
+from ..convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizable, relu_config_problem, replace_modules_
 from ..regularize import SparsityRegularizer
 from .batchnorm import NO_BATCHNORM, batchnorms, recalibrate_batchnorm_, two_values_per_channel
 from .blockwise import blockwise
@@ -37,7 +37,9 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConf
     optimizer steps to keep what its frozen original (the teacher) computes.
 
     Args:
-        model: any module whose activations are GELU-like modules (:data:`lambda_gelu.GELU_LIKE`).
+        model: any module whose activations are GELU-like or SiLU-like modules (:data:`lambda_gelu.GELU_LIKE`,
+            :data:`lambda_gelu.SILU_LIKE`): encoders, GPT-2, and the SwiGLU/GeGLU gates of Llama- and Gemma-family
+            language models.
         batches: tensors (one positional argument), tuples (positional arguments) or dicts (keyword
             arguments, as a tokenizer returns them); see :func:`lambda_gelu.batches.run_batch`. A list or
             DataLoader is iterated again when it runs out; a single tensor is one batch used at every step.
@@ -65,8 +67,9 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConf
     stream = batch_stream(batches)
     first = next(stream)
     stream_with_first = _prepend(first, stream)
-    if not any(is_gelu_like(m) for m in model.modules()):
-        raise ValueError("reluize found no GELU module to replace (looked for: " + ", ".join(GELU_LIKE) + ")")
+    if not any(is_reluizable(m) for m in model.modules()):
+        raise ValueError("reluize found no GELU module to replace, nor a SiLU one (looked for: "
+                         + ", ".join(GELU_LIKE + SILU_LIKE) + ")")
     norms = batchnorms(model)
     recalibrate = config.recalibrate
     if recalibrate is None:  # the default: BatchNorm re-estimated wherever it can be
@@ -84,8 +87,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConf
     with two_values_per_channel(model, norms if recalibrate else []):
         functional = functional_gelu_calls(model, first)
     if functional:
-        raise ValueError(f"{functional[0]} applies gelu as a function, which no module replacement can make "
-                         "ReLU; make it an nn.GELU module (or give reluize a model without it)")
+        raise ValueError(f"{functional[0]} as a function, which no module replacement can make ReLU; make it a "
+                         "module (nn.GELU, nn.SiLU), or give reluize a model without it")
     consumers = refit_consumers(model, first) if config.refit else {}
     low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
                   if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)})
@@ -149,9 +152,9 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
         calibration, stream = take_and_keep(stream, config.refit)
         replaced = swap_and_refit(model, calibration, config.ridge, consumers)
     elif config.schedule == "swap":
-        replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
+        replaced = replace_modules_(model, lambda m, fqn: is_reluizable(m), lambda old: nn.ReLU(), "GELU")
     else:
-        replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), AnnealedGELU, "GELU")
+        replaced = replace_modules_(model, lambda m, fqn: is_reluizable(m), AnnealedGELU, "GELU")
     result = ReluizeResult(replaced, refit=[layer for layers in consumers.values() for layer in layers])
     if recalibrate and config.schedule == "swap":
         calibration, stream = take_and_keep(stream, recalibrate)

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from ..batches import attention_mask, run_batch
-from ..convert import is_gelu_like, replace_modules_
+from ..convert import is_reluizable, replace_modules_
 from .capture import Stop, run_to_hook
 from .losses import relative_error
 from .result import ReluizeResult
@@ -40,7 +40,7 @@ class ReconstructionBlock:
 def reconstruction_blocks(model: nn.Module, batch) -> list[ReconstructionBlock]:
     """The blocks of ``schedule="blockwise"``, in the order ``batch``'s forward reaches them."""
     start, end = _forward_order(model, batch)
-    order = sorted((n for n in start if is_gelu_like(model.get_submodule(n))), key=start.get)
+    order = sorted((n for n in start if is_reluizable(model.get_submodule(n))), key=start.get)
     blocks: dict[str, ReconstructionBlock] = {}
     for fqn in order:
         parent_name = fqn.rpartition(".")[0]
@@ -208,6 +208,6 @@ def blockwise(model, teacher, stream, steps, first, lr, weight_decay, lr_schedul
                 break
     bar.close()
     # the activations of blocks not reached (the callback ended it) and of none (never called)
-    result.replaced += replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
+    result.replaced += replace_modules_(model, lambda m, fqn: is_reluizable(m), lambda old: nn.ReLU(), "GELU")
     result.seconds = time.perf_counter() - t0
     return result

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..batches import attention_mask, run_batch
-from ..convert import _is_conv1d, _name_relu_in_configs_, eval_mode, is_gelu_like, replace_modules_
+from ..convert import _is_conv1d, _name_relu_in_configs_, eval_mode, is_reluizable, replace_modules_
 from .capture import Stop, run_to_hook
 from .config import RIDGE
 
@@ -41,7 +41,7 @@ def refit_after_swap_(model: nn.Module, batches: Iterable, *, ridge: float = RID
 
 def swap_and_refit(model: nn.Module, batches: list, ridge: float, consumers: dict[str, list[str]]) -> list[str]:
     originals = dict(model.named_modules())
-    replaced = replace_modules_(model, lambda m, fqn: is_gelu_like(m), lambda old: nn.ReLU(), "GELU")
+    replaced = replace_modules_(model, lambda m, fqn: is_reluizable(m), lambda old: nn.ReLU(), "GELU")
     with eval_mode(model):
         for act, layers in consumers.items():
             _refit(model, act, originals[act], [model.get_submodule(n) for n in layers], batches, ridge)
@@ -77,7 +77,7 @@ def refit_consumers(model: nn.Module, batch) -> dict[str, list[str]]:
 
     handles, modules = [], dict(model.named_modules())
     for name, m in modules.items():
-        if is_gelu_like(m):
+        if is_reluizable(m):
             handles.append(m.register_forward_hook(returned(name)))
         elif _refittable(m):
             handles.append(m.register_forward_pre_hook(reads(name)))
