@@ -2,7 +2,7 @@
 
     python benchmarks/bench_op.py && python benchmarks/bench_model.py && python benchmarks/bench_compile.py \
         && python benchmarks/bench_sweep.py && python benchmarks/bench_switch.py && python benchmarks/bench_sparse.py \
-        && python benchmarks/report.py
+        && python benchmarks/bench_decode.py --model DIR && python benchmarks/report.py
 """
 from __future__ import annotations
 
@@ -139,6 +139,21 @@ def main():
                       f"sparsified ({c['speedup']:.2f}×), {c['zeros']:.0%} zeros; the same bytes: "
                       f"{'yes' if c['same_bytes'] else '**no**'}.{_amdahl(c)}"]
         lines.append("")
+    decode = RESULTS / "decode.json"
+    if decode.exists():
+        d = json.loads(decode.read_text())
+        h, tps = d["header"], d["tokens_per_s"]
+        lines += ["## Decoding a converted language model: gated FFNs sparsified", "",
+                  f"`python benchmarks/bench_decode.py --model {d['model']}` — greedy decoding of {d['new_tokens']} "
+                  f"tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, transformers' `generate` with "
+                  f"the KV cache, float32; {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by "
+                  f"`SparseGatedMLP`. {h['threads']} threads, {h['machine']}.", "",
+                  "| dense tokens/s | sparse tokens/s | × dense | same tokens | FFN share of dense decoding | gate zeros "
+                  "while decoding | FFN block × dense | Amdahl bound | bound with free FFNs |",
+                  "|---|---|---|---|---|---|---|---|---|",
+                  f"| {tps['dense']:.1f} | {tps['sparse']:.1f} | {d['speedup']:.2f} | "
+                  f"{'yes' if d['same_tokens'] else '**no**'} | {d['mlp_share']:.0%} | {d['gate_zeros']:.1%} | "
+                  f"{d['mlp_speedup']:.2f} | {d['amdahl_bound']:.2f} | {d['amdahl_free_mlp']:.2f} |", ""]
     lines += goals()
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")

