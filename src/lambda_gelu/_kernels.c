@@ -246,12 +246,16 @@ static void sparse_rows_f32(const float *x, const float *wt, float *acc, const i
     }
 }
 
-/* y from the active rows (x, active as lg_active_union_f32 lists them), on nt threads; −1 if the other
- * threads' partial sums could not be allocated, else 0. */
-static int sparse_product_f32(const float *x, const float *wt, const float *bias, float *y, const int64_t *active,
-                              int64_t n_active, int64_t n, int64_t in, int64_t out, int nt) {
+/* What a thread sums over the active units [a0, a1) into acc (n, out): one of the two kernels below, with its
+ * operands in `ctx`. */
+typedef void (*rows_fn)(const void *ctx, float *acc, const int64_t *active, int64_t a0, int64_t a1);
+
+/* y (n, out) = Σ over the active units of what `rows` sums for each, on nt threads (each sums a share of the units
+ * into a partial, added at the end), plus bias if given; −1 if the partial sums could not be allocated, else 0. */
+static int parallel_rows(rows_fn rows, const void *ctx, float *y, const float *bias, const int64_t *active,
+                         int64_t n_active, int64_t n, int64_t out, int nt) {
     if (nt <= 1) {  /* no parallel region: entering one, even for one thread, costs as much as a small layer */
-        sparse_rows_f32(x, wt, y, active, 0, n_active, n, in, out);
+        rows(ctx, y, active, 0, n_active);
         if (bias)
             for (int64_t k = 0; k < n * out; k++)
                 y[k] += bias[k % out];
@@ -266,7 +270,7 @@ static int sparse_product_f32(const float *x, const float *wt, const float *bias
         int64_t chunk = (n_active + threads - 1) / threads;
         int64_t a0 = t * chunk < n_active ? t * chunk : n_active;
         int64_t a1 = a0 + chunk < n_active ? a0 + chunk : n_active;
-        sparse_rows_f32(x, wt, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, active, a0, a1, n, in, out);
+        rows(ctx, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, active, a0, a1);
         #pragma omp barrier
         int64_t per = (n * out + threads - 1) / threads;  /* then each thread adds up one slice */
         int64_t k0 = t * per, k1 = k0 + per < n * out ? k0 + per : n * out;
@@ -279,6 +283,13 @@ static int sparse_product_f32(const float *x, const float *wt, const float *bias
     }
     free(partial);
     return 0;
+}
+
+struct linear_ctx { const float *x, *wt; int64_t n, in, out; };
+
+static void linear_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
+    const struct linear_ctx *l = c;
+    sparse_rows_f32(l->x, l->wt, acc, active, a0, a1, l->n, l->in, l->out);
 }
 
 /* One call does it all, as each call from Python costs microseconds, a sizeable share of a small
@@ -294,7 +305,8 @@ int64_t lg_sparse_linear_f32(const float *x, const float *wt, const float *bias,
     if (n_active <= max_active) {
         int64_t work = n_active * out * (n > 1 ? n : 1) / grain;
         int nt = work < max_threads ? (int)work : max_threads;
-        if (sparse_product_f32(x, wt, bias, y, active, n_active, n, in, out, nt) != 0)
+        struct linear_ctx ctx = {x, wt, n, in, out};
+        if (parallel_rows(linear_rows, &ctx, y, bias, active, n_active, n, out, nt) != 0)
             n_active = -1;
     }
     free(active);
@@ -304,7 +316,7 @@ int64_t lg_sparse_linear_f32(const float *x, const float *wt, const float *bias,
 /* Sparse gated FFN, float32 (lambda_gelu.sparse_gated): y = Σ_k (g[:, k] · (x · up[k])) downᵀ[k] over the units k
  * active in some row of g = relu(gate(x)) (n, ff), already computed. up is (ff, d), downᵀ (ff, out): an active
  * unit reads its row of each, contiguous, once for the whole batch; an inactive one reads neither. Threads
- * split the active units into partial sums added at the end, as sparse_product_f32 does. */
+ * split the active units into partial sums added at the end, in parallel_rows. */
 static void sparse_gated_rows_f32(const float *x, const float *g, const float *up, const float *down_t, float *acc,
                                   const int64_t *active, int64_t a0, int64_t a1, int64_t n, int64_t d, int64_t ff,
                                   int64_t out) {
@@ -337,6 +349,13 @@ static void sparse_gated_rows_f32(const float *x, const float *g, const float *u
     }
 }
 
+struct gated_ctx { const float *x, *g, *up, *down_t; int64_t n, d, ff, out; };
+
+static void gated_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
+    const struct gated_ctx *q = c;
+    sparse_gated_rows_f32(q->x, q->g, q->up, q->down_t, acc, active, a0, a1, q->n, q->d, q->ff, q->out);
+}
+
 /* One call: the active units of g, and if at most `max_active`, y from them, returning their count; if more,
  * that count and y untouched (the caller runs the dense block); −1 if buffers could not be allocated. */
 int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, const float *down_t, float *y,
@@ -349,34 +368,9 @@ int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, con
     if (n_active <= max_active) {
         int64_t work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
         int nt = work < max_threads ? (int)work : max_threads;
-        if (nt <= 1) {
-            sparse_gated_rows_f32(x, g, up, down_t, y, active, 0, n_active, n, d, ff, out);
-        } else {
-            float *partial = malloc((size_t)(nt - 1) * n * out * sizeof *partial);
-            if (!partial) {
-                free(active);
-                return -1;
-            }
-            #pragma omp parallel num_threads(nt)
-            {
-                int t = omp_get_thread_num(), threads = omp_get_num_threads();
-                int64_t chunk = (n_active + threads - 1) / threads;
-                int64_t a0 = t * chunk < n_active ? t * chunk : n_active;
-                int64_t a1 = a0 + chunk < n_active ? a0 + chunk : n_active;
-                sparse_gated_rows_f32(x, g, up, down_t, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, active,
-                                      a0, a1, n, d, ff, out);
-                #pragma omp barrier
-                int64_t per = (n * out + threads - 1) / threads;
-                int64_t k0 = t * per, k1 = k0 + per < n * out ? k0 + per : n * out;
-                for (int64_t k = k0; k < k1; k++) {
-                    float sum = y[k];
-                    for (int u = 1; u < threads; u++)
-                        sum += partial[(int64_t)(u - 1) * n * out + k];
-                    y[k] = sum;
-                }
-            }
-            free(partial);
-        }
+        struct gated_ctx ctx = {x, g, up, down_t, n, d, ff, out};
+        if (parallel_rows(gated_rows, &ctx, y, 0, active, n_active, n, out, nt) != 0)
+            n_active = -1;
     }
     free(active);
     return n_active;

@@ -200,11 +200,7 @@ def blockwise(model, teacher, stream, steps, first, lr, weight_decay, lr_schedul
             step += 1
             entry = {"step": step, "lam": float("inf"), "loss": value.item(), "seconds": time.perf_counter() - t0,
                      "block": block.name}
-            result.log.append(entry)
-            bar.set_postfix_str(f"{block.name} loss {entry['loss']:.4g}")
-            bar.update()
-            if callback is not None and callback(entry):
-                result.stopped = True
+            if result.record(entry, bar, f"{block.name} loss {entry['loss']:.4g}", callback):
                 break
     bar.close()
     # the activations of blocks not reached (the callback ended it) and of none (never called)

@@ -88,11 +88,7 @@ def distill(model, teacher, stream, steps: range, loss, optimizer, lr_schedule: 
             if penalty is not None:
                 entry["penalty"] = penalty.item()
                 regularizer.step()
-            result.log.append(entry)
-            bar.set_postfix_str(f"λ {entry['lam']:.3g} loss {entry['loss']:.4g}")
-            bar.update()
-            if callback is not None and callback(entry):
-                result.stopped = True
+            if result.record(entry, bar, f"λ {entry['lam']:.3g} loss {entry['loss']:.4g}", callback):
                 break
     bar.close()
     if annealed:

@@ -19,6 +19,15 @@ class ReluizeResult:
     stopped: bool = False
     loss: str = ""  # the loss's name; with "auto", the one it picked
 
+    def record(self, entry: dict, bar, label: str, callback) -> bool:
+        """Log one step's ``entry``, show it on ``bar`` as ``label``, hand it to ``callback``; True if the callback
+        ends the conversion there (``stopped`` is then set)."""
+        self.log.append(entry)
+        bar.set_postfix_str(label)
+        bar.update()
+        self.stopped = callback is not None and bool(callback(entry))
+        return self.stopped
+
     @property
     def final_loss(self) -> float:
         return self.log[-1]["loss"] if self.log else float("nan")

@@ -71,7 +71,7 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
              f"{first['max_tokens']} tokens"
              + "".join(f"; {note}" for _, has, note in _MODIFIERS if any(has(r) for r in reports))
              + f"), measured on {first['held_out_sentences']} held-out standard-library "
-             "docstring sentences against the original GELU model: mean cosine of the mean-pooled sentence "
+             "docstring sentences against the original model: mean cosine of the mean-pooled sentence "
              "embeddings, the share of each sentence's 10 nearest neighbours kept"
              + (", the perplexity ratio" if any(m[0] == "perplexity_ratio" for m in metrics) else "")
              + (f"; {AGREEMENT}" if any(m[0] == "agreement" for m in metrics) else "") + ".", ""]
