@@ -68,9 +68,11 @@ def main():
         def post(mod, a, out, i=i):
             spent[0] += time.perf_counter() - starts[i]
         hooks += [mlp.register_forward_pre_hook(pre), mlp.register_forward_hook(post)]
-        hooks.append(mlp.act_fn.register_forward_hook(
-            lambda mod, a, out: zeros.__setitem__(slice(0, 2), [zeros[0] + int((out == 0).sum()),
-                                                                 zeros[1] + out.numel()]) if out.shape[1] == 1 else None))
+        def count(mod, a, out):
+            if out.shape[1] == 1:  # decoding steps
+                zeros[0] += int((out == 0).sum())
+                zeros[1] += out.numel()
+        hooks.append(mlp.act_fn.register_forward_hook(count))
     t0 = time.perf_counter()
     generate(dense)
     total = time.perf_counter() - t0

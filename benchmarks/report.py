@@ -148,8 +148,8 @@ def main():
                   f"tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, transformers' `generate` with "
                   f"the KV cache, float32; {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by "
                   f"`SparseGatedMLP`. {h['threads']} threads, {h['machine']}.", "",
-                  "| dense tokens/s | sparse tokens/s | × dense | same tokens | FFN share of dense decoding | gate zeros "
-                  "while decoding | FFN block × dense | Amdahl bound | bound with free FFNs |",
+                  "| dense tokens/s | sparse tokens/s | × dense | same tokens | FFN share of dense decoding "
+                  "| gate zeros while decoding | FFN block × dense | Amdahl bound | bound with free FFNs |",
                   "|---|---|---|---|---|---|---|---|---|",
                   f"| {tps['dense']:.1f} | {tps['sparse']:.1f} | {d['speedup']:.2f} | "
                   f"{'yes' if d['same_tokens'] else '**no**'} | {d['mlp_share']:.0%} | {d['gate_zeros']:.1%} | "

@@ -264,7 +264,14 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(tiny_bert), "--out", out, "--text", str(empty)], "has no text"),
         (["reluize", str(tiny_bert), "--out", out, "--steps", "0"], "--steps must be ≥ 1, got 0"),
         (["reluize", str(tiny_bert), "--out", out, "--minutes", "0"], "--minutes must be > 0"),
-        (["reluize", str(tiny_bert), "--out", out, "--steps", "2", "--minutes", "1"], "give --steps or --minutes, not both"),
+        (["reluize", str(tiny_bert), "--out", out, "--minutes", "inf"], "--minutes must be > 0 and at most a year"),
+        (["reluize", str(tiny_bert), "--out", out, "--minutes", "1e300"], "--minutes must be > 0 and at most a year"),
+        (["reluize", str(tiny_bert), "--out", out, "--steps", "1e20"], "argument --steps: invalid int value"),
+        (["reluize", str(tiny_bert), "--out", out, "--steps", str(10 ** 20)], "--steps must be at most 2"),
+        (["reluize", str(tiny_bert), "--out", out, "--seed", "1e20"], "argument --seed: invalid int value"),
+        (["reluize", str(tiny_bert), "--out", out, "--seed", str(10 ** 20)], "--seed must be a whole number"),
+        (["reluize", str(tiny_bert), "--out", out, "--steps", "2", "--minutes", "1"],
+         "give --steps or --minutes, not both"),
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "cosine"], "invalid choice: 'cosine'"),
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "blockwise", "--repair", "1"],
          r"repair is the fraction of steps spent end to end after the blocks, in \[0, 1\); got 1.0"),
@@ -374,3 +381,17 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     assert main(["reluize-report", str(tmp_path), "--output", str(output)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is not a finished `lambda-gelu reluize` output" in err
+
+
+def test_the_refit_is_held_to_a_share_of_the_budget_on_a_model_where_it_is_slow(tiny_bert, tmp_path, monkeypatch,
+                                                                              capsys):
+    """A 110M encoder spent 5 of 10 minutes in the default refit: the refit now gets at most REFIT_SHARE of
+    --minutes, estimated from a timed forward and a timed solve (here: 0.5 s of solves and 1 s a batch against a
+    quarter of a 0.1-minute budget: one batch fits)."""
+    monkeypatch.setattr(reluize_hf, "_refit_seconds", lambda model, batch: (0.5, 1.0))
+    monkeypatch.setattr(reluize_hf, "_steps_for", lambda model, batch, seconds: 3)
+    out = tmp_path / "relu"
+    assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.1", "--batch-size", "8", "--quiet"]) == 0
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert report["refit_sentences"] == 8 and "instead" in report["refit_note"]
+    assert "refit over 8 sentences instead" in capsys.readouterr().err

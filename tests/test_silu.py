@@ -84,7 +84,8 @@ def test_the_registry_and_the_groups_know_it():
     assert lg.get_act_layer("lambda_silu") is lg.LambdaSiLU
     net = nn.Sequential(nn.Linear(4, 4), lg.LambdaSiLU(), nn.Linear(4, 2))
     groups = lg.lambda_param_groups(net, lr=1e-3)
-    assert any(p is net[1].s for g in groups for p in g["params"] if g["lr"] == pytest.approx(9e-3) and not g["weight_decay"])
+    assert any(p is net[1].s for g in groups for p in g["params"]
+               if g["lr"] == pytest.approx(9e-3) and not g["weight_decay"])
 
 
 def test_sparsity_penalty_reads_lambda_silu_outputs():

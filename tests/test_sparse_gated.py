@@ -134,3 +134,22 @@ def test_what_is_not_the_formula_or_not_a_relu_gate_is_left_dense():
         sparsify_(silu, min_weights=0)
     with pytest.raises(RuntimeError, match="for inference"):
         model.model.layers[0].mlp(torch.randn(1, 32, requires_grad=True))
+
+
+def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_exactly_enough():
+    """grain 1 makes every call multi-threaded: each thread sums a share of the active units into a partial."""
+    from lambda_gelu import _native
+    kernels = _native.library()
+    if kernels is None:
+        pytest.skip(f"the C kernels could not be built here: {_native.error()}")
+    torch.manual_seed(0)
+    n, d, ff, out = 3, 40, 200, 24
+    x, up, down_t = torch.randn(n, d), torch.randn(ff, d), torch.randn(ff, out)
+    g = torch.relu(torch.randn(n, ff) - 1.0)
+    y = torch.empty(n, out)
+    got = kernels.sparse_gated_f32(x.data_ptr(), g.data_ptr(), up.data_ptr(), down_t.data_ptr(), y.data_ptr(), n, d,
+                                   ff, out, ff, 2, 1)
+    assert got == int((g != 0).any(0).sum())
+    exact = (g.double() * (x.double() @ up.double().t())) @ down_t.double()
+    bound = ff * d * 2 ** -23 * ((g.double() * (x.double().abs() @ up.double().abs().t())) @ down_t.double().abs())
+    assert ((y.double() - exact).abs() <= 2 * bound + 1e-6).all()

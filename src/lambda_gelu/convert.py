@@ -40,7 +40,8 @@ from .config import DEFAULTS, LambdaGELUConfig
 from .module import LambdaGELU, LambdaSiLU
 
 __all__ = ["convert_to_lambda_gelu_", "convert_to_lambda_silu_", "to_relu_", "replace_modules_", "lambda_modules",
-           "is_gelu_like", "is_silu_like", "is_reluizable", "GELU_LIKE", "SILU_LIKE", "eval_mode", "relu_config_problem"]
+           "is_gelu_like", "is_silu_like", "is_reluizable", "GELU_LIKE", "SILU_LIKE", "eval_mode",
+           "relu_config_problem"]
 
 GELU_LIKE = ("torch.nn.GELU", "transformers.*.GELUActivation", "transformers.*.NewGELUActivation",
              "transformers.*.GELUTanh", "transformers.*.PytorchGELUTanh",

@@ -172,7 +172,8 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face GPT-2 blocks
     (``mlp.c_proj``, a ``Conv1D``) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
     is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``); the gated FFNs of
-    :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` whose own forward is ``down(relu(gate(x)) * up(x))``. Layers whose input is not
+    :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` whose own forward is ``down(relu(gate(x)) * up(x))``.
+    Layers whose input is not
     guaranteed to come from a ReLU are left alone, and so is every layer that SparseLinear would not
     reproduce exactly: a subclass with a forward of its own (torch.ao's quantization-aware Linear), a
     parametrized layer, one with forward hooks (which the replacement would drop; pruning's among them),

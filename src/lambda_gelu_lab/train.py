@@ -212,7 +212,8 @@ def train_run(task: Task, splits: Splits, cfg: RunConfig, keep_weights: bool = T
     if cfg.arm == "lambda-harden-learn":  # where λ(s) itself went while the blend carried λ to the target
         m["lambda_learned_end"] = {name: lg.raw_to_lambda(mod.s.detach(), mod.temperature).mean().item()
                                    for name, mod in lg.lambda_modules(model)}
-    if ARMS[cfg.arm].posthoc is not None and not diverged:  # test_acc above is the GELU original's; sub_* below the converted
+    # test_acc above is the GELU original's; sub_* below the converted network's
+    if ARMS[cfg.arm].posthoc is not None and not diverged:
         converted = convert_posthoc(model, cfg, x_train, total, gen)
         m["posthoc_steps"] = sum(1 for e in converted.log if e["step"])  # not the step-0 entry of the swap's work
         m["posthoc_seconds"] = converted.seconds

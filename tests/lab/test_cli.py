@@ -62,6 +62,8 @@ CASES = [  # (argv, results directory, message)
     (["run", "wine-mlp", "--arms", "gelu", "swish"], "store", "arm='swish' is invalid: must be one of gelu"),
     (["run", "wine-mlp", "--switch-at", "1.5"], "store", r"switch_at=1.5 is invalid: must be in \[0, 1\)"),
     (["run", "wine-mlp", "--seeds", "0"], "store", "--seeds must be ≥ 1, got 0"),
+    (["run", "wine-mlp", "--first-seed", str(10 ** 20)], "store", "--first-seed must be at most 2"),
+    (["run", "wine-mlp", "--seeds", str(10 ** 20)], "store", "--seeds must be at most 2"),
     (["run", "wine-mlp", "--epochs", "0"], "store", "--epochs must be ≥ 1, got 0"),
     (["run", "wine-mlp", "--threads", "-1"], "store", "--threads must be ≥ 1, got -1"),
     (["run", "wine-mlp", "--threads", "two"], "store", "argument --threads: invalid int value: 'two'"),

@@ -47,7 +47,8 @@ def test_the_posthoc_recalibration_is_a_variant_and_stored_posthoc_hashes_stay_v
                                              ({"arm": "reluize-swap", "posthoc_recalibrate": -1},
                                               "posthoc_recalibrate=-1"),
                                              ({"arm": "reluize-blockwise", "posthoc_recalibrate": 10},
-                                              "reluize-blockwise: recalibrate: used by schedule='swap' or 'anneal' only"),
+                                              "reluize-blockwise: recalibrate: used by schedule='swap' or "
+                                              "'anneal' only"),
                                              ({"arm": "lambda-harden-sparse", "switch_at": "auto"},
                                               "penalty starts rising at the switch point")])
 def test_bad_values_fail_when_built(change, message):

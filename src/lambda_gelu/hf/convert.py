@@ -35,7 +35,7 @@ HELD_OUT, CHECKPOINTS = 256, 8
 # batches, shorter, the refit's fixed work weighs more: 0.68-0.80 s against 0.46 s
 REFIT_STEP_COST = {"length": 1.75, "shuffled": 1.2}
 BUDGET_SHARE = 0.97  # of --minutes, what the step count is planned for: a step's time varied by ±3% between runs
-REFIT_SHARE = 0.25  # of --minutes, the most the refit may take (one batch of it timed on a copy of the model)
+REFIT_SHARE = 0.25  # of --minutes, the most the refit may take (estimated from a timed forward and a timed solve)
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
 
 
@@ -77,8 +77,8 @@ class ConversionConfig:
             return isinstance(v, int) and not isinstance(v, bool) and low <= v <= 2 ** 31
 
         need(self.steps is None or self.minutes is None, "give --steps or --minutes, not both")
-        need(self.steps is None or whole(self.steps, -2 ** 31) and self.steps >= 1, f"--steps must be ≥ 1, got "
-             f"{self.steps!r}")
+        need(self.steps is None or isinstance(self.steps, int) and not isinstance(self.steps, bool)
+             and self.steps >= 1, f"--steps must be ≥ 1, got {self.steps!r}")
         need(self.steps is None or whole(self.steps, 1), f"--steps must be at most 2^31, got {self.steps!r}")
         need(self.minutes is None or isinstance(self.minutes, (int, float)) and 0 < self.minutes <= 60 * 24 * 365,
              f"--minutes must be > 0 and at most a year, got {self.minutes!r}")
@@ -175,12 +175,12 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         mean = sum(padded) / len(padded)
         typical = encode([train[j] for j in epoch[min(range(len(epoch)), key=lambda i: abs(padded[i] - mean))]])
         if refit_batches:  # the refit gets at most REFIT_SHARE of the budget, whatever the model's size
-            one = _refit_seconds(model, typical)
-            fits = int(REFIT_SHARE * minutes * 60 / one)
+            fixed, one = _refit_seconds(model, typical)
+            fits = int((REFIT_SHARE * minutes * 60 - fixed) / one)
             if fits < refit_batches:
                 refit_note = (f"the refit of {refit} sentences would take more than {REFIT_SHARE:.0%} of --minutes "
-                              f"{minutes:g} on this model ({one:.1f} s a batch): refit over "
-                              f"{max(fits, 0) * batch_size} sentences instead")
+                              f"{minutes:g} on this model (about {fixed:.0f} s to solve its layers and {one:.1f} s a "
+                              f"batch): refit over {max(fits, 0) * batch_size} sentences instead")
                 refit, refit_batches = max(fits, 0) * batch_size, max(fits, 0)
                 log(f"note: {refit_note}")
         repair = config.reluize.repair
@@ -249,13 +249,28 @@ def _copy(src: Path, dst: Path) -> None:
     (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
 
 
-def _refit_seconds(model, batch) -> float:
-    """Seconds the refit of one batch takes on a copy of ``model`` (its fixed cost, the solves, included)."""
-    from ..reluize import refit_after_swap_
-    trial = copy.deepcopy(model)
+def _refit_seconds(model, batch) -> tuple[float, float]:
+    """What the refit will cost on ``model``: (seconds to solve its layers, seconds per batch), estimated from
+    one forward of ``batch`` and one solve of the largest layer, both timed, without running the refit. Per
+    batch, each activation's layers are reached by a forward up to it (together about half a forward per
+    activation), a gated FFN's block is run twice more, and each layer's Gram matrix is formed in float64."""
+    from ..reluize import refit_consumers
+    consumers = refit_consumers(model, batch)
+    with torch.no_grad():
+        t = time.perf_counter()
+        model(**batch)
+        forward = time.perf_counter() - t
+    layers = [model.get_submodule(n) for names in consumers.values() for n in names]
+    width = max(getattr(layer, "in_features", None) or layer.weight.shape[0] for layer in layers) + 1
+    gram = torch.randn(width, width, dtype=torch.float64)
+    gram = gram @ gram.T
     t = time.perf_counter()
-    refit_after_swap_(trial, [batch])
-    return time.perf_counter() - t
+    torch.linalg.lstsq(gram, gram[:, :8], driver="gelsd")
+    solve = time.perf_counter() - t
+    rows = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+    gram_seconds = len(layers) * rows * width * width * 2 / 2e9  # float64 products at about 2 GFLOP/s a core
+    per_batch = forward * (len(consumers) + 1) / 2 + 2 * forward * len(consumers.gated) / max(len(consumers), 1)
+    return len(layers) * solve, per_batch + gram_seconds
 
 
 def _steps_for(model, batch, seconds: float) -> int:

@@ -112,8 +112,8 @@ def markdown(r: dict) -> str:
              + (f"; {AGREEMENT}" if "agreement" in r["reluized"] else "") + ".", "",
              *([f"Exact zeros of the ReLU activations on the held-out sentences' real tokens: "
                 f"{100 * sum(r['zeros'].values()) / len(r['zeros']):.1f}% averaged over the {len(r['zeros'])} layers "
-                f"(from {100 * min(r['zeros'].values()):.1f}% to {100 * max(r['zeros'].values()):.1f}%; each layer's in "
-                "the JSON report).", ""] if r.get("zeros") else []),
+                f"(from {100 * min(r['zeros'].values()):.1f}% to {100 * max(r['zeros'].values()):.1f}%; "
+                "each layer's in the JSON report).", ""] if r.get("zeros") else []),
              f"| model | {head} |", f"|---|{rule}|",
              f"| direct GELU→ReLU swap, no training | {cells(r['direct_swap'])} |",
              f"| this checkpoint | {cells(r['reluized'])} |", "",

@@ -140,8 +140,8 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
              progress, callback) -> ReluizeResult:
     if config.schedule == "blockwise":
         blocks_steps = steps - round(config.repair * steps)
-        result = blockwise(model, teacher, stream, blocks_steps, first, config.lr, config.weight_decay, config.lr_schedule,
-                           progress, callback)
+        result = blockwise(model, teacher, stream, blocks_steps, first, config.lr, config.weight_decay,
+                           config.lr_schedule, progress, callback)
         if blocks_steps < steps and not result.stopped:
             distill(model, teacher, stream, range(blocks_steps, steps), loss,
                     optimizer or adamw(model, config.lr, config.weight_decay), config.lr_schedule, result, progress,

@@ -55,7 +55,8 @@ def reconstruction_blocks(model: nn.Module, batch) -> list[ReconstructionBlock]:
             name = f"{parent_name or '<root>'}[{start_at}:{stop}]"
             blocks.setdefault(name, ReconstructionBlock(name, children[start_at:stop])).activations.append(fqn)
         else:
-            blocks.setdefault(parent_name, ReconstructionBlock(parent_name or "<root>", [parent_name])).activations.append(fqn)
+            block = blocks.setdefault(parent_name, ReconstructionBlock(parent_name or "<root>", [parent_name]))
+            block.activations.append(fqn)
     return _enclose_what_follows(model, list(blocks.values()), start, end)
 
 
@@ -178,7 +179,8 @@ def blockwise(model, teacher, stream, steps, first, lr, weight_decay, lr_schedul
     for i, block in enumerate(blocks):
         if result.stopped:
             break
-        result.replaced += replace_modules_(model, lambda m, fqn: fqn in block.activations, lambda old: nn.ReLU(), "GELU")
+        result.replaced += replace_modules_(model, lambda m, fqn: fqn in block.activations, lambda old: nn.ReLU(),
+                                            "GELU")
         params = list({id(p): p for n in block.modules for p in model.get_submodule(n).parameters()
                        if p.requires_grad}.values())
         optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay) if params else None
