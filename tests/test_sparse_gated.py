@@ -153,3 +153,11 @@ def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_ex
     exact = (g.double() * (x.double() @ up.double().t())) @ down_t.double()
     bound = ff * d * 2 ** -23 * ((g.double() * (x.double().abs() @ up.double().abs().t())) @ down_t.double().abs())
     assert ((y.double() - exact).abs() <= 2 * bound + 1e-6).all()
+
+
+def test_when_nothing_can_be_replaced_the_error_says_why_and_the_model_is_untouched():
+    model = _relu_llama()
+    with pytest.raises(ValueError, match=r"gated FFN\(s\) with a ReLU gate, but can replace none: "
+                                         r"'model.layers.0.mlp' is smaller than min_weights"):
+        sparsify_(model)  # the tiny blocks are under MIN_WEIGHTS
+    assert not any(isinstance(m, SparseGatedMLP) for m in model.modules())

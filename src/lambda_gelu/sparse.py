@@ -182,37 +182,41 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     replaces every eligible layer)."""
     if isinstance(min_weights, bool) or not isinstance(min_weights, int) or min_weights < 0:
         raise ValueError(f"min_weights is a number of weights ≥ 0, got {min_weights!r}")
-    gated = []
+    gated, left = [], []  # gated FFNs to replace; and (name, why not) of those that stay dense
     for name, parent, attr, layout in list(gated_mlps(model)):
         mlp = parent._modules[attr] if parent is not None else None
-        if mlp is not None and formula_problem(mlp, layout) is None and \
-                getattr(mlp, layout.up).weight.numel() >= min_weights:
-            parent._modules[attr] = SparseGatedMLP.from_dense(mlp, layout, max(max_density, GATED_MAX_DENSITY))
-            gated.append(name)
+        problem = "is the model itself" if mlp is None else formula_problem(mlp, layout)
+        if problem is None and getattr(mlp, layout.up).weight.numel() < min_weights:
+            problem = f"is smaller than min_weights={min_weights} weights a projection"
+        (gated.append((name, parent, attr, layout)) if problem is None else left.append((name, problem)))
     eligible = list(_eligible(model))
-    if not eligible and gated:
-        return gated
-    if not eligible:
-        raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
-                         "right after nn.ReLU in an nn.Sequential, for the second FFN projection of Hugging Face "
-                         "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation, and for gated FFNs (Llama, "
-                         "Gemma) whose gate is an nn.ReLU (convert GELU or SiLU first, e.g. with "
-                         "lambda_gelu.to_relu_ or lambda_gelu.reluize)")
     why = {name: _kept_as_is(getattr(parent, attr)) for name, parent, attr in eligible}
     found = [(name, parent, attr) for name, parent, attr in eligible if why[name] is None]
-    if not found:
-        name = eligible[0][0]
-        raise ValueError(f"sparsify_ found {len(eligible)} linear layer(s) fed by an nn.ReLU, but none it can replace "
-                         f"without changing what it computes: {name!r} {why[name]}")
     large = [(name, parent, attr) for name, parent, attr in found if getattr(parent, attr).weight.numel() >= min_weights]
-    if not large:
+    if not gated and not large:  # nothing replaced: say why, the model untouched
+        if left:
+            raise ValueError(f"sparsify_ found {len(left)} gated FFN(s) with a ReLU gate, but can replace none: "
+                             f"{left[0][0]!r} {left[0][1]}")
+        if not eligible:
+            raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
+                             "right after nn.ReLU in an nn.Sequential, for the second FFN projection of Hugging Face "
+                             "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation, and for gated FFNs (Llama, "
+                             "Gemma) whose gate is an nn.ReLU (convert GELU or SiLU first, e.g. with "
+                             "lambda_gelu.to_relu_ or lambda_gelu.reluize)")
+        if not found:
+            name = eligible[0][0]
+            raise ValueError(f"sparsify_ found {len(eligible)} linear layer(s) fed by an nn.ReLU, but none it can "
+                             f"replace without changing what it computes: {name!r} {why[name]}")
         sizes = sorted({getattr(parent, attr).weight.numel() for _, parent, attr in found})
         raise ValueError(f"sparsify_ found {len(found)} linear layer(s) fed by an nn.ReLU, but all are smaller than "
                          f"min_weights={min_weights} weights (largest: {sizes[-1]}), where the sparse path is slower "
                          f"than the dense layer; pass min_weights=0 to replace them anyway")
+    for _, parent, attr, layout in gated:
+        parent._modules[attr] = SparseGatedMLP.from_dense(parent._modules[attr], layout,
+                                                          max(max_density, GATED_MAX_DENSITY))
     for _, parent, attr in large:
         setattr(parent, attr, SparseLinear.from_dense(getattr(parent, attr), max_density))
-    return gated + [name for name, _, _ in large]
+    return [name for name, *_ in gated] + [name for name, _, _ in large]
 
 
 @torch.no_grad()
