@@ -109,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
     rr.add_argument("--title", default=None, help="the report's title (default: MODEL → exact ReLU)")
     rr.set_defaults(func=_reluize_report)
 
+    ver = sub.add_parser("verify", help="decide a VNN-LIB robustness property of an ONNX ReLU network: sat, unsat or "
+                         "unknown, as VNN-COMP's verifiers answer")
+    ver.add_argument("onnx", metavar="MODEL.onnx")
+    ver.add_argument("vnnlib", metavar="PROPERTY.vnnlib")
+    ver.add_argument("--time-limit", type=float, default=60.0, help="seconds of search in all (default 60)")
+    ver.set_defaults(func=_verify)
+
     sub.add_parser("tasks", help="list the tasks").set_defaults(func=_tasks)
     return p
 
@@ -158,10 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         from .runner import SweepError
         from .store import StoreError
     except ImportError as e:  # pragma: no cover - only without the [lab] extra
-        if getattr(args, "func", None) is not _reluize:
+        if getattr(args, "func", None) not in (_reluize, _verify):  # these two need none of the lab
             print(f"error: the lab needs its extra: pip install 'lambda-gelu[lab]' ({e})", file=sys.stderr)
             return 2
-        ConfigError = DataError = StoreError = SweepError = ()  # noqa: N806 - reluize needs none of the lab
+        ConfigError = DataError = StoreError = SweepError = ()  # noqa: N806
     try:
         _check_args(args)
         if getattr(args, "threads", None) and getattr(args, "executor", "local") == "local" and (
@@ -230,6 +237,28 @@ def _reluize(args, command) -> int:
 def _reluize_report(args, command) -> int:
     from .report.conversions import conversions_report
     print(conversions_report(args.dirs, args.output, command, args.title))
+    return 0
+
+
+def _verify(args, command) -> int:
+    """Prints VNN-COMP's verdict word, and for sat the counterexample as ((X_i value) ... (Y_j value) ...)."""
+    import torch
+
+    from lambda_gelu.onnx_chain import load_onnx_chain
+    from lambda_gelu.verify import verify_point
+    from lambda_gelu.vnnlib import VERDICTS, read_robustness
+    if not 0 < args.time_limit < float("inf"):
+        raise ValueError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
+    model = load_onnx_chain(args.onnx)
+    prop = read_robustness(args.vnnlib)
+    x = torch.as_tensor((prop.lo + prop.hi) / 2, dtype=torch.float32)
+    result = verify_point(model, x, prop.label, prop.lo, prop.hi, time_limit=args.time_limit)
+    print(VERDICTS[result.status])
+    if result.counterexample is not None:
+        with torch.no_grad():
+            y = model(torch.as_tensor(result.counterexample, dtype=torch.float32).reshape(1, -1))[0]
+        print("(" + "\n".join([f"(X_{i} {float(v)!r})" for i, v in enumerate(result.counterexample)]
+                              + [f"(Y_{j} {float(v)!r})" for j, v in enumerate(y)]) + ")")
     return 0
 
 
