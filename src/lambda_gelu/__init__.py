@@ -1,19 +1,19 @@
 """λ-GELU: learnable gating hardness, from smooth GELU training to exact-ReLU deployment.
 
-    f(x; λ) = x · Φ(λx),   λ = 1: GELU,   λ → ∞: ReLU.
+    f(x; λ) = x · Φ(λx),   λ = 1: GELU,   λ → ∞: ReLU      (λ-SiLU: x · σ(λx), the same for SiLU gates)
 
 The pieces, one per file: ``config`` (``LambdaGELUConfig``, the paper's settings in one place),
-``functional`` (the op and its math; ``_compiled`` and ``_native`` its fused kernels), ``silu`` (λ-SiLU,
-x·σ(λx), the same family for SiLU gates),
-``module`` (``LambdaGELU``), ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``),
-``convert`` (model surgery), ``registry`` (activations by name), ``reluize`` (a pretrained GELU
-network → exact ReLU: annealed distillation from its frozen original), ``regularize``
-(``SparsityRegularizer``: a progressive L1 penalty on the activations, for more exact zeros),
-``distributed`` (``replicate_lambdas``: λ kept whole on every rank under FSDP).
-Imported on demand: ``sparse`` (linear layers that read only their non-zero inputs; activation
-sparsity), ``deploy`` (ONNX export, int8 with ONNX Runtime; the ``[deploy]`` extra) and ``verify``
-(interval/CROWN bounds and exact MILP verification of ReLU networks; scipy only);
-``integrations.transformers`` and ``integrations.lightning`` (hardening callbacks for those trainers).
+``functional`` (the op and its math; ``_compiled`` and ``_native`` its fused kernels), ``silu`` (λ-SiLU),
+``module`` (``LambdaGELU``, ``LambdaSiLU``), ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``),
+``convert`` (model surgery), ``batches`` (running a batch of any form through a model), ``registry``
+(activations by name), ``reluize`` (a package: a pretrained GELU or SiLU network → exact ReLU, distilling from its
+frozen original), ``regularize`` (``SparsityRegularizer``: a progressive L1 penalty on the activations, for more
+exact zeros), ``distributed`` (``replicate_lambdas``: λ kept whole on every rank under FSDP).
+Imported on demand: ``hf`` (Hugging Face checkpoints → ReLU checkpoints; the ``[hf]`` extra), ``sparse`` and
+``sparse_gated`` (linear layers and gated FFNs that read only their active inputs' weights), ``deploy`` (ONNX
+export, int8 with ONNX Runtime; the ``[deploy]`` extra), ``verify`` (interval/CROWN bounds and exact MILP
+verification of ReLU networks; scipy only), ``vnnlib`` and ``onnx_chain`` (VNN-LIB properties and ONNX networks
+for it), ``integrations.transformers`` and ``integrations.lightning`` (hardening callbacks for those trainers).
 """
 from .config import DEFAULTS, LambdaGELUConfig
 from .convert import (GELU_LIKE, SILU_LIKE, convert_to_lambda_gelu_, convert_to_lambda_silu_, is_gelu_like,
