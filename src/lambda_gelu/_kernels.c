@@ -124,17 +124,6 @@ static void split(int64_t n, int64_t align, int tid, int nt, int64_t *lo, int64_
 #define CAT(a, b) CAT_(a, b)
 #define NAME(f) CAT(f, SUFFIX)
 
-/* float32 */
-#define T float
-#define SUFFIX _f32
-#define LD(v) (v)
-#define ST(f) (f)
-#include "_kernels_body.h"
-#undef T
-#undef SUFFIX
-#undef LD
-#undef ST
-
 /* bfloat16: the upper half of a float32; stores round to nearest even, as torch's conversion */
 static inline float bf16_load(uint16_t v) {
     uint32_t bits = (uint32_t)v << 16;
@@ -148,37 +137,18 @@ static inline uint16_t bf16_store(float f) {
     uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
     return (uint16_t)(f != f ? 0x7FC0u : rounded); /* NaN → the quiet NaN torch's conversion gives */
 }
-#define T uint16_t
-#define SUFFIX _bf16
-#define LD(v) bf16_load(v)
-#define ST(f) bf16_store(f)
-#include "_kernels_body.h"
-#undef T
-#undef SUFFIX
-#undef LD
-#undef ST
 
-/* λ-SiLU: the same kernels with the logistic gate */
+/* λ-GELU's kernels for float32 and bfloat16 (_f32, _bf16) ... */
+#define GATE
+#include "_kernels_types.h"
+#undef GATE
+
+/* ... and λ-SiLU's: the same loops with the logistic gate (_silu_f32, _silu_bf16) */
 #define fwd1 silu_fwd1
 #define bwd1 silu_bwd1
-#define T float
-#define SUFFIX _silu_f32
-#define LD(v) (v)
-#define ST(f) (f)
-#include "_kernels_body.h"
-#undef T
-#undef SUFFIX
-#undef LD
-#undef ST
-#define T uint16_t
-#define SUFFIX _silu_bf16
-#define LD(v) bf16_load(v)
-#define ST(f) bf16_store(f)
-#include "_kernels_body.h"
-#undef T
-#undef SUFFIX
-#undef LD
-#undef ST
+#define GATE _silu
+#include "_kernels_types.h"
+#undef GATE
 #undef fwd1
 #undef bwd1
 

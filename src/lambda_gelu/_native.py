@@ -36,7 +36,7 @@ from torch import Tensor
 from ._compiled import layout
 
 SOURCE = Path(__file__).with_name("_kernels.c")
-SOURCES = (SOURCE, SOURCE.with_name("_kernels_body.h"))  # everything the build reads
+SOURCES = (SOURCE, SOURCE.with_name("_kernels_body.h"), SOURCE.with_name("_kernels_types.h"))  # all it reads
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 GATES = {"gelu": "", "silu": "silu_"}  # the gate Φ (λ-GELU) or σ (λ-SiLU): the entry points' infix
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
