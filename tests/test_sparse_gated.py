@@ -161,3 +161,16 @@ def test_when_nothing_can_be_replaced_the_error_says_why_and_the_model_is_untouc
                                          r"'model.layers.0.mlp' is smaller than min_weights"):
         sparsify_(model)  # the tiny blocks are under MIN_WEIGHTS
     assert not any(isinstance(m, SparseGatedMLP) for m in model.modules())
+
+
+def test_a_projection_the_sparse_block_would_not_reproduce_keeps_its_block_dense():
+    from torch.nn.utils import parametrize
+
+    class Doubled(nn.Module):
+        def forward(self, w):
+            return 2 * w
+    model = _relu_llama()
+    parametrize.register_parametrization(model.model.layers[0].mlp.up_proj, "weight", Doubled())
+    model.model.layers[1].mlp.down_proj.weight.data[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"'model.layers.0.mlp' \(up_proj\) has a parametrization"):
+        sparsify_(model, min_weights=0)

@@ -185,7 +185,9 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     gated, left = [], []  # gated FFNs to replace; and (name, why not) of those that stay dense
     for name, parent, attr, layout in list(gated_mlps(model)):
         mlp = parent._modules[attr] if parent is not None else None
-        problem = "is the model itself" if mlp is None else formula_problem(mlp, layout)
+        problem = "is the model itself" if mlp is None else next(
+            (f"({a}) {why}" for a in (layout.gate, layout.up, layout.down) if (why := _kept_as_is(getattr(mlp, a)))),
+            None) or formula_problem(mlp, layout)
         if problem is None and getattr(mlp, layout.up).weight.numel() < min_weights:
             problem = f"is smaller than min_weights={min_weights} weights a projection"
         (gated.append((name, parent, attr, layout)) if problem is None else left.append((name, problem)))

@@ -129,13 +129,12 @@ def gated_mlps(model: nn.Module):
 
 @torch.no_grad()
 def formula_problem(mlp: nn.Module, layout: GatedLayout) -> str | None:
-    """Why ``mlp``'s own forward is not ``down(relu(gate(x)) * up(x))`` on a probe input (None if it is)."""
+    """Why ``mlp``'s own forward is not ``down(relu(gate(x)) * up(x))`` on a probe input, or it has hooks the
+    replacement would drop (None if neither); its projections are checked as any sparse layer's
+    (:func:`lambda_gelu.sparse._kept_as_is`)."""
     gate, up, down = (getattr(mlp, a) for a in (layout.gate, layout.up, layout.down))
-    if mlp._forward_hooks or mlp._forward_pre_hooks or any(p._forward_hooks or p._forward_pre_hooks
-                                                          for p in (gate, up, down)):
+    if mlp._forward_hooks or mlp._forward_pre_hooks:
         return "has forward hooks, which replacing it would drop"
-    if not all(torch.isfinite(p.weight).all() for p in (gate, up, down)):
-        return "has non-finite weights: a skipped zero unit would turn 0·inf = NaN into 0"
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(3, gate.in_features, generator=generator).to(gate.weight)
     try:
