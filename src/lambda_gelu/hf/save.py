@@ -71,9 +71,8 @@ def write_atomically(target: Path, fill) -> list[str]:
         os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes it 0700; a checkpoint is as readable as any new directory
         files = files_in(tmp)
         if target.exists():
-            (tmp / _MARK).touch()  # after the exchange, tmp holds the old conversion: removable if we die now
+            (target / _MARK).touch()  # once exchanged into tmp, the old conversion is removable if we die then
             _exchange(tmp, target)
-            (target / _MARK).unlink()
         else:
             os.replace(tmp, target)
         return files
@@ -99,7 +98,6 @@ def _exchange(a: Path, b: Path) -> None:
                 return
     old = b.with_name(f".{b.name}.{_PREFIX}old")
     os.replace(b, old)
-    (old / _MARK).touch()
     os.replace(a, b)
     os.rename(old, a)
 
@@ -131,7 +129,7 @@ _KNOWN = ("config.json", "generation_config.json", "model.safetensors", "model-"
 
 def _not_written_by_conversion(path: Path) -> list[str]:
     """The files in ``path`` that the conversion which wrote it did not (its report lists what it wrote)."""
-    present = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+    present = files_in(path)  # a marker left by a run killed just before its exchange does not count
     try:
         written = json.loads((path / REPORT).read_text(encoding="utf-8")).get("files")
     except (OSError, ValueError, AttributeError):
