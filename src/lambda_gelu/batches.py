@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import torch.nn as nn
 
-__all__ = ["run_batch", "attention_mask"]
+__all__ = ["run_batch", "attention_mask", "wrapped"]
 
 
 def run_batch(model: nn.Module, batch, *, hidden_states: bool = False):
@@ -23,16 +23,31 @@ def run_batch(model: nn.Module, batch, *, hidden_states: bool = False):
     that can give them (its forward names ``output_hidden_states``, or it is a Hugging Face model) for
     its hidden states, unless the batch already says."""
     if isinstance(batch, Mapping):
-        first = _first_required(type(model))
+        inner = wrapped(model)  # what a DDP, FSDP or torch.compile wrapper runs: its forward says what it takes
+        first = _first_required(type(inner))
         if first is not None and first not in batch:  # the mapping is that argument: sentence-transformers' features
             return model(batch)
         kwargs = dict(batch)
-        if hidden_states and _takes_hidden_states(model):
+        if hidden_states and _takes_hidden_states(inner):
             kwargs.setdefault("output_hidden_states", True)
         return model(**kwargs)
     if isinstance(batch, (tuple, list)):
         return model(*batch)
     return model(batch)
+
+
+def wrapped(model: nn.Module) -> nn.Module:
+    """The module inside DDP, DataParallel, FSDP and ``torch.compile`` wrappers (``model`` itself if none)."""
+    while True:
+        inner = getattr(model, "_orig_mod", None)  # torch.compile
+        if inner is None and type(model).__name__ in _WRAPPERS:
+            inner = getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+_WRAPPERS = ("DistributedDataParallel", "DataParallel", "FullyShardedDataParallel")
 
 
 def attention_mask(batch):

@@ -4,7 +4,8 @@
     result = lambda_gelu.reluize(model, batches, 300, ReluizeConfig(schedule="anneal", lr=1e-4))
 
 One module per part: ``config`` (:class:`ReluizeConfig`, every setting and rule), ``api`` (:func:`reluize`),
-``distill`` (the swap and the anneal: the whole network trained end to end), ``blockwise`` (block by block
+``reluizer`` (:class:`Reluizer`: the swap and the anneal, step by step, for a loop of your own), ``distill``
+(reluize's loop over those steps), ``blockwise`` (block by block
 reconstruction), ``refit`` (the least-squares refit after the swap), ``batchnorm`` (BatchNorm re-estimation),
 ``losses`` (the named distillation losses), ``stream`` (the batches), ``probes`` (GELU applied as a function).
 
@@ -18,11 +19,11 @@ from .api import reluize
 from .batchnorm import recalibrate_batchnorm_
 from .blockwise import ReconstructionBlock, reconstruction_blocks
 from .config import LR_SCHEDULES, RECALIBRATE, RIDGE, SCHEDULES, ReluizeConfig
-from .distill import AnnealedGELU
+from .reluizer import AnnealedGELU, Reluizer
 from .losses import LOSSES, AutoLoss, distillation_loss, mean_pool
 from .refit import refit_after_swap_, refit_consumers
 from .result import ReluizeResult
 
-__all__ = ["reluize", "ReluizeConfig", "ReluizeResult", "SCHEDULES", "LR_SCHEDULES", "RIDGE", "RECALIBRATE",
+__all__ = ["reluize", "Reluizer", "ReluizeConfig", "ReluizeResult", "SCHEDULES", "LR_SCHEDULES", "RIDGE", "RECALIBRATE",
            "LOSSES", "AutoLoss", "distillation_loss", "mean_pool", "reconstruction_blocks", "ReconstructionBlock",
            "AnnealedGELU", "refit_after_swap_", "refit_consumers", "recalibrate_batchnorm_"]

@@ -3,7 +3,6 @@ schedule, and leaves either the exact-ReLU network or, if anything fails part-wa
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -12,22 +11,19 @@ import torch
 import torch.nn as nn
 
 from ..convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizable, relu_config_problem, replace_modules_
-from ..regularize import SparsityRegularizer
 from .batchnorm import NO_BATCHNORM, batchnorms, recalibrate_batchnorm_, two_values_per_channel
 from .blockwise import blockwise
 from .config import RECALIBRATE, ReluizeConfig
-from .distill import AnnealedGELU, distill
+from .distill import distill
 from .losses import get_loss
 from .probes import functional_gelu_calls
 from .refit import refit_consumers, swap_and_refit
+from .reluizer import AnnealedGELU, Reluizer, configured
 from .result import ReluizeResult
 from .stream import batch_stream, take_and_keep
 from .training import adamw
 
 __all__ = ["reluize"]
-
-_SETTINGS = frozenset(f.name for f in dataclasses.fields(ReluizeConfig))
-
 
 def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConfig | None = None, *,
             teacher: nn.Module | None = None, loss: str | Callable | None = None,
@@ -61,7 +57,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConf
     raised part-way (a batch the model cannot take, an interrupt) puts the original network back in ``model``
     before it propagates, and says so in a note on the exception.
     """
-    config = _configure(config, settings, loss)
+    config = configured(config, settings, loss)
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     stream = batch_stream(batches)
@@ -116,21 +112,6 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConf
     return result
 
 
-def _configure(config: ReluizeConfig | None, settings: dict, loss) -> ReluizeConfig:
-    config = config or ReluizeConfig()
-    if not isinstance(config, ReluizeConfig):
-        raise TypeError(f"config must be a ReluizeConfig, got {type(config).__name__}")
-    unknown = sorted(set(settings) - _SETTINGS)
-    if unknown:
-        raise TypeError(f"reluize got unknown setting(s) {', '.join(unknown)}; ReluizeConfig has "
-                        f"{', '.join(sorted(_SETTINGS))}")
-    if isinstance(loss, str):
-        settings = {**settings, "loss": loss}
-    elif loss is not None and not callable(loss):
-        raise TypeError(f"loss must be a name or a callable, got {type(loss).__name__}")
-    return config.replace(**settings) if settings else config
-
-
 def _prepend(first, stream):
     yield first
     yield from stream
@@ -143,9 +124,9 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
         result = blockwise(model, teacher, stream, blocks_steps, first, config.lr, config.weight_decay,
                            config.lr_schedule, progress, callback)
         if blocks_steps < steps and not result.stopped:
-            distill(model, teacher, stream, range(blocks_steps, steps), loss,
-                    optimizer or adamw(model, config.lr, config.weight_decay), config.lr_schedule, result, progress,
-                    callback)
+            repair = Reluizer.converted(model, teacher, steps - blocks_steps, config, loss, [], sparsity=False)
+            distill(repair, stream, range(blocks_steps, steps), optimizer or adamw(model, config.lr,
+                    config.weight_decay), config.lr_schedule, result, progress, callback)
         return result
     t0 = time.perf_counter()
     if config.refit:
@@ -164,12 +145,9 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
         result.log.append({"step": 0, "lam": float("inf"), "loss": float("nan"), "seconds": result.seconds})
         result.stopped = callback is not None and bool(callback(result.log[-1]))
     if not result.stopped:  # the callback may end it at step 0, after the refit or the re-estimation
-        converted = set(replaced)  # the same names hold the annealed GELUs, then their ReLUs
-        regularizer = SparsityRegularizer(model, steps, config.sparsity, end=config.anneal, stages=3,
-                                          filter_fn=lambda m, fqn: fqn in converted) if config.sparsity else None
-        distill(model, teacher, stream, range(steps), loss, optimizer or adamw(model, config.lr, config.weight_decay),
-                config.lr_schedule, result, progress, callback, anneal_steps=max(1, round(config.anneal * steps)),
-                lam_target=config.lambda_target, regularizer=regularizer,
+        reluizer = Reluizer.converted(model, teacher, steps, config, loss, replaced)
+        distill(reluizer, stream, range(steps), optimizer or adamw(model, config.lr, config.weight_decay),
+                config.lr_schedule, result, progress, callback,
                 recalibrate=recalibrate if config.schedule == "anneal" else 0)
     return result
 

@@ -1,0 +1,163 @@
+"""The step-wise Reluizer: the same steps as reluize() in a loop of your own, and under the Hugging Face Trainer —
+in one process, or over two gloo ranks with DDP, equal to one process on the whole batch."""
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+import lambda_gelu as lg
+from lambda_gelu.reluize import Reluizer
+
+STEPS = 12
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.SiLU(), nn.Linear(32, 4))
+
+
+def _batches():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(16, 8, generator=g) for _ in range(STEPS)]
+
+
+@pytest.mark.parametrize("settings", [dict(schedule="swap"), dict(schedule="anneal", anneal=0.5, sparsity=0.01)])
+def test_a_loop_of_your_own_over_the_reluizer_is_reluize(settings):
+    """Same optimizer, same batches: the weights and the losses are reluize()'s, bit for bit."""
+    reference = _mlp()
+    result = lg.reluize(reference, _batches(), STEPS, lr=1e-3, weight_decay=0.01, lr_schedule="constant", **settings)
+
+    model = _mlp()
+    reluizer = Reluizer(model, STEPS, **settings)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    model.eval()
+    losses, lams = [], []
+    for batch in _batches():
+        loss = reluizer.loss(batch)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(reluizer.last["loss"].item())
+        lams.append(reluizer.last["lam"])
+        reluizer.step()
+    reluizer.finish()
+    assert losses == [e["loss"] for e in result.log] and lams == [e["lam"] for e in result.log]
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))
+    assert [type(m).__name__ for m in model] == ["Linear", "ReLU", "Linear", "ReLU", "Linear"]
+    assert not any(m._forward_hooks for m in model.modules())  # the sparsity penalty's hooks are gone
+
+
+def test_a_resumed_reluizer_goes_on_at_its_step():
+    model, teacher = _mlp(), _mlp()
+    reluizer = Reluizer(model, STEPS, schedule="anneal", anneal=0.5, teacher=teacher)
+    for _ in range(3):
+        reluizer.step()
+    lam = reluizer.lam
+    again = Reluizer(_mlp(), STEPS, schedule="anneal", anneal=0.5, teacher=teacher)
+    again.load_state_dict(reluizer.state_dict())
+    assert again.lam == lam and 1 < lam < float("inf")
+    again.load_state_dict({"step": 6})  # past the anneal: exact ReLU
+    assert again.lam == float("inf") and sum(isinstance(m, nn.ReLU) for m in again.model.modules()) == 2
+
+
+@pytest.mark.parametrize("settings, message", [(dict(refit=2), "refit=2: needs batches before the first step"),
+                                               (dict(schedule="blockwise"), "schedule=blockwise: needs batches"),
+                                               (dict(recalibrate=5), "recalibrate=5")])
+def test_what_needs_batches_before_the_first_step_is_left_to_reluize(settings, message):
+    model = _mlp()
+    with pytest.raises(ValueError, match=message):
+        Reluizer(model, STEPS, **settings)
+    assert isinstance(model[1], nn.GELU)  # refused before any change
+    with pytest.raises(ValueError, match="no GELU module"):
+        Reluizer(nn.Sequential(nn.Linear(2, 2)), STEPS)
+
+
+# --- under the Hugging Face Trainer -------------------------------------------------------------------------------
+
+BATCH, WORLD = 4, 2
+
+
+def _llama():
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    return transformers.LlamaForCausalLM(config)
+
+
+class _Tokens(torch.utils.data.Dataset):
+    """Equal-length sequences: every rank's mean over its tokens weighs as the whole batch's."""
+
+    def __init__(self):
+        self.ids = torch.randint(0, 64, (STEPS * BATCH, 16), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.ids[i]}
+
+
+def _logits_kl(student, teacher, batch):
+    """A mean over tokens, as one process over the whole batch computes it; the default loss's hidden-state term
+    (a ratio of sums over the batch) is normalised per rank under DDP."""
+    log_s, log_t = student.logits.log_softmax(-1), teacher.logits.log_softmax(-1)
+    return (log_t.exp() * (log_t - log_s)).sum(-1).mean()
+
+
+def _train(out, per_device, optim="adamw_torch", loss=None, **reluize):
+    import transformers
+
+    from lambda_gelu.integrations.transformers import ReluizeTrainer
+    model = _llama()
+    args = transformers.TrainingArguments(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=per_device,
+                                          learning_rate=1e-3 if optim != "sgd" else 1.0, optim=optim,
+                                          lr_scheduler_type="constant", weight_decay=0.0,
+                                          report_to=[], use_cpu=True, seed=0, data_seed=0, logging_steps=1000,
+                                          disable_tqdm=True, save_strategy="no", train_sampling_strategy="sequential",
+                                          **({"ddp_backend": "gloo"} if "WORLD_SIZE" in os.environ else {}))
+    trainer = ReluizeTrainer(model=model, args=args, train_dataset=_Tokens(), reluize=lg.ReluizeConfig(**reluize),
+                             loss=loss)
+    trainer.train()
+    return model, trainer
+
+
+def test_the_trainer_reluizes_a_gated_llm_and_its_config_names_relu(tmp_path):
+    pytest.importorskip("transformers")
+    model, trainer = _train(tmp_path, BATCH, schedule="anneal", anneal=0.5)
+    assert [type(layer.mlp.act_fn) for layer in model.model.layers] == [nn.ReLU, nn.ReLU]
+    assert model.config.hidden_act == "relu" and trainer.reluizer.step_count == STEPS
+    assert trainer.state.global_step == STEPS
+
+
+def _rank(rank, port, out):
+    """One of two ranks, joined as torchrun would (the environment); the Trainer sets up DDP over gloo itself."""
+    import socket
+    loopback = next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD))
+    if loopback and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    torch.set_num_threads(1)
+    model, _ = _train(os.path.join(out, f"run{rank}"), BATCH // WORLD, "sgd", _logits_kl, schedule="anneal",
+                      anneal=0.5)
+    if rank == 0:
+        torch.save(model.state_dict(), os.path.join(out, "ddp.pt"))
+
+
+@pytest.mark.slow
+def test_the_trainer_over_two_ddp_ranks_is_one_process_on_the_whole_batch(tmp_path):
+    """Each rank takes half of every batch (a sequential sampler, sequences of one length): DDP's averaged gradient
+    is the whole batch's, so the weights after the anneal and the ReLU steps are one process's, up to the rounding
+    of summing halves (SGD: Adam would blow up rounding in the coordinates whose gradient is nearly zero)."""
+    pytest.importorskip("transformers")
+    from test_distributed import _spawn
+    start = _llama().state_dict()
+    single, _ = _train(tmp_path / "single", BATCH, "sgd", _logits_kl, schedule="anneal", anneal=0.5)
+    _spawn(_rank, str(tmp_path))
+    ddp = torch.load(tmp_path / "ddp.pt")
+    for name, weight in single.state_dict().items():
+        moved = (weight - start[name]).abs().max().item()
+        assert (weight - ddp[name]).abs().max().item() <= 1e-3 * moved + 1e-7, name
+    assert max((w - start[k]).abs().max().item() for k, w in single.state_dict().items()) > 1e-4  # it trained
