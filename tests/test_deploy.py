@@ -99,3 +99,26 @@ def test_each_module_gets_its_own_mode_back(tmp_path, use):
     else:
         deploy.activation_sparsity(model, [x])
     assert model.training and not model[1].training and model[3].training
+
+
+class _Baked(nn.Module):
+    """A forward whose trace freezes a value of its example: the graph then computes something else."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) * float(x.abs().sum())
+
+
+def test_an_export_that_computes_something_else_than_torch_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="computes something else than torch.*not traced with"):
+        deploy.export_onnx(_Baked(), torch.randn(1, 8), tmp_path / "baked.onnx", allow_smooth=True)
+
+
+def test_interleaved_rounds_time_every_call_once_a_round():
+    order = []
+    times = deploy.time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, rounds=3,
+                                    warmup=1)
+    assert order == ["a", "b"] * 4 and {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}

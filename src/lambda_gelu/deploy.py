@@ -1,5 +1,6 @@
-"""Deployment of ReLU-ized models: ONNX export with a graph check, static int8 quantization with ONNX
-Runtime, and activation sparsity. Needs the ``[deploy]`` extra (onnx, onnxruntime).
+"""Deployment of ReLU-ized models: ONNX export with a graph check, int8 quantization with ONNX Runtime
+(static and fully integer for MLPs, dynamic for transformers), latency timed side by side, and activation
+sparsity. Needs the ``[deploy]`` extra (onnx, onnxruntime); Hugging Face checkpoints: :mod:`lambda_gelu.hf.deploy`.
 
 The point of ReLU-ization shows in the graph: ONNX Runtime's static int8 quantization turns a ReLU
 MLP into integer ``QGemm`` nodes with one ``QuantizeLinear`` at the input and one
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import collections
 import os
+import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +23,8 @@ import torch.nn as nn
 from .convert import eval_mode
 from .sparse import activation_sparsity  # measured beside int8 and verification; lives with the sparse path
 
-__all__ = ["export_onnx", "onnx_op_counts", "float_ops", "quantize_int8", "OnnxRunner", "activation_sparsity",
-           "SMOOTH_OPS"]
+__all__ = ["export_onnx", "onnx_op_counts", "float_ops", "quantize_int8", "quantize_dynamic_int8", "OnnxRunner",
+           "time_interleaved", "export_mismatch", "EXPORT_TOLERANCE", "activation_sparsity", "SMOOTH_OPS"]
 
 # smooth nonlinearities: activations a GELU-to-ReLU conversion should have removed, and the softmax and
 # normalisation ops that stay smooth in a ReLU network (attention, LayerNorm); none piecewise linear
@@ -59,9 +61,29 @@ class ExportReport:
     smooth_ops: dict[str, int]      # the ones an integer-only / piecewise-linear runtime cannot take
 
 
+# an export must compute what torch computes: float32 kernels that add in another order differ by ~1e-6 of an
+# output's scale, a graph that computes something else (a constant folded from the example, a mode missed) by O(1)
+EXPORT_TOLERANCE = 1e-3
+
+
+def export_mismatch(path: str | os.PathLike, feeds: Mapping[str, np.ndarray], expected: Iterable[np.ndarray],
+                    where: Iterable[np.ndarray | None] | None = None) -> float:
+    """The largest difference between ONNX Runtime's outputs of ``path`` on ``feeds`` and ``expected`` (torch's),
+    relative to each output's largest magnitude; ``where`` masks the entries that count (e.g. real tokens)."""
+    got = OnnxRunner(path, threads=1)(feeds)
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(got, expected)):
+        m = None if where is None else list(where)[i]
+        a, b = (a, b) if m is None else (a[m], b[m])
+        worst = max(worst, float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if b.size else 0.0)
+    return worst
+
+
 def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike, opset: int = 17,
                 allow_smooth: bool = False) -> ExportReport:
-    """Export ``model`` (in eval mode, batch dimension dynamic) and check its graph.
+    """Export ``model`` (in eval mode, batch dimension dynamic) and check it: ONNX Runtime must compute torch's
+    output, on a batch of another size and other values than ``example``, within :data:`EXPORT_TOLERANCE` of its
+    scale, or ``ValueError`` says by how much.
 
     Raises ``ValueError`` naming the offending nodes if a smooth nonlinearity (``SMOOTH_OPS``: Erf,
     Gelu, Tanh, ..., Softmax, LayerNormalization) is left — a GELU or an un-converted λ-GELU, or a
@@ -75,6 +97,14 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: str | os.PathLike
         torch.onnx.export(model, (example,), str(path), input_names=["input"], output_names=["output"],
                           dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}}, opset_version=opset,
                           dynamo=False)
+    check = torch.cat([example, 0.5 * example.flip(0) + 0.25])  # another batch size and other values than traced
+    with eval_mode(model), torch.no_grad():
+        expected = model(check).numpy()
+    off = export_mismatch(path, {"input": check.numpy()}, [expected])
+    if not off <= EXPORT_TOLERANCE:
+        raise ValueError(f"the ONNX export of {type(model).__name__} computes something else than torch: its "
+                         f"output is {off:.2g} of the output's scale away (tolerance {EXPORT_TOLERANCE:g}) on inputs "
+                         "it was not traced with")
     counts = onnx_op_counts(path)
     nonlinear = {k: v for k, v in counts.items() if k in _PIECEWISE_LINEAR or k in SMOOTH_OPS}
     smooth = {k: v for k, v in counts.items() if k in SMOOTH_OPS}
@@ -115,9 +145,31 @@ def quantize_int8(fp32_path: str | os.PathLike, int8_path: str | os.PathLike, ca
     return {"op_counts": onnx_op_counts(int8_path), "float_ops": float_ops(int8_path)}
 
 
+def quantize_dynamic_int8(fp32_path: str | os.PathLike, int8_path: str | os.PathLike) -> dict:
+    """Dynamic int8 quantization with ONNX Runtime, as it is done for transformers: int8 weights with a scale
+    per output channel for every MatMul/Gemm, activations quantized at run time per tensor. Returns the op
+    counts of the result."""
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as e:
+        raise ImportError("quantize_dynamic_int8 needs onnxruntime: pip install 'lambda-gelu[deploy]'") from e
+    import logging
+    quiet = logging.getLogger().level
+    logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process the graph, printed on every call
+    try:
+        quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=True,
+                         op_types_to_quantize=["MatMul", "Gemm"])
+    finally:
+        logging.getLogger().setLevel(quiet)
+    return {"op_counts": onnx_op_counts(int8_path)}
+
+
 class OnnxRunner:
     """A small wrapper of an ONNX Runtime session with a fixed thread count. Its threads do not
-    spin-wait between calls, so several sessions timed side by side do not steal each other's cores."""
+    spin-wait between calls, so several sessions timed side by side do not steal each other's cores.
+
+    Called with an array, it feeds the graph's one input (``input``) and returns the first output; called
+    with a mapping of input names to arrays, it returns every output."""
 
     def __init__(self, path: str | os.PathLike, threads: int = 1):
         import onnxruntime as ort
@@ -126,7 +178,26 @@ class OnnxRunner:
         opts.inter_op_num_threads = 1
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x):
+        if isinstance(x, Mapping):
+            return self.session.run(None, {k: np.ascontiguousarray(v) for k, v in x.items() if k in self.inputs})
         return self.session.run(None, {"input": np.ascontiguousarray(x, dtype=np.float32)})[0]
 
+
+def time_interleaved(calls: Mapping[str, Callable[[], object]], rounds: int = 30,
+                     warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds of each call, in ``rounds`` rounds that run every call once in turn (after ``warmup`` untimed
+    rounds): what the machine does meanwhile slows all of them alike, so ratios of round-by-round times hold
+    where absolute times drift."""
+    for _ in range(warmup):
+        for call in calls.values():
+            call()
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return times

@@ -5,6 +5,7 @@
                      [--workers N] [--executor local|ray [--address ADDR]] [--threads T]
     lambda-gelu report [--out DIR] [--output FILE]
     lambda-gelu export --csv [--out DIR]
+    lambda-gelu deploy DIR [--original MODEL]      a converted checkpoint in ONNX Runtime (fp32, int8) vs its original
     lambda-gelu deploy [--out DIR] [--task T...]   int8 ONNX, verification, sparsity of stored models
     lambda-gelu reluize MODEL --out DIR [--steps N | --minutes M] [--text FILE...] [--schedule swap|anneal|blockwise]
                      [--refit N] [--batching length|shuffled] [--lr-schedule linear|constant] [--overwrite]
@@ -85,12 +86,17 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("--to", default=None, help="destination directory (default: the results directory)")
     exp.set_defaults(func=_export)
 
-    dep = sub.add_parser("deploy", help="int8 ONNX deployment, verification and sparsity of stored models")
-    dep.add_argument("--out", default=DEFAULT_OUT, help="results directory with trained runs")
-    dep.add_argument("--task", dest="tasks", nargs="+", default=["fmnist-mlp", "mnist1d-mlp"])
-    dep.add_argument("--seeds", type=int, default=5, help="how many seeds' models (default 5)")
-    dep.add_argument("--points", type=int, default=20, help="test points to verify per ε (default 20)")
-    dep.add_argument("--time-limit", type=float, default=10.0, help="seconds of MILP per point (default 10)")
+    dep = sub.add_parser("deploy", help="a converted checkpoint DIR in ONNX Runtime, fp32 and int8, against its "
+                         "original; or, without DIR, int8 ONNX, verification and sparsity of a results store's models")
+    dep.add_argument("checkpoint", nargs="?", metavar="DIR", help="a `lambda-gelu reluize` --out directory (or any "
+                     "Hugging Face ReLU checkpoint with --original): writes DIR/deploy_report.md and DIR/onnx/")
+    _deploy_options(dep)
+    dep.add_argument("--out", default=None, help=f"without DIR: results directory with trained runs ({DEFAULT_OUT})")
+    dep.add_argument("--task", dest="tasks", nargs="+", default=None,
+                     help=f"without DIR: tasks ({' '.join(_DEPLOY_LAB['tasks'])})")
+    dep.add_argument("--seeds", type=int, default=None, help="without DIR: how many seeds' models (5)")
+    dep.add_argument("--points", type=int, default=None, help="without DIR: test points to verify per ε (20)")
+    dep.add_argument("--time-limit", type=float, default=None, help="without DIR: seconds of MILP per point (10)")
     dep.add_argument("--threads", type=int, default=None)
     dep.set_defaults(func=_deploy)
 
@@ -144,6 +150,26 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
             parser.add_argument("--" + f.name.replace("_", "-"), **options)
 
 
+def _deploy_options(parser: argparse.ArgumentParser) -> None:
+    """``lambda-gelu deploy DIR``'s settings: the fields of DeployConfig (threads is the command's own)."""
+    import dataclasses
+
+    from lambda_gelu.hf.deploy import DeployConfig
+    for f in dataclasses.fields(DeployConfig):
+        if f.name == "threads":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else None
+        shown = f" (default {' '.join(map(str, default)) if isinstance(default, tuple) else default})" \
+            if default is not None else ""
+        options = {"dest": "d_" + f.name, "default": None, "help": "with DIR: " + f.metadata["help"] + shown}
+        kind = str(f.type)
+        if "tuple" in kind:
+            options.update(type=int, nargs="+")
+        elif "int" in kind:
+            options["type"] = int
+        parser.add_argument("--" + f.name.replace("_", "-"), **options)
+
+
 def _conversion_config(args):
     from lambda_gelu.hf import ConversionConfig
     from lambda_gelu.reluize import ReluizeConfig
@@ -165,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         from .runner import SweepError
         from .store import StoreError
     except ImportError as e:  # pragma: no cover - only without the [lab] extra
-        if getattr(args, "func", None) not in (_reluize, _verify):  # these two need none of the lab
+        if getattr(args, "func", None) not in (_reluize, _verify) and getattr(args, "checkpoint", None) is None:
+            # reluize, verify and deploy DIR need none of the lab
             print(f"error: the lab needs its extra: pip install 'lambda-gelu[lab]' ({e})", file=sys.stderr)
             return 2
         ConfigError = DataError = StoreError = SweepError = ()  # noqa: N806
@@ -175,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 getattr(args, "workers", None) or 1) == 1:  # otherwise each worker takes --threads
             import torch
             torch.set_num_threads(args.threads)
-        if args.command in ("report", "export", "deploy"):
+        if args.command in ("report", "export") or args.command == "deploy" and args.checkpoint is None:
             _require_store(args.out)
         if args.command in (None, "demo") or (args.command == "run" and not args.tasks):
             return _demo(args, command)
@@ -218,6 +245,14 @@ def _export(args, command) -> int:
 
 
 def _deploy(args, command) -> int:
+    if args.checkpoint is not None:
+        from lambda_gelu.hf.deploy import DeployConfig, deploy_checkpoint
+        settings = {k[2:]: v for k, v in vars(args).items() if k.startswith("d_") and v is not None}
+        if "batch_sizes" in settings:
+            settings["batch_sizes"] = tuple(settings["batch_sizes"])
+        print(deploy_checkpoint(args.checkpoint, DeployConfig(**settings, threads=args.threads),
+                                log=lambda line: print(line, file=sys.stderr)))
+        return 0
     from .deploy_eval import run_deploy
     from .report import build_report
     from .tasks import resolve_tasks
@@ -271,6 +306,8 @@ def _tasks(args, command) -> int:
     return 0
 
 
+# `lambda-gelu deploy` without DIR: the lab's options and their defaults
+_DEPLOY_LAB = {"out": DEFAULT_OUT, "tasks": ["fmnist-mlp", "mnist1d-mlp"], "seeds": 5, "points": 20, "time_limit": 10.0}
 # options the demo does not use, with their defaults: given with no task, they are an error, not ignored
 _DEMO_IGNORES = {"seeds": None, "epochs": None, "arms": None, "switch_at": None, "overrides": [], "first_seed": 0,
                  "no_weights": False, "no_report": False, "workers": None, "executor": "local", "address": None}
@@ -292,7 +329,17 @@ def _check_args(args) -> None:
         if value is not None and not low <= value <= 2 ** 31:
             raise ConfigError(f"--{name.replace('_', '-')} must be ≥ {low}, got {value}" if value < low else
                               f"--{name.replace('_', '-')} must be at most 2^31, got {value}")
-    if args.command == "deploy" and not 0 < args.time_limit < float("inf"):
+    if args.command == "deploy":
+        mode = "lab" if args.checkpoint is None else "checkpoint"
+        wrong = [k for k in (_DEPLOY_LAB if mode == "checkpoint" else ()) if getattr(args, k) is not None]
+        wrong += [k[2:] for k, v in vars(args).items() if k.startswith("d_") and v is not None and mode == "lab"]
+        if wrong:
+            names = ", ".join("--" + ("task" if k == "tasks" else k.replace("_", "-")) for k in wrong)
+            raise ConfigError(f"{names}: {'for a results store, not with DIR' if mode == 'checkpoint' else 'for a checkpoint: give its DIR'}")
+        for k, default in _DEPLOY_LAB.items():
+            if mode == "lab" and getattr(args, k) is None:
+                setattr(args, k, default)
+    if args.command == "deploy" and args.checkpoint is None and not 0 < args.time_limit < float("inf"):
         raise ConfigError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
 
 

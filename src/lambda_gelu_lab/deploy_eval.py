@@ -119,14 +119,7 @@ def measure_latency(paths: dict[str, tuple[str, str]], sample: np.ndarray, reps:
             x = np.ascontiguousarray(sample[:batch], dtype=np.float32)
             runners = {(name, kind): deploy.OnnxRunner(p, threads) for name, pair in paths.items()
                        for kind, p in zip(("fp32", "int8"), pair)}
-            times = {k: [] for k in runners}
-            for r in runners.values():
-                r(x)
-            for _ in range(reps):
-                for k, r in runners.items():
-                    t0 = time.perf_counter()
-                    r(x)
-                    times[k].append(time.perf_counter() - t0)
+            times = deploy.time_interleaved({k: (lambda r=r: r(x)) for k, r in runners.items()}, rounds=reps)
             for (name, kind), ts in times.items():
                 rows.append({"threads": threads, "batch": batch, "model": name, "kind": kind,
                              "ms": 1e3 * float(np.median(ts))})

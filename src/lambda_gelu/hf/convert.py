@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import itertools
 import json
 import os
@@ -23,7 +24,7 @@ import torch
 from ..reluize import ReluizeConfig, reluize
 from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
-from .load import load, model_directory
+from .load import load, model_directory, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
 from .text import in_order, length_grouped, read_texts, stdlib_sentences
 
@@ -110,17 +111,9 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     conversion starts; a :class:`CheckpointError` says what was wrong in one line. Returns ``out``."""
     config = config or ConversionConfig()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing downloads at run time
-    try:
-        import transformers
-    except ImportError:
-        raise CheckpointError("reluize needs transformers: pip install 'lambda-gelu[hf]'") from None
-    transformers.logging.set_verbosity_error()  # its loading and saving chatter would bury our one-line errors
-    transformers.utils.logging.disable_progress_bar()
-    try:  # the bars of huggingface_hub, which transformers writes its shards with
-        from huggingface_hub.utils import disable_progress_bars
-        disable_progress_bars()
-    except ImportError:
-        pass
+    if importlib.util.find_spec("transformers") is None:
+        raise CheckpointError("reluize needs transformers: pip install 'lambda-gelu[hf]'")
+    quiet_transformers()
     import lambda_gelu as lg
 
     source = model_directory(model_name)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..reluize.losses import mean_pool
 
-__all__ = ["METRICS", "AGREEMENT", "evaluate", "scores", "markdown", "relu_zeros"]
+__all__ = ["METRICS", "AGREEMENT", "evaluate", "summarise", "scores", "markdown", "relu_zeros"]
 
 # what a report measures of a conversion: key, column, format; the last two only where the model has them
 METRICS = (("cosine", "cosine", "{:.4f}"), ("top10_overlap", "top-10 overlap", "{:.3f}"),
@@ -23,11 +23,21 @@ def evaluate(model, batches, causal: bool) -> dict:
     """Mean-pooled, normalised last hidden states; where there are logits, the prediction at each sentence (a
     classifier's) or real token (any other head), and for a causal language model the next-token loss."""
     model.eval()
+
+    def outputs():
+        for b in batches:
+            out = model(**b, output_hidden_states=True)
+            yield b, out.hidden_states[-1], getattr(out, "logits", None)
+    return summarise(outputs(), causal)
+
+
+@torch.no_grad()
+def summarise(outputs, causal: bool) -> dict:
+    """:func:`evaluate`'s measurements from ``(batch, last hidden state, logits or None)`` triples, whatever
+    computed them (the model in torch, or its ONNX export in a runtime)."""
     embeddings, predictions, nll, tokens = [], [], 0.0, 0
-    for b in batches:
-        out = model(**b, output_hidden_states=True)
-        embeddings.append(F.normalize(mean_pool(out.hidden_states[-1], b["attention_mask"]), dim=-1))
-        logits = getattr(out, "logits", None)
+    for b, hidden, logits in outputs:
+        embeddings.append(F.normalize(mean_pool(hidden, b["attention_mask"]), dim=-1))
         if logits is None:
             continue
         mask = b["attention_mask"].bool()

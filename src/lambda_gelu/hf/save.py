@@ -19,9 +19,10 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["prepare_out", "write_atomically", "files_in", "REPORT"]
+__all__ = ["prepare_out", "write_atomically", "files_in", "REPORT", "DEPLOY_REPORT"]
 
 REPORT = "reluize_report.json"
+DEPLOY_REPORT = "deploy_report.json"  # what `lambda-gelu deploy DIR` adds to a conversion, with the files it wrote
 _MARK = ".reluize-partial"  # inside every hidden directory a run makes: what the next run may remove
 _PREFIX = "reluize-"
 
@@ -135,7 +136,12 @@ def _not_written_by_conversion(path: Path) -> list[str]:
     except (OSError, ValueError, AttributeError):
         written = None
     if isinstance(written, list):
-        return [f for f in present if f not in set(written)]
+        try:  # and what `lambda-gelu deploy DIR` wrote into it since
+            deployed = json.loads((path / DEPLOY_REPORT).read_text(encoding="utf-8")).get("files")
+        except (OSError, ValueError, AttributeError):
+            deployed = None
+        written = set(written) | (set(deployed) if isinstance(deployed, list) else set())
+        return [f for f in present if f not in written]
     modules = []
     try:
         modules = [m["path"] for m in json.loads((path / "modules.json").read_text(encoding="utf-8")) if m["path"]]

