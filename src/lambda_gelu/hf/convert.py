@@ -261,7 +261,10 @@ def _refit_seconds(model, batch) -> tuple[float, float]:
     torch.linalg.lstsq(gram, gram[:, :8], driver="gelsd")
     solve = time.perf_counter() - t
     rows = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
-    gram_seconds = len(layers) * rows * width * width * 2 / 2e9  # float64 products at about 2 GFLOP/s a core
+    x = torch.randn(rows, width, dtype=torch.float64)
+    t = time.perf_counter()
+    x.T @ x  # one layer's Gram matrix over the batch, timed: the machine's float64 speed, not a guess
+    gram_seconds = len(layers) * (time.perf_counter() - t)
     per_batch = forward * (len(consumers) + 1) / 2 + 2 * forward * len(consumers.gated) / max(len(consumers), 1)
     return len(layers) * solve, per_batch + gram_seconds
 

@@ -318,6 +318,7 @@ def markdown(r: dict) -> str:
                             f"time (quartiles of the rounds' ratios {lo:.3f}–{hi:.3f}): {verdict}")
     no_gain = not all(v.endswith("faster.") for v in verdicts)
     lines = [f"# {r['checkpoint']} in ONNX Runtime", "",
+             f"Written by `lambda-gelu deploy {r['checkpoint']}`; do not edit by hand.", "",
              f"The ReLU checkpoint and its original ({r['original']}), exported to ONNX (each export checked against "
              f"torch on another batch shape) and quantized with {r['quantization']}; ONNX Runtime "
              f"{r['onnxruntime']}, {r['threads']} thread{'s' if r['threads'] > 1 else ''}. Latency: the median of "
