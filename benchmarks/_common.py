@@ -5,10 +5,11 @@ import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
+
+from lambda_gelu.timing import time_interleaved
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -31,16 +32,7 @@ def _cpu_name() -> str:
 def interleaved(fns: dict, reps: int, warmup: int = 2) -> dict[str, float]:
     """Median seconds per call of each function, timed round-robin so drifts in machine load hit
     every variant alike."""
-    for _ in range(warmup):
-        for fn in fns.values():
-            fn()
-    times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return {name: statistics.median(ts) for name, ts in time_interleaved(fns, reps, warmup).items()}
 
 
 def save(name: str, payload: dict) -> Path:

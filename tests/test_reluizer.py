@@ -161,3 +161,56 @@ def test_the_trainer_over_two_ddp_ranks_is_one_process_on_the_whole_batch(tmp_pa
         moved = (weight - start[name]).abs().max().item()
         assert (weight - ddp[name]).abs().max().item() <= 1e-3 * moved + 1e-7, name
     assert max((w - start[k]).abs().max().item() for k, w in single.state_dict().items()) > 1e-4  # it trained
+
+
+def _loop(model, reluizer, rank=0, world=1):
+    """SGD over the Reluizer's steps, each rank on its share of every batch (as DDP and FSDP split a batch)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    data = _Tokens()
+    for step in range(STEPS):
+        ids = torch.stack([data[i]["input_ids"] for i in range(step * BATCH, (step + 1) * BATCH)])[rank::world]
+        loss = reluizer.loss({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, model)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        reluizer.step()
+    reluizer.finish()
+
+
+def _fsdp_rank(rank, port, out):
+    from test_distributed import _init
+    from torch.distributed import destroy_process_group
+    from torch.distributed.fsdp import fully_shard
+    _init(rank, port)
+    try:
+        model = _llama()
+        reluizer = Reluizer(model, STEPS, schedule="anneal", anneal=0.5, loss=_logits_kl)  # converted, then sharded
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+        _loop(model, reluizer, rank, WORLD)
+        state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+        torch.save({"state": state, "sharded": hasattr(model.lm_head.weight, "full_tensor"),
+                    "acts": [type(layer.mlp.act_fn).__name__ for layer in model.model.layers]},
+                   os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        destroy_process_group()
+    os._exit(0)  # as test_distributed's FSDP ranks: the results are written, skip the interpreter's teardown
+
+
+@pytest.mark.slow
+def test_the_reluizer_under_fsdp_is_one_process_on_the_whole_batch(tmp_path):
+    """FSDP2 shards the tiny Llama over two gloo ranks after the Reluizer converted it; the anneal and the ReLU
+    steps end with one process's weights on the whole batch."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP")
+    from test_distributed import _spawn
+    start = _llama().state_dict()
+    single = _llama()
+    _loop(single, Reluizer(single, STEPS, schedule="anneal", anneal=0.5, loss=_logits_kl))
+    _spawn(_fsdp_rank, str(tmp_path))
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    assert ranks[0]["sharded"] and ranks[0]["acts"] == ["ReLU", "ReLU"]
+    for name, weight in single.state_dict().items():
+        moved = (weight - start[name]).abs().max().item()
+        assert (weight - ranks[0]["state"][name]).abs().max().item() <= 1e-3 * moved + 1e-7, name

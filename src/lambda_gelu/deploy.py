@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import collections
 import os
-import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch.nn as nn
 
 from .convert import eval_mode
 from .sparse import activation_sparsity  # measured beside int8 and verification; lives with the sparse path
+from .timing import time_interleaved  # noqa: F401 - part of this module's API: the latency of the graphs
 
 __all__ = ["export_onnx", "onnx_op_counts", "float_ops", "quantize_int8", "quantize_dynamic_int8", "OnnxRunner",
            "time_interleaved", "export_mismatch", "EXPORT_TOLERANCE", "activation_sparsity", "SMOOTH_OPS"]
@@ -184,20 +184,3 @@ class OnnxRunner:
         if isinstance(x, Mapping):
             return self.session.run(None, {k: np.ascontiguousarray(v) for k, v in x.items() if k in self.inputs})
         return self.session.run(None, {"input": np.ascontiguousarray(x, dtype=np.float32)})[0]
-
-
-def time_interleaved(calls: Mapping[str, Callable[[], object]], rounds: int = 30,
-                     warmup: int = 1) -> dict[str, list[float]]:
-    """Seconds of each call, in ``rounds`` rounds that run every call once in turn (after ``warmup`` untimed
-    rounds): what the machine does meanwhile slows all of them alike, so ratios of round-by-round times hold
-    where absolute times drift."""
-    for _ in range(warmup):
-        for call in calls.values():
-            call()
-    times = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            t0 = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - t0)
-    return times

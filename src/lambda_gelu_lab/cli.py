@@ -335,7 +335,8 @@ def _check_args(args) -> None:
         wrong += [k[2:] for k, v in vars(args).items() if k.startswith("d_") and v is not None and mode == "lab"]
         if wrong:
             names = ", ".join("--" + ("task" if k == "tasks" else k.replace("_", "-")) for k in wrong)
-            raise ConfigError(f"{names}: {'for a results store, not with DIR' if mode == 'checkpoint' else 'for a checkpoint: give its DIR'}")
+            raise ConfigError(f"{names}: " + ("for a results store, not with DIR" if mode == "checkpoint" else
+                                              "for a checkpoint: give its DIR"))
         for k, default in _DEPLOY_LAB.items():
             if mode == "lab" and getattr(args, k) is None:
                 setattr(args, k, default)

@@ -38,6 +38,7 @@ __all__ = ["DeployConfig", "deploy_checkpoint", "DEPLOY_REPORT", "ONNX_FILES"]
 
 ONNX_FILES = ("onnx/model.onnx", "onnx/model.int8.onnx")  # the ReLU model's graphs, relative to DIR
 GRAPHS = ("original fp32", "original int8", "ReLU fp32", "ReLU int8")
+_MARK = ".deploy-partial"  # inside the staging directory: removable by the next deploy if this one dies
 NO_GAIN = 0.97  # a ReLU graph this close to its original's time (median of the rounds' ratios) gains nothing
 
 
@@ -69,7 +70,8 @@ class DeployConfig:
             (whole(self.rounds, 1), f"--rounds must be ≥ 1, got {self.rounds!r}"),
             (whole(self.sentences, 11), f"--sentences must be ≥ 11 (each one's 10 nearest neighbours are compared), "
                                         f"got {self.sentences!r}"),
-            (self.max_tokens is None or whole(self.max_tokens, 2), f"--max-tokens must be ≥ 2, got {self.max_tokens!r}"),
+            (self.max_tokens is None or whole(self.max_tokens, 2),
+             f"--max-tokens must be ≥ 2, got {self.max_tokens!r}"),
             (self.threads is None or whole(self.threads, 1), f"--threads must be ≥ 1, got {self.threads!r}")]
         for ok, message in problems:
             if not ok:
@@ -142,7 +144,12 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
     models = {"original": original.model.float().eval(), "ReLU": relu.model.float().eval()}
     reference = evaluate(models["original"], held, relu.causal)
     zeros = relu_zeros(models["ReLU"], held)
+    for stale in target.glob(".deploy-*"):  # what a deploy killed part-way left; it marked it as its own
+        if (stale / _MARK).is_file():
+            shutil.rmtree(stale, ignore_errors=True)
+            log(f"note: removed {stale.name}, left in {directory} by a deploy that did not finish")
     staging = Path(tempfile.mkdtemp(prefix=".deploy-", dir=target))
+    (staging / _MARK).touch()
     scratch = Path(tempfile.mkdtemp(prefix="lambda-gelu-deploy-"))
     try:
         paths = {}
@@ -222,8 +229,9 @@ def _check_onnx_dir(target: Path) -> None:
     theirs = [p.relative_to(target).as_posix() for p in onnx_dir.rglob("*") if not p.is_dir()]
     extra = [p for p in theirs if p not in ours]
     if not onnx_dir.is_dir() or extra:
-        raise CheckpointError(f"{onnx_dir} holds files an earlier deploy did not write ({', '.join(extra[:3]) or 'it is a file'}): "
-                              "move them out, deploy would replace them")
+        what = ", ".join(extra[:3]) or "it is a file"
+        raise CheckpointError(f"{onnx_dir} holds files an earlier deploy did not write ({what}): move them out, "
+                              "deploy would replace them")
 
 
 def _export(model, names, causal, path: Path, trace: dict, check: dict, name: str) -> None:
@@ -314,8 +322,8 @@ def markdown(r: dict) -> str:
             lo, hi = t["vs_original_same_quartiles"]
             verdict = ("faster." if hi < 1 and t["vs_original_same"] < NO_GAIN else
                        "slower." if lo > 1 else "**no measurable gain** in this runtime.")
-            verdicts.append(f"- batch {b}, {precision}: the ReLU model takes ×{t['vs_original_same']:.3f} the original's "
-                            f"time (quartiles of the rounds' ratios {lo:.3f}–{hi:.3f}): {verdict}")
+            verdicts.append(f"- batch {b}, {precision}: the ReLU model takes ×{t['vs_original_same']:.3f} the "
+                            f"original's time (quartiles of the rounds' ratios {lo:.3f}–{hi:.3f}): {verdict}")
     no_gain = not all(v.endswith("faster.") for v in verdicts)
     lines = [f"# {r['checkpoint']} in ONNX Runtime", "",
              f"Written by `lambda-gelu deploy {r['checkpoint']}`; do not edit by hand.", "",
@@ -324,8 +332,8 @@ def markdown(r: dict) -> str:
              f"{r['onnxruntime']}, {r['threads']} thread{'s' if r['threads'] > 1 else ''}. Latency: the median of "
              f"{r['rounds']} rounds that run each graph once in turn, on held-out sentences of typical length; × is "
              f"the time relative to the original in fp32. Quality against the original in fp32 (torch) on "
-             f"{r['sentences']} held-out standard-library docstring sentences (≤ {r['max_tokens']} tokens) never used "
-             "in training: mean cosine of the mean-pooled sentence embeddings, the share of each sentence's 10 "
+             f"{r['sentences']} held-out standard-library docstring sentences (≤ {r['max_tokens']} tokens) never "
+             "used in training: mean cosine of the mean-pooled sentence embeddings, the share of each sentence's 10 "
              "nearest neighbours kept"
              + ("; the perplexity ratio" if r["causal"] else "")
              + ("; the predictions kept" if "agreement" in q["ReLU fp32"] else "")
@@ -340,5 +348,6 @@ def markdown(r: dict) -> str:
                 "kernel skips them: `lambda_gelu.sparse.sparsify_(model)` in torch at small batches "
                 "(lambda-gelu's docs/performance.md), or a sparse runtime."
                 if no_gain else "ONNX Runtime's kernels are dense; the gain is what the smooth activation cost."),
-             "", f"The ReLU graphs are in `{ONNX_FILES[0]}` and `{ONNX_FILES[1]}`; the numbers in `{DEPLOY_REPORT}`.", ""]
+             "", f"The ReLU graphs are in `{ONNX_FILES[0]}` and `{ONNX_FILES[1]}`; the numbers in "
+             f"`{DEPLOY_REPORT}`.", ""]
     return "\n".join(lines)

@@ -19,8 +19,8 @@ The swap and the anneal: the whole network trained end to end to match its froze
 ``"anneal"`` makes every GELU-like module ``g`` an :class:`AnnealedGELU`, ``x ↦ g(λx)/λ`` for a λ the schedule
 sets: at λ = 1 that *is* the original module, called as it is, so step 0 reproduces the network bit for bit
 whatever its GELU form (exact, tanh as GPT-2's ``gelu_new``); as λ grows the gate g(λx)/(λx) tends to the step,
-and once it is within ``epsilon`` (L1 gap E(λ) = 2/(λ√(2π)), λ_target ≈ 160 for ε = 0.005) the module becomes an
-exact ``nn.ReLU``. The remaining steps repair what is left with the ReLU network itself.
+and once it is within ``epsilon`` (L1 gap E(λ) = 2/(λ√(2π)), λ_target ≈ 160 for ε = 0.005) the module becomes
+an exact ``nn.ReLU``. The remaining steps repair what is left with the ReLU network itself.
 
 Pacing. Damage to a pretrained network is not linear in λ (a pretrained encoder is about as far from its original
 at λ = 10 as at ReLU), so a schedule linear in λ would cross that whole range in its first few percent of steps.

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from lambda_gelu.hf.evaluate import AGREEMENT, METRICS
+from lambda_gelu.reluize import ReluizeConfig
 
 from ..config import ConfigError
 from ..store import check_overwrite
@@ -36,6 +37,9 @@ _MODIFIERS = ((", length batches", lambda r: r.get("batching") == "length",
                "padding"),
               (", linear lr decay", lambda r: r.get("lr_schedule") == "linear",
                "*linear lr decay*: the learning rate falling linearly to 0 over the steps"))
+
+# settings a recipe names when they are not the default (", lr 0.0003", ", sparsity 0.1")
+_SETTINGS_NAMED = tuple((key, getattr(ReluizeConfig(), key)) for key in ("lr", "sparsity", "weight_decay"))
 
 
 def load_conversions(dirs: list[str | os.PathLike]) -> list[dict]:
@@ -105,8 +109,11 @@ def _span(values) -> str:
 def _schedule(r: dict) -> str:
     """The schedule as the report names it: blockwise with end-to-end repair steps, a swap after a
     least-squares refit, or either with any of :data:`_MODIFIERS`, is its own recipe."""
+    settings = r.get("settings") or {}
     return (r["schedule"] + (f" + repair {r['repair']:g}" if r.get("repair") else "")
             + (f" + refit {r['refit_sentences']}" if r.get("refit_sentences") else "")
+            + "".join(f", {key.replace('_', ' ')} {settings[key]:g}" for key, default in _SETTINGS_NAMED
+                      if settings.get(key, default) != default)
             + "".join(suffix for suffix, has, _ in _MODIFIERS if has(r)))
 
 
