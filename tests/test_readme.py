@@ -1,6 +1,6 @@
 """The README's examples run as written: training and hardening ends in an exact-ReLU model that kept its
 loss; the Hugging Face conversion writes a checkpoint that plain transformers loads as the same ReLU network;
-the CLI's command converts the real MiniLM. And CI runs the README's test command."""
+the CLI's commands convert the real MiniLM and deploy it. And CI runs the README's test command."""
 import os
 import re
 import shlex
@@ -68,6 +68,17 @@ def test_cli_example_converts_the_real_minilm(in_tmp):
     sentence_transformers = pytest.importorskip("sentence_transformers")
     encoder = sentence_transformers.SentenceTransformer(str(out), device="cpu")
     assert not any(lg.is_gelu_like(m) for m in encoder.modules())
+
+    pytest.importorskip("onnxruntime")  # and what it buys in ONNX Runtime, as the README then runs it
+    argv = shlex.split(_deploy_line().split("#")[0])[1:]
+    assert main(argv + ["--rounds", "2", "--sentences", "32"]) == 0
+    assert (out / "deploy_report.md").is_file() and (out / "onnx" / "model.int8.onnx").is_file()
+
+
+def _deploy_line() -> str:
+    """The section's `lambda-gelu deploy` line (its second bash block)."""
+    section = README.read_text(encoding="utf-8").split("## Convert a pretrained Hugging Face model", 1)[1]
+    return next(ln for ln in section.split("\n## ")[0].splitlines() if ln.startswith("lambda-gelu deploy"))
 
 
 def test_ci_runs_the_readme_test_command():

@@ -162,13 +162,11 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
             paths[f"{kind} fp32"], paths[f"{kind} int8"] = fp32, int8
             log(f"{kind}: exported and quantized")
         runners = {g: onnx_deploy.OnnxRunner(paths[g], threads) for g in GRAPHS}
-        outputs = {g: [[torch.from_numpy(o) for o in runners[g](_feeds(b))] for b in held] for g in GRAPHS}
-        quality = {g: scores(_summary(outputs[g], held, relu.causal), reference) for g in GRAPHS}
+        summaries = {g: _summary(runners[g], held, relu.causal) for g in GRAPHS}
+        quality = {g: scores(summaries[g], reference) for g in GRAPHS}
         for kind in ("original", "ReLU"):  # int8 against its own fp32 graph: what the quantization alone costs
-            own = _summary(outputs[f"{kind} fp32"], held, relu.causal)
-            quality[f"{kind} int8"]["cosine_to_fp32"] = scores(_summary(outputs[f"{kind} int8"], held, relu.causal),
-                                                               own)["cosine"]
-        del outputs
+            quality[f"{kind} int8"]["cosine_to_fp32"] = scores(summaries[f"{kind} int8"],
+                                                               summaries[f"{kind} fp32"])["cosine"]
         latency = {}
         for b in config.batch_sizes:
             feeds = _feeds(encode(_batch_of(sentences, b)))
@@ -264,8 +262,14 @@ def _feeds(batch: dict) -> dict:
     return {k: v.numpy() for k, v in batch.items()}
 
 
-def _summary(outputs, held, causal) -> dict:
-    return summarise(((b, o[0], o[1] if len(o) > 1 else None) for b, o in zip(held, outputs)), causal)
+def _summary(runner, held, causal) -> dict:
+    """:func:`summarise` of a graph's outputs on the held-out batches, one batch at a time (a causal LM's logits over
+    the whole text would not fit in memory at once)."""
+    def outputs():
+        for b in held:
+            o = [torch.from_numpy(a) for a in runner(_feeds(b))]
+            yield b, o[0], o[1] if len(o) > 1 else None
+    return summarise(outputs(), causal)
 
 
 def _batch_of(sentences: list[str], size: int) -> list[str]:

@@ -13,12 +13,12 @@ import torch.nn as nn
 from ..convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizable, relu_config_problem, replace_modules_
 from .batchnorm import NO_BATCHNORM, batchnorms, recalibrate_batchnorm_, two_values_per_channel
 from .blockwise import blockwise
-from .config import RECALIBRATE, ReluizeConfig
+from .config import RECALIBRATE, ReluizeConfig, configured
 from .distill import distill
 from .losses import get_loss
 from .probes import functional_gelu_calls
 from .refit import refit_consumers, swap_and_refit
-from .reluizer import AnnealedGELU, Reluizer, configured
+from .reluizer import AnnealedGELU, Reluizer
 from .result import ReluizeResult
 from .stream import batch_stream, take_and_keep
 from .training import adamw

@@ -15,7 +15,7 @@ from ..config import DEFAULTS
 from ..functional import lambda_target
 from .losses import LOSSES
 
-__all__ = ["ReluizeConfig", "SCHEDULES", "LR_SCHEDULES", "RIDGE", "RECALIBRATE"]
+__all__ = ["ReluizeConfig", "SCHEDULES", "LR_SCHEDULES", "RIDGE", "RECALIBRATE", "configured"]
 
 SCHEDULES = ("anneal", "swap", "blockwise")
 LR_SCHEDULES = ("constant", "linear")
@@ -117,3 +117,21 @@ class ReluizeConfig:
         """A copy with ``changes``, checked again; an unknown name is a TypeError naming it."""
         return dataclasses.replace(self, **changes)
 
+
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(ReluizeConfig))
+
+
+def configured(config: ReluizeConfig | None, settings: dict, loss=None) -> ReluizeConfig:
+    """``config`` (default: the defaults) with single fields changed by ``settings`` and a loss's name."""
+    config = config or ReluizeConfig()
+    if not isinstance(config, ReluizeConfig):
+        raise TypeError(f"config must be a ReluizeConfig, got {type(config).__name__}")
+    unknown = sorted(set(settings) - _SETTINGS)
+    if unknown:
+        raise TypeError(f"reluize got unknown setting(s) {', '.join(unknown)}; ReluizeConfig has "
+                        f"{', '.join(sorted(_SETTINGS))}")
+    if isinstance(loss, str):
+        settings = {**settings, "loss": loss}
+    elif loss is not None and not callable(loss):
+        raise TypeError(f"loss must be a name or a callable, got {type(loss).__name__}")
+    return config.replace(**settings) if settings else config

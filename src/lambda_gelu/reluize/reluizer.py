@@ -30,7 +30,6 @@ The schedule here is linear in the gate's distance to the step, E(λ) ∝ 1/λ: 
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -39,13 +38,10 @@ import torch.nn as nn
 from ..batches import run_batch
 from ..convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizable, replace_modules_
 from ..regularize import SparsityRegularizer
-from .config import ReluizeConfig
+from .config import ReluizeConfig, configured
 from .losses import get_loss
 
-__all__ = ["Reluizer", "AnnealedGELU", "paced_lambda", "configured"]
-
-_SETTINGS = frozenset(f.name for f in dataclasses.fields(ReluizeConfig))
-
+__all__ = ["Reluizer", "AnnealedGELU", "paced_lambda"]
 
 class AnnealedGELU(nn.Module):
     """``gelu(λx)/λ`` for the original GELU module ``gelu`` and a λ set from outside (``.lam``, a
@@ -67,22 +63,6 @@ class AnnealedGELU(nn.Module):
 def paced_lambda(a: float, lam_target: float) -> float:
     """λ at anneal progress a ∈ [0, 1]: 1/λ linear from 1 to 1/λ_target (the gap E(λ) ∝ 1/λ linear)."""
     return 1.0 / ((1.0 - a) + a / lam_target)
-
-
-def configured(config: ReluizeConfig | None, settings: dict, loss=None) -> ReluizeConfig:
-    """``config`` (default: the defaults) with single fields changed by ``settings`` and a loss's name."""
-    config = config or ReluizeConfig()
-    if not isinstance(config, ReluizeConfig):
-        raise TypeError(f"config must be a ReluizeConfig, got {type(config).__name__}")
-    unknown = sorted(set(settings) - _SETTINGS)
-    if unknown:
-        raise TypeError(f"reluize got unknown setting(s) {', '.join(unknown)}; ReluizeConfig has "
-                        f"{', '.join(sorted(_SETTINGS))}")
-    if isinstance(loss, str):
-        settings = {**settings, "loss": loss}
-    elif loss is not None and not callable(loss):
-        raise TypeError(f"loss must be a name or a callable, got {type(loss).__name__}")
-    return config.replace(**settings) if settings else config
 
 
 class Reluizer:
