@@ -90,6 +90,11 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
         lines.append(f"| {schedule} | {len(rs)} | {_span([r['steps'] for r in rs])} | "
                      f"{_span([round(r['seconds'] / 60, 1) for r in rs])} | "
                      + " | ".join(mean_sd([r["reluized"][k] for r in rs], fmt) for k, _, fmt in metrics) + " |")
+    zeros = {s: [100 * float(np.mean(list(r["zeros"].values()))) for r in rs] for s, rs in by_schedule.items()
+             if all(r.get("zeros") for r in rs)}
+    if zeros:
+        lines += ["", "Exact zeros of the ReLU activations on the held-out sentences' real tokens, averaged over the "
+                  "layers: " + "; ".join(f"{s}: {mean_sd(v, '{:.1f}')}%" for s, v in zeros.items()) + "."]
     lines += [""] + _goal(by_schedule, metrics) + _paired(by_schedule, metrics) + _curve(by_schedule, metrics)
     figure = _plot(by_schedule, metrics, img_dir)
     if figure is not None:
