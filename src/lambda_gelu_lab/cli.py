@@ -161,7 +161,8 @@ def _deploy_options(parser: argparse.ArgumentParser) -> None:
         default = f.default if f.default is not dataclasses.MISSING else None
         shown = f" (default {' '.join(map(str, default)) if isinstance(default, tuple) else default})" \
             if default is not None else ""
-        options = {"dest": "d_" + f.name, "default": None, "help": "with DIR: " + f.metadata["help"] + shown}
+        options = {"dest": "d_" + f.name, "default": None, "help": "with DIR: " + f.metadata["help"] + shown,
+                   "metavar": "MODEL" if f.name == "original" else "N"}
         kind = str(f.type)
         if "tuple" in kind:
             options.update(type=int, nargs="+")
