@@ -14,7 +14,7 @@ import lambda_gelu as lg
 from lambda_gelu.reluize import (RECALIBRATE, AnnealedGELU, distillation_loss, reconstruction_blocks,
                                  recalibrate_batchnorm_, refit_after_swap_, refit_consumers, reluize)
 from lambda_gelu.reluize.blockwise import _block_input, _block_output
-from lambda_gelu.reluize.distill import paced_lambda as _paced_lambda
+from lambda_gelu.reluize.reluizer import paced_lambda as _paced_lambda
 from lambda_gelu.reluize.probes import functional_gelu_calls as _functional_gelu_calls
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

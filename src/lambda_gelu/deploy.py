@@ -71,9 +71,10 @@ def export_mismatch(path: str | os.PathLike, feeds: Mapping[str, np.ndarray], ex
     """The largest difference between ONNX Runtime's outputs of ``path`` on ``feeds`` and ``expected`` (torch's),
     relative to each output's largest magnitude; ``where`` masks the entries that count (e.g. real tokens)."""
     got = OnnxRunner(path, threads=1)(feeds)
+    expected = list(expected)
+    masks = [None] * len(expected) if where is None else list(where)
     worst = 0.0
-    for i, (a, b) in enumerate(zip(got, expected)):
-        m = None if where is None else list(where)[i]
+    for a, b, m in zip(got, expected, masks):
         a, b = (a, b) if m is None else (a[m], b[m])
         worst = max(worst, float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) if b.size else 0.0)
     return worst

@@ -129,46 +129,43 @@ def _parser() -> argparse.ArgumentParser:
 def _config_options(parser: argparse.ArgumentParser) -> None:
     """``lambda-gelu reluize``'s settings: one option per field of ConversionConfig and ReluizeConfig (less the
     refit in batches, which the command counts in sentences), with the field's help, choices and default."""
-    import dataclasses
-
     from lambda_gelu.hf import ConversionConfig
     from lambda_gelu.reluize import ReluizeConfig
-    for prefix, cls in (("c_", ConversionConfig), ("r_", ReluizeConfig)):
-        for f in dataclasses.fields(cls):
-            if f.name == "reluize" or (cls is ReluizeConfig and f.name == "refit"):
-                continue
-            default = f.default if f.default is not dataclasses.MISSING else None
-            shown = f" (default {default})" if default not in (None, ()) else ""
-            options = {"dest": prefix + f.name, "default": None, "help": f.metadata.get("help", "") + shown}
-            if "choices" in f.metadata:
-                options["choices"] = f.metadata["choices"]
-            if f.name == "texts":
-                parser.add_argument("--text", nargs="+", metavar="FILE", **options)
-                continue
-            kind = str(f.type)
-            options["type"] = float if "float" in kind else int if "int" in kind else str
-            parser.add_argument("--" + f.name.replace("_", "-"), **options)
+    _field_options(parser, "c_", ConversionConfig, skip=("reluize",), names={"texts": "--text"},
+                   metavars={"texts": "FILE"})
+    _field_options(parser, "r_", ReluizeConfig, skip=("refit",))
 
 
 def _deploy_options(parser: argparse.ArgumentParser) -> None:
     """``lambda-gelu deploy DIR``'s settings: the fields of DeployConfig (threads is the command's own)."""
-    import dataclasses
-
     from lambda_gelu.hf.deploy import DeployConfig
-    for f in dataclasses.fields(DeployConfig):
-        if f.name == "threads":
+    _field_options(parser, "d_", DeployConfig, skip=("threads",), scope="with DIR: ",
+                   metavars={"original": "MODEL", "batch_sizes": "N", "rounds": "N", "sentences": "N",
+                             "max_tokens": "N"})
+
+
+def _field_options(parser: argparse.ArgumentParser, prefix: str, cls, skip=(), scope: str = "", names=None,
+                   metavars=None) -> None:
+    """One option per field of the config dataclass ``cls`` (less ``skip``): the field's help (after ``scope``),
+    choices and default, its type from its annotation (a tuple takes several values); the value lands in
+    ``prefix + name``, None when the option is not given, so that the config's own default applies."""
+    import dataclasses
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
-        shown = f" (default {' '.join(map(str, default)) if isinstance(default, tuple) else default})" \
-            if default is not None else ""
-        options = {"dest": "d_" + f.name, "default": None, "help": "with DIR: " + f.metadata["help"] + shown,
-                   "metavar": "MODEL" if f.name == "original" else "N"}
+        shown = (f" (default {' '.join(map(str, default)) if isinstance(default, tuple) else default})"
+                 if default not in (None, ()) else "")
         kind = str(f.type)
+        options = {"dest": prefix + f.name, "default": None, "help": scope + f.metadata.get("help", "") + shown,
+                   "type": float if "float" in kind else int if "int" in kind else str}
+        if "choices" in f.metadata:
+            options["choices"] = f.metadata["choices"]
         if "tuple" in kind:
-            options.update(type=int, nargs="+")
-        elif "int" in kind:
-            options["type"] = int
-        parser.add_argument("--" + f.name.replace("_", "-"), **options)
+            options["nargs"] = "+"
+        if metavars and f.name in metavars:
+            options["metavar"] = metavars[f.name]
+        parser.add_argument((names or {}).get(f.name, "--" + f.name.replace("_", "-")), **options)
 
 
 def _conversion_config(args):

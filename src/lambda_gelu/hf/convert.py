@@ -26,7 +26,7 @@ from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
 from .load import load, model_directory, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
-from .text import in_order, length_grouped, read_texts, stdlib_sentences
+from .text import in_order, length_grouped, padding_tokenizer, read_texts, stdlib_sentences
 
 __all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS"]
 
@@ -42,6 +42,11 @@ BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its b
 
 def _help(text: str, **more) -> dict:
     return {"help": text, **more}
+
+
+def _whole(v, low) -> bool:
+    """A whole number (not a bool) from ``low`` to 2^31: a setting counted in steps, sentences, rounds..."""
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v <= 2 ** 31
 
 
 @dataclass(frozen=True)
@@ -74,9 +79,7 @@ class ConversionConfig:
             if not ok:
                 raise CheckpointError(message)
 
-        def whole(v, low):
-            return isinstance(v, int) and not isinstance(v, bool) and low <= v <= 2 ** 31
-
+        whole = _whole
         need(self.steps is None or self.minutes is None, "give --steps or --minutes, not both")
         need(self.steps is None or isinstance(self.steps, int) and not isinstance(self.steps, bool)
              and self.steps >= 1, f"--steps must be ≥ 1, got {self.steps!r}")
@@ -138,9 +141,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     train, held = stdlib_sentences()
     random.Random(seed).shuffle(train)
     train, held = extra + train, held[:HELD_OUT]
-    pad = copy.copy(tokenizer)
-    if pad.pad_token is None:  # GPT-2 and others have none; batching needs one (the saved tokenizer keeps its own)
-        pad.pad_token = pad.eos_token
+    pad = padding_tokenizer(tokenizer)
 
     def encode(sentences):
         return dict(pad(sentences, padding=True, truncation=True, max_length=config.max_tokens, return_tensors="pt"))

@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .convert import _help, _whole
 from .errors import CheckpointError
 from .evaluate import evaluate, relu_zeros, scores, summarise
 from .load import load, model_directory, quiet_transformers
-from .save import DEPLOY_REPORT, REPORT
-from .text import stdlib_sentences
+from .save import DEPLOY_REPORT, REPORT, listed_files
+from .text import padding_tokenizer, stdlib_sentences
 
 __all__ = ["DeployConfig", "deploy_checkpoint", "DEPLOY_REPORT", "ONNX_FILES"]
 
@@ -40,10 +41,6 @@ ONNX_FILES = ("onnx/model.onnx", "onnx/model.int8.onnx")  # the ReLU model's gra
 GRAPHS = ("original fp32", "original int8", "ReLU fp32", "ReLU int8")
 _MARK = ".deploy-partial"  # inside the staging directory: removable by the next deploy if this one dies
 NO_GAIN = 0.97  # a ReLU graph this close to its original's time (median of the rounds' ratios) gains nothing
-
-
-def _help(text: str, **more) -> dict:
-    return {"help": text, **more}
 
 
 @dataclass(frozen=True)
@@ -61,9 +58,7 @@ class DeployConfig:
     threads: int | None = field(default=None, metadata=_help("ONNX Runtime's threads (default: torch's)"))
 
     def __post_init__(self):
-        def whole(v, low):
-            return isinstance(v, int) and not isinstance(v, bool) and low <= v <= 2 ** 31
-
+        whole = _whole
         problems = [
             (isinstance(self.batch_sizes, tuple) and self.batch_sizes and all(whole(b, 1) for b in self.batch_sizes),
              f"--batch-sizes must be whole numbers ≥ 1, got {self.batch_sizes!r}"),
@@ -98,7 +93,7 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
     module's docstring says; write the report and the ReLU model's graphs into it. Returns the report's path."""
     config = config or DeployConfig()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    for module, extra in (("transformers", "hf"), ("onnx", "deploy"), ("onnxruntime", "deploy")):
+    for module in ("transformers", "onnx", "onnxruntime"):
         try:
             __import__(module)
         except ImportError:
@@ -129,13 +124,12 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
 
     max_tokens = config.max_tokens or conversion.get("max_tokens") or 64
     sentences = stdlib_sentences()[1][:config.sentences]
-    tokenizer = _padding(relu.tokenizer)
+    tokenizers = {"ReLU": padding_tokenizer(relu.tokenizer), "original": padding_tokenizer(original.tokenizer)}
 
-    def encode(batch):
-        return {k: v for k, v in tokenizer(batch, padding=True, truncation=True, max_length=max_tokens,
-                                           return_tensors="pt").items()}
+    def encode(batch, kind="ReLU"):
+        return dict(tokenizers[kind](batch, padding=True, truncation=True, max_length=max_tokens, return_tensors="pt"))
 
-    if encode(sentences[:8])["input_ids"].tolist() != _encode_with(original.tokenizer, sentences[:8], max_tokens):
+    if not torch.equal(encode(sentences[:8])["input_ids"], encode(sentences[:8], "original")["input_ids"]):
         raise CheckpointError(f"{directory} and {name} tokenize text differently: give its original with --original")
     held = [encode(sentences[i:i + 32]) for i in range(0, len(sentences), 32)]
     names = list(held[0])
@@ -193,18 +187,6 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
     return target / "deploy_report.md"
 
 
-def _encode_with(tokenizer, sentences, max_tokens) -> list:
-    return _padding(tokenizer)(sentences, padding=True, truncation=True, max_length=max_tokens)["input_ids"]
-
-
-def _padding(tokenizer):
-    if tokenizer.pad_token is None:  # GPT-2 and others have none; batching needs one
-        import copy
-        tokenizer = copy.copy(tokenizer)
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def _conversion_report(target: Path) -> dict:
     try:
         report = json.loads((target / REPORT).read_text(encoding="utf-8"))
@@ -220,10 +202,7 @@ def _check_onnx_dir(target: Path) -> None:
     onnx_dir = target / "onnx"
     if not onnx_dir.exists():
         return
-    try:
-        ours = json.loads((target / DEPLOY_REPORT).read_text(encoding="utf-8")).get("files", [])
-    except (OSError, ValueError, AttributeError):
-        ours = []
+    ours = listed_files(target / DEPLOY_REPORT) or []
     theirs = [p.relative_to(target).as_posix() for p in onnx_dir.rglob("*") if not p.is_dir()]
     extra = [p for p in theirs if p not in ours]
     if not onnx_dir.is_dir() or extra:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["prepare_out", "write_atomically", "files_in", "REPORT", "DEPLOY_REPORT"]
+__all__ = ["prepare_out", "write_atomically", "files_in", "listed_files", "REPORT", "DEPLOY_REPORT"]
 
 REPORT = "reluize_report.json"
 DEPLOY_REPORT = "deploy_report.json"  # what `lambda-gelu deploy DIR` adds to a conversion, with the files it wrote
@@ -128,19 +128,21 @@ _KNOWN = ("config.json", "generation_config.json", "model.safetensors", "model-"
           "reluize_report.")
 
 
+def listed_files(report: Path) -> list[str] | None:
+    """The files a report (a conversion's or a deploy's JSON) says its run wrote; None without a readable list."""
+    try:
+        files = json.loads(report.read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return files if isinstance(files, list) else None
+
+
 def _not_written_by_conversion(path: Path) -> list[str]:
     """The files in ``path`` that the conversion which wrote it did not (its report lists what it wrote)."""
     present = files_in(path)  # a marker left by a run killed just before its exchange does not count
-    try:
-        written = json.loads((path / REPORT).read_text(encoding="utf-8")).get("files")
-    except (OSError, ValueError, AttributeError):
-        written = None
-    if isinstance(written, list):
-        try:  # and what `lambda-gelu deploy DIR` wrote into it since
-            deployed = json.loads((path / DEPLOY_REPORT).read_text(encoding="utf-8")).get("files")
-        except (OSError, ValueError, AttributeError):
-            deployed = None
-        written = set(written) | (set(deployed) if isinstance(deployed, list) else set())
+    written = listed_files(path / REPORT)
+    if written is not None:  # and what `lambda-gelu deploy DIR` wrote into it since
+        written = set(written) | set(listed_files(path / DEPLOY_REPORT) or [])
         return [f for f in present if f not in written]
     modules = []
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["stdlib_sentences", "read_texts", "length_grouped", "in_order", "GROUP"]
+__all__ = ["stdlib_sentences", "read_texts", "length_grouped", "in_order", "padding_tokenizer", "GROUP"]
 
 GROUP = 50  # batches' worth of sentences sorted together by length (the "length" batching)
 
@@ -93,3 +93,14 @@ def in_order(n: int, batch_size: int):
     for i in itertools.count():
         start = i * batch_size % n
         yield list(range(start, min(start + batch_size, n)))
+
+
+def padding_tokenizer(tokenizer):
+    """``tokenizer``, or a copy of it that pads with its end-of-text token where it has no padding token (GPT-2 and
+    others): batching needs one, and the tokenizer a checkpoint is saved with keeps its own."""
+    if tokenizer.pad_token is not None:
+        return tokenizer
+    import copy
+    pad = copy.copy(tokenizer)
+    pad.pad_token = pad.eos_token
+    return pad

@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 
 from .batchnorm import recalibrate_batchnorm_
-from .reluizer import AnnealedGELU, Reluizer, paced_lambda
+from .reluizer import Reluizer
 from .result import ReluizeResult
 from .stream import take_and_keep
 from .training import lr_decay, progress_bar
 
-__all__ = ["AnnealedGELU", "distill", "paced_lambda"]
+__all__ = ["distill"]
 
 
 def distill(reluizer: Reluizer, stream, steps: range, optimizer, lr_schedule: str, result: ReluizeResult,
