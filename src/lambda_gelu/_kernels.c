@@ -283,6 +283,16 @@ int64_t lg_sparse_linear_f32(const float *x, const float *wt, const float *bias,
     return n_active;
 }
 
+/* Σ a[j]·b[j] as the vector unit sums it: one partial sum per lane (a reduction OpenMP lets the compiler reorder);
+ * one running sum would be a chain of n dependent FMAs, several times slower than reading the rows. */
+static inline float dot_f32(const float *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    #pragma omp simd reduction(+:s)
+    for (int64_t j = 0; j < n; j++)
+        s += a[j] * b[j];
+    return s;
+}
+
 /* Sparse gated FFN, float32 (lambda_gelu.sparse_gated): y = Σ_k (g[:, k] · (x · up[k])) downᵀ[k] over the units k
  * active in some row of g = relu(gate(x)) (n, ff), already computed. up is (ff, d), downᵀ (ff, out): an active
  * unit reads its row of each, contiguous, once for the whole batch; an inactive one reads neither. Threads
@@ -307,11 +317,7 @@ static void sparse_gated_rows_f32(const float *x, const float *g, const float *u
             float gk = g[r * ff + k];
             if (gk == 0.0f)
                 continue;
-            const float *xr = x + r * d;
-            float u = 0.0f;
-            for (int64_t j = 0; j < d; j++)
-                u = FMA(u_row[j], xr[j], u);
-            float h = gk * u;
+            float h = gk * dot_f32(u_row, x + r * d, d);
             float *yr = acc + r * out;
             for (int64_t j = 0; j < out; j++)
                 yr[j] = FMA(h, w[j], yr[j]);
