@@ -1,13 +1,14 @@
 """Greedy decoding at batch 1 with the KV cache: a converted (exact-ReLU) language model dense against the same
-model with its gated FFNs sparsified (lambda_gelu.sparse.sparsify_).
+model with its gated FFNs sparsified (lambda_gelu.sparse.sparsify_), by two decoders: transformers' `generate`, and
+lambda_gelu.hf.LeanDecoder (a static cache, one matrix product for q/k/v, fewer Python calls per token).
 
     lambda-gelu reluize smollm2-135m-instruct --out runs/smollm2-relu
     python benchmarks/bench_decode.py --model runs/smollm2-relu
 
-Reports tokens/s of each (medians of rounds interleaved dense, sparse, dense, ...), whether both generated the same
-tokens, the FFN blocks' share of dense decoding time, the gate zeros seen while decoding, the FFN block alone
-dense against sparse on the hidden states decoding gave it, and the Amdahl bound those two numbers set on the
-whole: 1 / ((1 − share) + share / block speed-up).
+Reports per decoder the tokens/s of each model (medians of rounds interleaved over the four variants), whether all
+four generated the same tokens, the FFN blocks' share of dense decoding time, then the gate zeros seen while
+decoding, the FFN block alone dense against sparse on the hidden states decoding gave it, and the Amdahl bound those
+numbers set on the whole: 1 / ((1 − share) + share / block speed-up).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def main():
         torch.set_num_threads(args.threads)
     import transformers
 
-    from lambda_gelu.hf import stdlib_sentences
+    from lambda_gelu.hf import LeanDecoder, stdlib_sentences
     from lambda_gelu.sparse import sparsify_
     from lambda_gelu.sparse_gated import SparseGatedMLP
 
@@ -48,21 +49,27 @@ def main():
     replaced = sparsify_(sparse)
     prompt = " ".join(stdlib_sentences()[1][:3])  # held-out text
     ids = tokenizer(prompt, return_tensors="pt")
+    n = args.new_tokens
+    lean = {"dense": LeanDecoder(dense), "sparse": LeanDecoder(sparse)}
 
     def generate(model):
-        return model.generate(**ids, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                              do_sample=False, use_cache=True)
+        return model.generate(**ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True)
 
-    same = torch.equal(generate(dense), generate(sparse))
-    seconds = interleaved({"dense": lambda: generate(dense), "sparse": lambda: generate(sparse)}, args.rounds, 1)
+    runs = {("generate", "dense"): lambda: generate(dense), ("generate", "sparse"): lambda: generate(sparse),
+            ("lean", "dense"): lambda: lean["dense"].generate(ids["input_ids"], n),
+            ("lean", "sparse"): lambda: lean["sparse"].generate(ids["input_ids"], n)}
+    tokens = {k: run() for k, run in runs.items()}
+    same = {path: torch.equal(tokens[path, "dense"], tokens[path, "sparse"]) for path in ("generate", "lean")}
+    same_as_generate = torch.equal(tokens["lean", "dense"], tokens["generate", "dense"])
+    seconds = interleaved({f"{p} {m}": run for (p, m), run in runs.items()}, args.rounds, 1)
 
-    # the FFN blocks' share of dense decoding, the gates' zeros, and the blocks' own inputs while decoding
-    spent, inputs, zeros, starts = [0.0], [], [0, 0], {}
+    # the FFN blocks' share of dense decoding by each decoder, the gates' zeros, and the blocks' own inputs
+    spent, inputs, zeros, starts, collect = [0.0], [], [0, 0], {}, [True]
     hooks = []
     for i, mlp in enumerate(_mlps(dense)):
         def pre(mod, a, i=i):
             starts[i] = time.perf_counter()
-            if a[0].shape[1] == 1:  # decoding steps, not the prompt
+            if collect[0] and a[0].shape[1] == 1:  # decoding steps, not the prompt (generate's, once)
                 inputs.append((i, a[0].clone()))
 
         def post(mod, a, out, i=i):
@@ -73,33 +80,39 @@ def main():
                 zeros[0] += int((out == 0).sum())
                 zeros[1] += out.numel()
         hooks.append(mlp.act_fn.register_forward_hook(count))
-    t0 = time.perf_counter()
-    generate(dense)
-    total = time.perf_counter() - t0
+    share = {}
+    for path, run in (("generate", runs["generate", "dense"]), ("lean", runs["lean", "dense"])):
+        spent[0], t0 = 0.0, time.perf_counter()
+        run()
+        share[path] = spent[0] / (time.perf_counter() - t0)
+        collect[0] = False
     for h in hooks:
         h.remove()
-    share = spent[0] / total
     dense_mlps, sparse_mlps = _mlps(dense), _mlps(sparse)
     block = interleaved({"dense": lambda: [dense_mlps[i](x) for i, x in inputs],
                          "sparse": lambda: [sparse_mlps[i](x) for i, x in inputs]}, args.rounds, 1)
     block_speedup = block["dense"] / block["sparse"]
     result = {
-        "model": args.model, "new_tokens": args.new_tokens, "prompt_tokens": ids["input_ids"].shape[1],
-        "replaced": len(replaced), "same_tokens": same,
-        "tokens_per_s": {k: args.new_tokens / v for k, v in seconds.items()},
-        "speedup": seconds["dense"] / seconds["sparse"], "mlp_share": share,
+        "model": args.model, "new_tokens": n, "prompt_tokens": ids["input_ids"].shape[1],
+        "replaced": len(replaced), "rounds": args.rounds, "header": header(),
         "gate_zeros": zeros[0] / max(zeros[1], 1), "mlp_speedup": block_speedup,
-        "amdahl_bound": 1 / ((1 - share) + share / block_speedup), "amdahl_free_mlp": 1 / (1 - share),
-        "rounds": args.rounds, "header": header(),
+        "same_as_generate": same_as_generate,
         "relu_gates": sum(isinstance(m, torch.nn.ReLU) for m in dense.modules()),
         "gated_blocks": sum(isinstance(m, SparseGatedMLP) for m in sparse.modules()),
+        "paths": {path: {"tokens_per_s": {m: n / seconds[f"{path} {m}"] for m in ("dense", "sparse")},
+                         "speedup": seconds[f"{path} dense"] / seconds[f"{path} sparse"], "same_tokens": same[path],
+                         "mlp_share": share[path],
+                         "amdahl_bound": 1 / ((1 - share[path]) + share[path] / block_speedup),
+                         "amdahl_free_mlp": 1 / (1 - share[path])} for path in ("generate", "lean")},
+        "lean_sparse_over_generate_dense": seconds["generate dense"] / seconds["lean sparse"],
     }
     print(save("decode", result))
     print_table("greedy decoding, batch 1, KV cache", result["header"], [[
-        f"{result['tokens_per_s']['dense']:.1f}", f"{result['tokens_per_s']['sparse']:.1f}",
-        f"{result['speedup']:.2f}", same, f"{share:.0%}", f"{result['gate_zeros']:.1%}", f"{block_speedup:.2f}",
-        f"{result['amdahl_bound']:.2f}"]], ["dense tok/s", "sparse tok/s", "×", "same tokens", "FFN share",
-                                            "gate zeros", "FFN ×", "Amdahl bound"])
+        path, f"{r['tokens_per_s']['dense']:.1f}", f"{r['tokens_per_s']['sparse']:.1f}", f"{r['speedup']:.2f}",
+        r["same_tokens"], f"{r['mlp_share']:.0%}", f"{result['gate_zeros']:.1%}", f"{block_speedup:.2f}",
+        f"{r['amdahl_bound']:.2f}"] for path, r in result["paths"].items()],
+        ["decoder", "dense tok/s", "sparse tok/s", "×", "same tokens", "FFN share", "gate zeros", "FFN ×",
+         "Amdahl bound"])
 
 
 if __name__ == "__main__":

@@ -7,16 +7,18 @@ One module per part: ``load`` (a checkpoint loaded the way its own library does)
 beside ``--out``), ``text`` (the offline training text and its batchings), ``evaluate`` (what the conversion
 kept, and its report), ``convert`` (:class:`ConversionConfig` and :func:`reluize_checkpoint`, which the
 ``lambda-gelu reluize`` command calls), ``deploy`` (:func:`deploy_checkpoint`, ``lambda-gelu deploy DIR``: the
-checkpoint and its original in ONNX Runtime; the ``[deploy]`` extra too). transformers and ONNX Runtime are
+checkpoint and its original in ONNX Runtime; the ``[deploy]`` extra too), ``decode`` (:class:`LeanDecoder`: greedy
+decoding at batch 1 with fewer Python calls per token than ``generate``). transformers and ONNX Runtime are
 imported only when used.
 """
 from .convert import BATCHINGS, ConversionConfig, reluize_checkpoint
+from .decode import LeanDecoder
 from .deploy import DeployConfig, deploy_checkpoint
 from .errors import CheckpointError
 from .load import OFFLINE_MODELS, load, model_directory, sentence_transformers_files
 from .save import prepare_out, write_atomically
 from .text import in_order, length_grouped, read_texts, stdlib_sentences
 
-__all__ = ["ConversionConfig", "reluize_checkpoint", "DeployConfig", "deploy_checkpoint", "CheckpointError", "BATCHINGS", "OFFLINE_MODELS", "load",
-           "model_directory", "sentence_transformers_files", "prepare_out", "write_atomically", "stdlib_sentences",
-           "read_texts", "length_grouped", "in_order"]
+__all__ = ["ConversionConfig", "reluize_checkpoint", "DeployConfig", "deploy_checkpoint", "LeanDecoder",
+           "CheckpointError", "BATCHINGS", "OFFLINE_MODELS", "load", "model_directory", "sentence_transformers_files",
+           "prepare_out", "write_atomically", "stdlib_sentences", "read_texts", "length_grouped", "in_order"]

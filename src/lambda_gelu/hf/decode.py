@@ -1,0 +1,177 @@
+"""Greedy decoding at batch 1 with fewer Python calls per token than transformers' ``generate``.
+
+At batch 1 a small language model spends a sizeable share of each token in Python: ``generate`` runs its logits
+processors, stopping criteria and cache bookkeeping, and each decoder layer a few dozen small operations. That
+share does not shrink when the FFN blocks are sparsified (:func:`lambda_gelu.sparse.sparsify_`), so it caps what
+their speed-up can give end to end. :class:`LeanDecoder` runs the same model, its own modules and weights, with
+
+- one matrix product for the query, key and value projections (their weights stacked once, at construction);
+- a static key-value cache, written in place, and the rotary embedding's cos/sin tabulated for every position;
+- ``scaled_dot_product_attention`` over the cache with grouped-query heads (no repeated keys);
+- nothing else between tokens than the argmax of the last position's logits.
+
+The decoder layers' own ``input_layernorm``, ``post_attention_layernorm`` and ``mlp`` modules are called as they
+are, so a sparsified FFN block runs here as in ``generate``. The layout is the Llama family's (Llama, Mistral,
+Qwen2, Qwen3's per-head query/key norms, SmolLM; Gemma too, whose embedding module scales its output); a model of
+another layout (Gemma 2's extra norms, Gemma 3's rotary embedding by layer type, ...), or one whose own forward gives
+other logits than this one on a probe prompt (checked at construction), is refused with one line.
+
+    decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
+    tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
+
+PROBE_TOLERANCE = 1e-3  # the probe's largest logit difference from the model's own forward, relative to their scale
+_PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), -1)
+
+
+class LeanDecoder:
+    """Greedy decoding of a Llama-family causal LM at batch 1 (see the module's docstring); inference only.
+
+    Args:
+        model: a ``...ForCausalLM`` of the Llama layout (``model.model.layers[i].self_attn.q_proj`` ..., a rotary
+            embedding at ``model.model.rotary_emb``, ``model.lm_head``), in float32 or another floating dtype.
+        max_length: tokens the cache holds, prompt included (capped by the model's sliding window, if it has one).
+
+    Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
+    one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights are a copy: call
+    :meth:`refresh` after changing the model's attention weights.
+    """
+
+    def __init__(self, model: torch.nn.Module, max_length: int = 2048):
+        if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
+            raise ValueError(f"max_length is a number of tokens ≥ 2, got {max_length!r}")
+        problem = _layout_problem(model)
+        if problem:
+            raise ValueError(f"LeanDecoder runs the Llama layout, and {type(model).__name__} {problem}: "
+                             "use its generate() instead")
+        config = model.config
+        window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+        self.model, self.window = model, window
+        self.max_length = min(max_length, window) if window else max_length
+        attention = model.model.layers[0].self_attn
+        self.heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
+        self.head_dim = attention.head_dim
+        try:
+            self.refresh()
+            problem = self._probe()
+        except Exception as e:  # noqa: BLE001 - a module of another signature: not the Llama layout, in one line
+            problem = f"does not run as it ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+        if problem:
+            raise ValueError(f"LeanDecoder runs the Llama layout, and {type(model).__name__} {problem}: use its "
+                             "generate() instead")
+
+    @torch.inference_mode()
+    def refresh(self) -> None:
+        """Stack the query/key/value weights again and tabulate the rotary embedding (after changing the model)."""
+        self.qkv = []
+        for layer in self.model.model.layers:
+            a = layer.self_attn
+            biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+            bias = None if all(b is None for b in biases) else torch.cat(
+                [b if b is not None else torch.zeros(p.out_features, dtype=p.weight.dtype)
+                 for b, p in zip(biases, (a.q_proj, a.k_proj, a.v_proj))])
+            self.qkv.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), bias,
+                             [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]))
+        weight = self.model.model.layers[0].self_attn.q_proj.weight
+        position = torch.arange(self.max_length, device=weight.device)[None]
+        cos, sin = self.model.model.rotary_emb(torch.zeros((), dtype=weight.dtype, device=weight.device), position)
+        self.cos, self.sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
+
+    def _forward(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+        """The last position's logits for the tokens ``ids`` (1, T) at positions start..start+T−1, writing their keys
+        and values into the cache: a prompt (start 0) or one token."""
+        n, end = ids.shape[1], start + ids.shape[1]
+        inner = self.model.model
+        h = inner.embed_tokens(ids)
+        cos, sin = self.cos[start:end], self.sin[start:end]
+        for layer, (weight, bias, split), k_cache, v_cache in zip(inner.layers, self.qkv, keys, values):
+            a = layer.self_attn
+            q, k, v = F.linear(layer.input_layernorm(h), weight, bias).split(split, -1)
+            q, k = q.view(1, n, -1, self.head_dim), k.view(1, n, -1, self.head_dim)
+            if hasattr(a, "q_norm"):  # Qwen3: a norm over each head's query and key
+                q, k = a.q_norm(q), a.k_norm(k)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k_cache[:, :, start:end] = k * cos + _rotate_half(k) * sin
+            v_cache[:, :, start:end] = v.view(1, n, -1, self.head_dim).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], is_causal=n > 1,
+                                               scale=a.scaling, enable_gqa=self.kv_heads != self.heads)
+            h = h + a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.model.lm_head(inner.norm(h[:, -1:]))[:, -1]
+
+    @torch.inference_mode()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None) -> Tensor:
+        """The prompt (1, T) followed by up to ``max_new_tokens`` greedy tokens, stopping after ``eos_token_id`` if
+        given — the tokens ``model.generate(input_ids, max_new_tokens=..., do_sample=False)`` gives."""
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+            raise ValueError(f"LeanDecoder decodes one sequence: input_ids of shape (1, T ≥ 1), got "
+                             f"{tuple(input_ids.shape)}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens is a number of tokens ≥ 0, got {max_new_tokens!r}")
+        total = input_ids.shape[1] + max_new_tokens
+        if total > self.max_length:
+            raise ValueError(f"the prompt's {input_ids.shape[1]} tokens and {max_new_tokens} new ones exceed the "
+                             f"decoder's max_length {self.max_length}: build it with a larger max_length"
+                             + (f" (the model's sliding window caps it at {self.window})" if self.window else ""))
+        weight = self.qkv[0][0]
+        shape = (1, self.kv_heads, total, self.head_dim)
+        keys = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in self.qkv]
+        values = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in self.qkv]
+        out, start, step = [input_ids], 0, input_ids
+        for _ in range(max_new_tokens):
+            logits = self._forward(step, start, keys, values)
+            start += step.shape[1]
+            step = logits.argmax(-1, keepdim=True).to(input_ids.dtype)
+            out.append(step)
+            if eos_token_id is not None and int(step) == eos_token_id:
+                break
+        return torch.cat(out, 1)
+
+    @torch.inference_mode()
+    def _probe(self) -> str | None:
+        """Why the model's own forward disagrees with this one on a probe prompt and two decoding steps (None if
+        it agrees)."""
+        config, weight = self.model.config, self.qkv[0][0]
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, config.vocab_size, (1, 8), generator=generator).to(weight.device)
+        full = self.model(ids).logits[0]
+        keys = [torch.empty(1, self.kv_heads, 8, self.head_dim, dtype=weight.dtype, device=weight.device)
+                for _ in self.qkv]
+        values = [torch.empty_like(k) for k in keys]
+        ours = [self._forward(ids[:, :6], 0, keys, values)[0]]
+        ours += [self._forward(ids[:, i:i + 1], i, keys, values)[0] for i in (6, 7)]
+        theirs = full[[5, 6, 7]]
+        scale = theirs.abs().max().clamp(min=1e-6)
+        gap = float((torch.stack(ours) - theirs).abs().max() / scale)
+        return None if gap <= PROBE_TOLERANCE else (f"gives other logits on a probe prompt than this decoder (by "
+                                                    f"{gap:.2g} of their scale)")
+
+
+def _layout_problem(model) -> str | None:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if getattr(model, "lm_head", None) is None or layers is None or not len(layers):
+        return "has no model.layers and lm_head"
+    missing = ["model.norm / embed_tokens / rotary_emb"] if not all(
+        hasattr(inner, n) for n in ("norm", "embed_tokens", "rotary_emb")) else []
+    layer = layers[0]
+    missing += [p for p in _PARTS if not hasattr(layer, p)]
+    attention = getattr(layer, "self_attn", None)
+    if attention is not None:
+        missing += [p for p in _PROJECTIONS + ("head_dim", "scaling") if not hasattr(attention, p)]
+    return f"lacks {', '.join(missing)}" if missing else None

@@ -1,0 +1,104 @@
+"""LeanDecoder: greedy decoding at batch 1 over a static cache gives transformers' generate()'s tokens on tiny random
+Llama-layout models (Llama, Mistral, Qwen2 with its biases, Qwen3 with its query/key norms, Gemma with its scaled
+embedding), sparsified or not, and refuses in one line what it does not run: another layout (Gemma 2's extra norms,
+Gemma 3's rotary embeddings by layer type, GPT-2), a batch, a prompt beyond its cache."""
+import copy
+
+import pytest
+import torch
+
+from lambda_gelu.sparse import sparsify_
+
+transformers = pytest.importorskip("transformers")
+from lambda_gelu.hf.decode import LeanDecoder  # noqa: E402
+
+SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=100, max_position_embeddings=128, hidden_act="relu")
+FAMILIES = {
+    "llama": lambda: transformers.LlamaConfig(**SMALL),
+    "mistral": lambda: transformers.MistralConfig(**SMALL, sliding_window=None),
+    "qwen2": lambda: transformers.Qwen2Config(**SMALL),
+    "qwen3": lambda: transformers.Qwen3Config(**SMALL, head_dim=8),
+    "gemma": lambda: transformers.GemmaConfig(**{**SMALL, "hidden_activation": "relu"}, head_dim=8),
+}
+
+
+def _model(config):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # sharper logits than the random initialisation's, so greedy tokens are far from ties
+        model.lm_head.weight.mul_(20)
+    return model
+
+
+def _prompt(n=10):
+    return torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_lean_decoding_gives_generates_tokens_dense_and_sparsified(family):
+    model = _model(FAMILIES[family]())
+    sparse = copy.deepcopy(model)
+    assert sparsify_(sparse, min_weights=0)
+    ids = _prompt()
+    with torch.inference_mode():
+        want = model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    assert torch.equal(LeanDecoder(model).generate(ids, 24), want)
+    assert torch.equal(LeanDecoder(sparse).generate(ids, 24), want)
+
+
+def test_the_logits_at_each_step_are_the_models_own():
+    model, ids = _model(FAMILIES["llama"]()), _prompt()
+    tokens = LeanDecoder(model).generate(ids, 12)
+    decoder = LeanDecoder(model)
+    keys = [torch.empty(1, 2, tokens.shape[1], 8) for _ in range(2)]
+    values = [torch.empty_like(k) for k in keys]
+    with torch.inference_mode():
+        full = model(tokens).logits[0]
+        ours = [decoder._forward(ids, 0, keys, values)[0]]
+        ours += [decoder._forward(tokens[:, i:i + 1], i, keys, values)[0] for i in range(10, tokens.shape[1] - 1)]
+    assert torch.allclose(torch.stack(ours), full[9:-1], rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+
+
+def test_decoding_stops_after_the_end_token():
+    model, ids = _model(FAMILIES["llama"]()), _prompt()
+    tokens = LeanDecoder(model).generate(ids, 12)
+    eos = int(tokens[0, 13])
+    stopped = LeanDecoder(model).generate(ids, 12, eos_token_id=eos)
+    first = int((tokens[0, 10:] == eos).nonzero()[0]) + 11
+    assert torch.equal(stopped, tokens[:, :first])
+
+
+def test_what_it_does_not_run_is_refused_in_one_line():
+    gemma = _model(transformers.Gemma3TextConfig(**{**SMALL, "hidden_activation": "relu"}, head_dim=8,
+                                                 sliding_window=16))
+    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and Gemma3ForCausalLM does not run as "
+                                         r"it \(TypeError: .*\): use its generate\(\) instead$"):
+        LeanDecoder(gemma)
+    gemma = _model(transformers.Gemma2Config(**{**SMALL, "hidden_activation": "relu"}, head_dim=8, sliding_window=64))
+    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and Gemma2ForCausalLM gives other "
+                                         r"logits on a probe prompt than this decoder \(by .* of their scale\): use "
+                                         r"its generate\(\) instead$"):
+        LeanDecoder(gemma)
+    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and GPT2LMHeadModel has no "
+                                         r"model.layers and lm_head: use its generate\(\) instead$"):
+        LeanDecoder(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)))
+    decoder = LeanDecoder(_model(FAMILIES["llama"]()), max_length=16)
+    with pytest.raises(ValueError, match=r"^LeanDecoder decodes one sequence: input_ids of shape \(1, T ≥ 1\), got "
+                                         r"\(2, 10\)$"):
+        decoder.generate(torch.zeros(2, 10, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match=r"^the prompt's 10 tokens and 8 new ones exceed the decoder's max_length "
+                                         r"16: build it with a larger max_length$"):
+        decoder.generate(_prompt(), 8)
+    with pytest.raises(ValueError, match=r"^max_new_tokens is a number of tokens ≥ 0, got -1$"):
+        decoder.generate(_prompt(), -1)
+    with pytest.raises(ValueError, match=r"^max_length is a number of tokens ≥ 2, got 1$"):
+        LeanDecoder(_model(FAMILIES["llama"]()), max_length=1)
+
+
+def test_a_sliding_window_caps_the_cache():
+    model = _model(transformers.MistralConfig(**SMALL, sliding_window=12))
+    decoder = LeanDecoder(model, max_length=100)
+    assert decoder.max_length == 12
+    with pytest.raises(ValueError, match=r"sliding window caps it at 12\)$"):
+        decoder.generate(_prompt(), 4)
