@@ -174,3 +174,60 @@ def test_a_projection_the_sparse_block_would_not_reproduce_keeps_its_block_dense
     model.model.layers[1].mlp.down_proj.weight.data[0, 0] = float("inf")
     with pytest.raises(ValueError, match=r"'model.layers.0.mlp' \(up_proj\) has a parametrization"):
         sparsify_(model, min_weights=0)
+
+
+def _int8_bound(x, q):
+    """Float rounding of the int8 block, over its dequantized weights: each gate, up and output is a sum of d or ff
+    float32 products, a gate near 0 may land on either side of it, so the bound is (d + ff)·u times the sums of the
+    terms' magnitudes."""
+    w = {n: q[f"{n}_q"].double() * q[f"{n}_s"].double()[:, None] for n in ("gate", "up", "down")}
+    ax = x.double().abs()
+    d, ff = x.shape[-1], w["gate"].shape[0]
+    return 4 * (d + ff) * 2 ** -23 * (((ax @ w["gate"].abs().t()) * (ax @ w["up"].abs().t())) @ w["down"].abs()) + 1e-7
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_int8_block_is_its_dequantized_reference_within_rounding_and_near_the_float_one(family, monkeypatch):
+    from lambda_gelu import _native
+    from lambda_gelu.sparse_gated import sparse_gated_int8_reference
+    model = _relu_llama(family)
+    dense = copy.deepcopy(model)
+    assert sparsify_(model, min_weights=0, int8=True) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    monkeypatch.setattr(_native, "GRAIN", 1)  # every call on both threads: the partial sums are added too
+    for x in (torch.randn(1, 1, 32), torch.randn(3, 5, 32)):
+        for sparse_mlp, dense_mlp in ((m.mlp, d.mlp) for m, d in zip(model.model.layers, dense.model.layers)):
+            assert sparse_mlp.int8 and sparse_mlp.up_q.dtype == torch.int8
+            q = sparse_mlp._buffers
+            with torch.inference_mode():
+                got, want = sparse_mlp(x), dense_mlp(x)
+                exact = sparse_gated_int8_reference(x.double(), {k: v.double() if v.is_floating_point() else v
+                                                                 for k, v in q.items()},
+                                                    *(m.double() for m in (dense_mlp.gate_proj, dense_mlp.up_proj,
+                                                                           dense_mlp.down_proj)))
+                dense_mlp.float()
+                sparse_mlp.sparse = False
+                every_unit = sparse_mlp(x)
+                sparse_mlp.sparse = True
+            bound = _int8_bound(x, q)
+            assert ((got.double() - exact).abs() <= bound).all()
+            assert ((every_unit.double() - exact).abs() <= bound).all()
+            # the weights' rounding: at most half a step of 1/127 of each row's largest weight, far less on average
+            assert (got - want).norm() <= 0.03 * want.norm()
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_derived_weights_follow_load_state_dict_and_the_state_dict_is_the_dense_blocks(int8):
+    model = _relu_llama()
+    state = copy.deepcopy(model.state_dict())
+    sparsify_(model, min_weights=0, int8=int8)
+    assert model.state_dict().keys() == state.keys()
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(2, 32)
+    with torch.inference_mode():
+        before = mlp(x)
+        state["model.layers.0.mlp.down_proj.weight"] *= 2
+        model.load_state_dict(state)
+        torch.testing.assert_close(mlp(x), 2 * before, rtol=1e-5, atol=1e-6)
+        mlp.load_state_dict(copy.deepcopy(mlp.state_dict()) | {"down_proj.weight": -mlp.down_proj.weight})
+        torch.testing.assert_close(mlp(x), -2 * before, rtol=1e-5, atol=1e-6)
+    assert ("int8=True" in repr(mlp)) == int8

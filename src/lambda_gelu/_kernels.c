@@ -351,3 +351,81 @@ int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, con
     free(active);
     return n_active;
 }
+
+/* Sparse gated FFN over int8 weights (lambda_gelu.sparse_gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
+ * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q. The gate is computed
+ * here too, g = relu(x · gateᵀ) into the caller's g (n, ff) — each unit's row read once for the whole batch, the
+ * units split over the threads — then the active units as in the float32 kernel, reading a quarter of its bytes.
+ * `dense` nonzero: every unit is computed, zero or not (the same int8 block without the sparsity, to compare). */
+static inline void prefetch_bytes(const int8_t *row, int64_t n) {
+    for (int64_t j = 0; j < n; j += 64)
+        __builtin_prefetch(row + j, 0, 2);
+}
+
+static inline float dot_i8(const int8_t *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    #pragma omp simd reduction(+:s)
+    for (int64_t j = 0; j < n; j++)
+        s += (float)a[j] * b[j];
+    return s;
+}
+
+struct gated_i8_ctx { const float *x, *g, *up_s, *down_s; const int8_t *up_q, *down_q; int64_t n, d, ff, out;
+                      int dense; };
+
+static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
+    const struct gated_i8_ctx *q = c;
+    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out;
+    for (int64_t k = 0; k < n * out; k++)
+        acc[k] = 0.0f;
+    for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++) {
+        prefetch_bytes(q->up_q + active[a] * d, d);
+        prefetch_bytes(q->down_q + active[a] * out, out);
+    }
+    for (int64_t a = a0; a < a1; a++) {
+        int64_t k = active[a];
+        const int8_t *u_row = q->up_q + k * d, *w = q->down_q + k * out;
+        if (a + PREFETCH_ROWS < a1) {
+            prefetch_bytes(q->up_q + active[a + PREFETCH_ROWS] * d, d);
+            prefetch_bytes(q->down_q + active[a + PREFETCH_ROWS] * out, out);
+        }
+        for (int64_t r = 0; r < n; r++) {
+            float gk = q->g[r * ff + k];
+            if (gk == 0.0f && !q->dense)
+                continue;
+            float h = gk * (q->up_s[k] * dot_i8(u_row, q->x + r * d, d)) * q->down_s[k];
+            float *yr = acc + r * out;
+            for (int64_t j = 0; j < out; j++)
+                yr[j] = FMA(h, (float)w[j], yr[j]);
+        }
+    }
+}
+
+int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *gate_s, const int8_t *up_q,
+                           const float *up_s, const int8_t *down_q, const float *down_s, float *g, float *y,
+                           int64_t n, int64_t d, int64_t ff, int64_t out, int dense, int max_threads, int64_t grain) {
+    int64_t work = n * ff * d / grain;
+    int nt = work < max_threads ? (int)(work > 1 ? work : 1) : max_threads;
+    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t k = 0; k < ff; k++)
+        for (int64_t r = 0; r < n; r++) {
+            float v = gate_s[k] * dot_i8(gate_q + k * d, x + r * d, d);
+            g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
+        }
+    int64_t *active = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *active);
+    if (!active)
+        return -1;
+    int64_t n_active = ff;
+    if (dense)
+        for (int64_t k = 0; k < ff; k++)
+            active[k] = k;
+    else
+        n_active = lg_active_union_f32(g, n, ff, active);
+    work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
+    nt = work < max_threads ? (int)work : max_threads;
+    struct gated_i8_ctx ctx = {x, g, up_s, down_s, up_q, down_q, n, d, ff, out, dense};
+    if (parallel_rows(gated_i8_rows, &ctx, y, 0, active, n_active, n, out, nt) != 0)
+        n_active = -1;
+    free(active);
+    return n_active;
+}

@@ -164,7 +164,8 @@ def _kept_as_is(layer: nn.Module) -> str | None:
     return None
 
 
-def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: int = MIN_WEIGHTS) -> list[str]:
+def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: int = MIN_WEIGHTS,
+              int8: bool = False) -> list[str]:
     """Replace, in place, every gated FFN whose gate is an exact ReLU by a
     :class:`~lambda_gelu.sparse_gated.SparseGatedMLP` (Llama-, Gemma-family blocks after
     :func:`lambda_gelu.reluize`) and every other linear layer whose input comes straight from an ``nn.ReLU`` by
@@ -179,7 +180,8 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     parametrized layer, one with forward hooks (which the replacement would drop; pruning's among them),
     or with non-finite weights (a skipped zero input would turn 0·inf = NaN into 0); and layers of fewer
     than ``min_weights`` weights, where the sparse path costs more than it saves (:data:`MIN_WEIGHTS`; 0
-    replaces every eligible layer)."""
+    replaces every eligible layer). ``int8=True``: the gated FFNs read int8 weights with a scale per row
+    (:class:`~lambda_gelu.sparse_gated.SparseGatedMLP`'s ``int8``; no longer exact: the weights are rounded)."""
     if isinstance(min_weights, bool) or not isinstance(min_weights, int) or min_weights < 0:
         raise ValueError(f"min_weights is a number of weights ≥ 0, got {min_weights!r}")
     gated, left = [], []  # gated FFNs to replace; and (name, why not) of those that stay dense
@@ -215,7 +217,7 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
                          f"than the dense layer; pass min_weights=0 to replace them anyway")
     for _, parent, attr, layout in gated:
         parent._modules[attr] = SparseGatedMLP.from_dense(parent._modules[attr], layout,
-                                                          max(max_density, GATED_MAX_DENSITY))
+                                                          max(max_density, GATED_MAX_DENSITY), int8=int8)
     for _, parent, attr in large:
         setattr(parent, attr, SparseLinear.from_dense(getattr(parent, attr), max_density))
     return [name for name, *_ in gated] + [name for name, _, _ in large]

@@ -9,7 +9,12 @@ some row of the batch (their union), and reads only those rows of ``up`` and of 
 
 equal to the dense block up to float rounding (the sums are the dense ones less terms that are exactly zero,
 added in another order). Where the union is too dense to pay (``max_density``) the block runs dense. Inference
-only. Which attributes make a gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a
+only.
+
+With ``int8=True`` the three matrices are held as int8 rows with a float32 scale each (:func:`quantize_rows`,
+``w ≈ s·q``, activations stay float32) and one C call computes the gate too: a quarter of the bytes read, which is
+what bounds decoding at batch 1. That block equals :func:`sparse_gated_int8_reference` (the rows dequantized, in
+plain torch) up to float rounding, and differs from the float32 block by the weights' rounding. Which attributes make a gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a
 layout is replaced only if its own forward gives what the formula gives on a probe input.
 
     lambda_gelu.reluize(model, batches, steps)        # SwiGLU/GeGLU gates → exact ReLU
@@ -27,7 +32,8 @@ from torch import Tensor
 from . import _native
 from .convert import _plain
 
-__all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "sparse_gated_reference", "gated_mlps"]
+__all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "sparse_gated_reference", "sparse_gated_int8_reference",
+           "quantize_rows", "gated_mlps"]
 
 
 @dataclass(frozen=True)
@@ -58,39 +64,77 @@ def sparse_gated_reference(x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.L
     return y.reshape(*x.shape[:-1], down.out_features)
 
 
+def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row of ``w`` as int8 ``q`` and a float32 scale ``s`` = max|row| / 127, rounded to nearest: row ≈ s·q."""
+    w = w.detach().float()
+    s = w.abs().amax(1) / 127
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    return torch.round(w / s[:, None]).clamp_(-127, 127).to(torch.int8).contiguous(), s.contiguous()
+
+
+def sparse_gated_int8_reference(x: Tensor, quantized: dict[str, Tensor], gate: nn.Linear, up: nn.Linear,
+                                down: nn.Linear) -> Tensor:
+    """The int8 block in plain torch (the C kernel's reference): ``down(relu(gate(x)) * up(x))`` with each matrix's
+    rows dequantized from ``quantized`` (``gate_q, gate_s, up_q, up_s``, and ``down_q, down_s`` the rows of
+    ``down``'s transpose), the layers' biases as they are."""
+    def weight(name):  # in the scales' dtype (float32; float64 for an exact reference)
+        scale = quantized[f"{name}_s"]
+        return quantized[f"{name}_q"].to(scale.dtype) * scale[:, None]
+    x = x.to(quantized["gate_s"].dtype)
+    g = F.relu(F.linear(x, weight("gate"), gate.bias))
+    h = g * F.linear(x, weight("up"), up.bias)
+    return F.linear(h, weight("down").t(), down.bias)
+
+
 class SparseGatedMLP(nn.Module):
     """A gated FFN whose gate is an exact ReLU, computed from its active units; inference only.
 
     Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the
-    dense block's) and ``downᵀ`` as a non-persistent buffer (one more copy of ``down``'s weight), made again by
-    ``load_state_dict``. Build it with :meth:`from_dense`.
+    dense block's) and, as non-persistent buffers made again by ``load_state_dict``, ``downᵀ`` (one more copy of
+    ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
+    ``down_q`` holds the rows of ``downᵀ``). ``sparse=False`` computes every unit (the dense block, or the same
+    int8 block without skipping: a baseline to compare). Build it with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
-                 max_density: float = 0.5):
+                 max_density: float = 0.5, int8: bool = False, sparse: bool = True):
         super().__init__()
         if not 0.0 <= max_density <= 1.0:
             raise ValueError(f"max_density is a fraction of the units in [0, 1], got {max_density!r}")
-        self.layout = layout
+        self.layout, self.int8, self.sparse = layout, bool(int8), bool(sparse)
         for name, layer in ((layout.gate, gate), (layout.up, up), (layout.down, down)):
             self.add_module(name, layer)
-        self.register_buffer("down_t", down.weight.detach().t().contiguous(), persistent=False)
         self.max_density = float(max_density)
+        self._derive()
+        self.register_load_state_dict_post_hook(_derive_again)  # once the layers hold the loaded weights
 
     @classmethod
-    def from_dense(cls, mlp: nn.Module, layout: GatedLayout, max_density: float = 0.5) -> "SparseGatedMLP":
-        return cls(layout, getattr(mlp, layout.gate), getattr(mlp, layout.up), getattr(mlp, layout.down), max_density)
+    def from_dense(cls, mlp: nn.Module, layout: GatedLayout, max_density: float = 0.5, int8: bool = False,
+                   sparse: bool = True) -> "SparseGatedMLP":
+        return cls(layout, getattr(mlp, layout.gate), getattr(mlp, layout.up), getattr(mlp, layout.down), max_density,
+                   int8, sparse)
 
-    def _load_from_state_dict(self, *args, **kwargs):
-        super()._load_from_state_dict(*args, **kwargs)
-        with torch.no_grad():
-            self.down_t = getattr(self, self.layout.down).weight.detach().t().contiguous()
+    @torch.no_grad()
+    def _derive(self) -> None:
+        """The buffers made from the layers' weights: ``downᵀ``, or the int8 rows and scales."""
+        gate, up, down = (self._modules[n].weight for n in (self.layout.gate, self.layout.up, self.layout.down))
+        if not self.int8:
+            self.register_buffer("down_t", down.detach().t().contiguous(), persistent=False)
+            return
+        for name, w in (("gate", gate), ("up", up), ("down", down.t())):
+            q, s = quantize_rows(w)
+            self.register_buffer(f"{name}_q", q, persistent=False)
+            self.register_buffer(f"{name}_s", s, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up, down = (self._modules[n] for n in (self.layout.gate, self.layout.up, self.layout.down))
         if torch.is_grad_enabled() and (x.requires_grad or gate.weight.requires_grad):
             raise RuntimeError("SparseGatedMLP is for inference and has no backward: run the model under "
                                "torch.inference_mode() or torch.no_grad() (or restore the dense blocks to train)")
+        if self.int8:
+            return self._forward_int8(x, gate, up, down)
+        if not self.sparse:
+            return down(F.relu(gate(x)) * up(x))
         g = F.relu(gate(x))
         kernels = _native.library() if (x.dtype is g.dtype is up.weight.dtype is torch.float32 and x.is_cpu
                                         and up.bias is None and down.bias is None) else None
@@ -112,8 +156,30 @@ class SparseGatedMLP(nn.Module):
             return down(g * up(x))
         return sparse_gated_reference(x, gate, up, down, active)
 
+    def _forward_int8(self, x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> Tensor:
+        b = self._buffers
+        kernels = _native.library() if (x.dtype is torch.float32 and x.is_cpu and gate.bias is None
+                                        and up.bias is None and down.bias is None) else None
+        if kernels is None:
+            return sparse_gated_int8_reference(x, b, gate, up, down).to(x.dtype)
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
+        y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
+        if kernels.sparse_gated_i8(x2.data_ptr(), *(b[n].data_ptr() for n in ("gate_q", "gate_s", "up_q", "up_s",
+                                                                              "down_q", "down_s")),
+                                   g.data_ptr(), y.data_ptr(), len(x2), x2.shape[1], gate.out_features,
+                                   down.out_features, int(not self.sparse), torch.get_num_threads(),
+                                   _native.GRAIN) < 0:
+            raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
+        return y.reshape(*x.shape[:-1], down.out_features)
+
     def extra_repr(self) -> str:
-        return f"max_density={self.max_density:g}"
+        return f"max_density={self.max_density:g}" + (", int8=True" if self.int8 else "") + (
+            ", sparse=False" if not self.sparse else "")
+
+
+def _derive_again(module: SparseGatedMLP, incompatible_keys) -> None:
+    module._derive()
 
 
 def gated_mlps(model: nn.Module):
