@@ -8,7 +8,9 @@ lambda_gelu.hf.LeanDecoder (a static cache, one matrix product for q/k/v, fewer 
 Reports per decoder the tokens/s of each model (medians of rounds interleaved over the four variants), whether all
 four generated the same tokens, the FFN blocks' share of dense decoding time, then the gate zeros seen while
 decoding, the FFN block alone dense against sparse on the hidden states decoding gave it, and the Amdahl bound those
-numbers set on the whole: 1 / ((1 − share) + share / block speed-up).
+numbers set on the whole: 1 / ((1 − share) + share / block speed-up). Then the same with the gated FFNs over int8
+weights (sparsify_(model, int8=True)) by the lean decoder, sparse and computing every unit, and what int8 costs: the
+held-out perplexity against the float32 model's, and the share of greedy tokens that stay the same.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ def main():
     import transformers
 
     from lambda_gelu.hf import LeanDecoder, stdlib_sentences
+    from lambda_gelu.hf.evaluate import evaluate
+    from lambda_gelu.hf.text import padding_tokenizer
     from lambda_gelu.sparse import sparsify_
     from lambda_gelu.sparse_gated import SparseGatedMLP
 
@@ -47,17 +51,26 @@ def main():
     dense = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     sparse = copy.deepcopy(dense)
     replaced = sparsify_(sparse)
+    int8 = {mode: copy.deepcopy(dense) for mode in ("sparse", "every unit")}
+    for mode, model in int8.items():
+        sparsify_(model, int8=True)
+        for m in model.modules():
+            if isinstance(m, SparseGatedMLP):
+                m.sparse = mode == "sparse"
     prompt = " ".join(stdlib_sentences()[1][:3])  # held-out text
     ids = tokenizer(prompt, return_tensors="pt")
     n = args.new_tokens
-    lean = {"dense": LeanDecoder(dense), "sparse": LeanDecoder(sparse)}
+    lean = {"dense": LeanDecoder(dense), "sparse": LeanDecoder(sparse),
+            **{f"int8 {mode}": LeanDecoder(model) for mode, model in int8.items()}}
 
     def generate(model):
         return model.generate(**ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, use_cache=True)
 
     runs = {("generate", "dense"): lambda: generate(dense), ("generate", "sparse"): lambda: generate(sparse),
             ("lean", "dense"): lambda: lean["dense"].generate(ids["input_ids"], n),
-            ("lean", "sparse"): lambda: lean["sparse"].generate(ids["input_ids"], n)}
+            ("lean", "sparse"): lambda: lean["sparse"].generate(ids["input_ids"], n),
+            ("lean", "int8 sparse"): lambda: lean["int8 sparse"].generate(ids["input_ids"], n),
+            ("lean", "int8 every unit"): lambda: lean["int8 every unit"].generate(ids["input_ids"], n)}
     tokens = {k: run() for k, run in runs.items()}
     same = {path: torch.equal(tokens[path, "dense"], tokens[path, "sparse"]) for path in ("generate", "lean")}
     same_as_generate = torch.equal(tokens["lean", "dense"], tokens["generate", "dense"])
@@ -88,10 +101,17 @@ def main():
         collect[0] = False
     for h in hooks:
         h.remove()
-    dense_mlps, sparse_mlps = _mlps(dense), _mlps(sparse)
-    block = interleaved({"dense": lambda: [dense_mlps[i](x) for i, x in inputs],
-                         "sparse": lambda: [sparse_mlps[i](x) for i, x in inputs]}, args.rounds, 1)
+    blocks = {"dense": _mlps(dense), "sparse": _mlps(sparse), **{f"int8 {m}": _mlps(model) for m, model in int8.items()}}
+    block = interleaved({k: lambda mlps=mlps: [mlps[i](x) for i, x in inputs] for k, mlps in blocks.items()},
+                        args.rounds, 1)
     block_speedup = block["dense"] / block["sparse"]
+    # what int8 costs: the next-token perplexity on held-out text, against the float32 model's
+    pad, sentences = padding_tokenizer(tokenizer), stdlib_sentences()[1][:128]
+    held = [dict(pad(sentences[i:i + 16], padding=True, truncation=True, max_length=64, return_tensors="pt"))
+            for i in range(0, len(sentences), 16)]
+    perplexity = {k: evaluate(model, held, causal=True)["perplexity"] for k, model in
+                  (("dense", dense), ("int8 sparse", int8["sparse"]))}
+    agree = float((tokens["lean", "int8 sparse"] == tokens["lean", "dense"]).float().mean())
     result = {
         "model": args.model, "new_tokens": n, "prompt_tokens": ids["input_ids"].shape[1],
         "replaced": len(replaced), "rounds": args.rounds, "header": header(),
@@ -105,6 +125,13 @@ def main():
                          "amdahl_bound": 1 / ((1 - share[path]) + share[path] / block_speedup),
                          "amdahl_free_mlp": 1 / (1 - share[path])} for path in ("generate", "lean")},
         "lean_sparse_over_generate_dense": seconds["generate dense"] / seconds["lean sparse"],
+        "block_ms": {k: 1e3 * v / len(inputs) for k, v in block.items()},
+        "int8": {"tokens_per_s": {m: n / seconds[f"lean int8 {m}"] for m in ("sparse", "every unit")},
+                 "over_lean_dense": seconds["lean dense"] / seconds["lean int8 sparse"],
+                 "over_every_unit": seconds["lean int8 every unit"] / seconds["lean int8 sparse"],
+                 "block_over_dense": block["dense"] / block["int8 sparse"],
+                 "block_over_every_unit": block["int8 every unit"] / block["int8 sparse"],
+                 "tokens_agree": agree, "perplexity_ratio": perplexity["int8 sparse"] / perplexity["dense"]},
     }
     print(save("decode", result))
     print_table("greedy decoding, batch 1, KV cache", result["header"], [[
@@ -113,6 +140,10 @@ def main():
         f"{r['amdahl_bound']:.2f}"] for path, r in result["paths"].items()],
         ["decoder", "dense tok/s", "sparse tok/s", "×", "same tokens", "FFN share", "gate zeros", "FFN ×",
          "Amdahl bound"])
+    q = result["int8"]
+    print(f"int8 weights, lean decoder: {q['tokens_per_s']['sparse']:.1f} tokens/s sparse ({q['over_lean_dense']:.2f}× "
+          f"float32 dense, {q['over_every_unit']:.2f}× int8 every unit); block {q['block_over_dense']:.2f}× float32 "
+          f"dense; perplexity ×{q['perplexity_ratio']:.3f} of float32; {q['tokens_agree']:.0%} tokens the same")
 
 
 if __name__ == "__main__":
