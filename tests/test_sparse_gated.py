@@ -155,6 +155,26 @@ def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_ex
     assert ((y.double() - exact).abs() <= 2 * bound + 1e-6).all()
 
 
+def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exactly_enough():
+    from lambda_gelu import _native
+    kernels = _native.library()
+    if kernels is None:
+        pytest.skip(f"the C kernels could not be built here: {_native.error()}")
+    torch.manual_seed(0)
+    n, d, ff, out = 2, 40, 200, 24
+    x, gate, up, down_t = torch.randn(n, d), torch.randn(ff, d) - 0.1, torch.randn(ff, d), torch.randn(ff, out)
+    g, y = torch.empty(n, ff), torch.empty(n, out)
+    got = kernels.sparse_gated_fused_f32(x.data_ptr(), gate.data_ptr(), up.data_ptr(), down_t.data_ptr(), g.data_ptr(),
+                                         y.data_ptr(), n, d, ff, out, ff, 2, 1)
+    exact_g = torch.relu(x.double() @ gate.double().t())
+    assert ((g.double() - exact_g).abs() <= d * 2 ** -23 * (x.double().abs() @ gate.double().abs().t())).all()
+    assert got == int((g != 0).any(0).sum())
+    exact = (exact_g * (x.double() @ up.double().t())) @ down_t.double()
+    gate_sum, up_sum = x.double().abs() @ gate.double().abs().t(), x.double().abs() @ up.double().abs().t()
+    bound = (ff + d) * 2 ** -23 * ((gate_sum * up_sum) @ down_t.double().abs())
+    assert ((y.double() - exact).abs() <= 2 * bound + 1e-6).all()
+
+
 def test_when_nothing_can_be_replaced_the_error_says_why_and_the_model_is_untouched():
     model = _relu_llama()
     with pytest.raises(ValueError, match=r"gated FFN\(s\) with a ReLU gate, but can replace none: "

@@ -352,6 +352,24 @@ int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, con
     return n_active;
 }
 
+/* The same with the gate computed here too, g = relu(x · gateᵀ) into the caller's g (n, ff), for a batch of a few
+ * rows (decoding): each unit's row read once for the batch, the units split over the threads — at batch 1 a
+ * matrix-vector product bound by reading the rows, which this loop does as fast as the BLAS's and without the
+ * separate calls a torch gate costs. The caller runs the dense block from g where this returns more than max_active. */
+int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float *up, const float *down_t, float *g,
+                                  float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active,
+                                  int max_threads, int64_t grain) {
+    int64_t work = n * ff * d / grain;
+    int nt = work < max_threads ? (int)(work > 1 ? work : 1) : max_threads;
+    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t k = 0; k < ff; k++)
+        for (int64_t r = 0; r < n; r++) {
+            float v = dot_f32(gate + k * d, x + r * d, d);
+            g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
+        }
+    return lg_sparse_gated_f32(x, g, up, down_t, y, n, d, ff, out, max_active, max_threads, grain);
+}
+
 /* Sparse gated FFN over int8 weights (lambda_gelu.sparse_gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
  * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q. The gate is computed
  * here too, g = relu(x · gateᵀ) into the caller's g (n, ff) — each unit's row read once for the whole batch, the

@@ -47,6 +47,7 @@ class GatedLayout:
 
 # Llama, Mistral, Qwen2/3, SmolLM (SwiGLU) and Gemma 1/2/3 (GeGLU) all name them so
 GATED_LAYOUTS = (GatedLayout("gate_proj", "up_proj", "down_proj", "act_fn"),)
+FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too; beyond, torch's matrix product does
 
 
 def sparse_gated_reference(x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
@@ -135,22 +136,30 @@ class SparseGatedMLP(nn.Module):
             return self._forward_int8(x, gate, up, down)
         if not self.sparse:
             return down(F.relu(gate(x)) * up(x))
-        g = F.relu(gate(x))
-        kernels = _native.library() if (x.dtype is g.dtype is up.weight.dtype is torch.float32 and x.is_cpu
-                                        and up.bias is None and down.bias is None) else None
+        kernels = _native.library() if (x.dtype is up.weight.dtype is gate.weight.dtype is torch.float32 and x.is_cpu
+                                        and up.bias is None and down.bias is None and up.weight.is_contiguous()
+                                        and gate.weight.is_contiguous()) else None
         max_active = int(self.max_density * gate.out_features)
         if kernels is not None:
-            x2, g2 = x.reshape(-1, x.shape[-1]).contiguous(), g.reshape(-1, g.shape[-1]).contiguous()
+            x2 = x.reshape(-1, x.shape[-1]).contiguous()
             y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
-            n_active = kernels.sparse_gated_f32(x2.data_ptr(), g2.data_ptr(), up.weight.data_ptr(),
-                                                self._buffers["down_t"].data_ptr(), y.data_ptr(), len(x2),
-                                                x2.shape[1], g2.shape[1], down.out_features, max_active,
-                                                torch.get_num_threads(), _native.GRAIN)
+            shape = (len(x2), x2.shape[1], gate.out_features, down.out_features, max_active, torch.get_num_threads(),
+                     _native.GRAIN)
+            if len(x2) <= FUSED_ROWS and gate.bias is None:  # decoding: the gate in the same C call
+                g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
+                n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), up.weight.data_ptr(),
+                                                          self._buffers["down_t"].data_ptr(), g.data_ptr(),
+                                                          y.data_ptr(), *shape)
+            else:
+                g = F.relu(gate(x2)).contiguous()
+                n_active = kernels.sparse_gated_f32(x2.data_ptr(), g.data_ptr(), up.weight.data_ptr(),
+                                                    self._buffers["down_t"].data_ptr(), y.data_ptr(), *shape)
             if n_active < 0:
                 raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
-            if n_active <= max_active:
-                return y.reshape(*x.shape[:-1], down.out_features)
-            return down(g * up(x))
+            if n_active > max_active:
+                y = down(g * up(x2))
+            return y.reshape(*x.shape[:-1], down.out_features)
+        g = F.relu(gate(x))
         active = (g.reshape(-1, g.shape[-1]) != 0).any(0).nonzero().squeeze(1)
         if active.numel() > max_active:
             return down(g * up(x))
