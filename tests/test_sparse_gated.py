@@ -104,6 +104,11 @@ def test_the_sparse_block_equals_the_dense_one_within_float_rounding(family):
             bound = 96 * 2 ** -23 * ((g * u).abs() @ dense_mlp.down_proj.weight.double().abs().t()) + 1e-7
             assert ((got.double() - exact).abs() <= 4 * bound).all()
             assert ((want.double() - exact).abs() <= 4 * bound).all()
+            sparse_mlp.sparse = False  # every unit computed: the baseline
+            with torch.inference_mode():
+                every_unit = sparse_mlp(x)
+            sparse_mlp.sparse = True
+            assert ((every_unit.double() - exact).abs() <= 4 * bound).all()
     tokens = {"input_ids": torch.randint(0, 100, (1, 6))}
     with torch.inference_mode():
         torch.testing.assert_close(model(**tokens).logits, dense(**tokens).logits, rtol=1e-5, atol=1e-5)
@@ -165,7 +170,7 @@ def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exa
     x, gate, up, down_t = torch.randn(n, d), torch.randn(ff, d) - 0.1, torch.randn(ff, d), torch.randn(ff, out)
     g, y = torch.empty(n, ff), torch.empty(n, out)
     got = kernels.sparse_gated_fused_f32(x.data_ptr(), gate.data_ptr(), up.data_ptr(), down_t.data_ptr(), g.data_ptr(),
-                                         y.data_ptr(), n, d, ff, out, ff, 2, 1)
+                                         y.data_ptr(), n, d, ff, out, ff, 0, 2, 1)
     exact_g = torch.relu(x.double() @ gate.double().t())
     assert ((g.double() - exact_g).abs() <= d * 2 ** -23 * (x.double().abs() @ gate.double().abs().t())).all()
     assert got == int((g != 0).any(0).sum())

@@ -297,7 +297,8 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
  * active in some row of g = relu(gate(x)) (n, ff), already computed. up is (ff, d), downᵀ (ff, out): an active
  * unit reads its row of each, contiguous, once for the whole batch; an inactive one reads neither. Threads
  * split the active units into partial sums added at the end, in parallel_rows. */
-static void sparse_gated_rows_f32(const float *x, const float *g, const float *up, const float *down_t, float *acc,
+static void sparse_gated_rows_f32(int dense, const float *x, const float *g, const float *up, const float *down_t,
+                                  float *acc,
                                   const int64_t *active, int64_t a0, int64_t a1, int64_t n, int64_t d, int64_t ff,
                                   int64_t out) {
     for (int64_t k = 0; k < n * out; k++)
@@ -315,7 +316,7 @@ static void sparse_gated_rows_f32(const float *x, const float *g, const float *u
         }
         for (int64_t r = 0; r < n; r++) {
             float gk = g[r * ff + k];
-            if (gk == 0.0f)
+            if (gk == 0.0f && !dense)
                 continue;
             float h = gk * dot_f32(u_row, x + r * d, d);
             float *yr = acc + r * out;
@@ -325,26 +326,31 @@ static void sparse_gated_rows_f32(const float *x, const float *g, const float *u
     }
 }
 
-struct gated_ctx { const float *x, *g, *up, *down_t; int64_t n, d, ff, out; };
+struct gated_ctx { const float *x, *g, *up, *down_t; int64_t n, d, ff, out; int dense; };
 
 static void gated_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
     const struct gated_ctx *q = c;
-    sparse_gated_rows_f32(q->x, q->g, q->up, q->down_t, acc, active, a0, a1, q->n, q->d, q->ff, q->out);
+    sparse_gated_rows_f32(q->dense, q->x, q->g, q->up, q->down_t, acc, active, a0, a1, q->n, q->d, q->ff, q->out);
 }
 
-/* One call: the active units of g, and if at most `max_active`, y from them, returning their count; if more,
- * that count and y untouched (the caller runs the dense block); −1 if buffers could not be allocated. */
-int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, const float *down_t, float *y,
-                            int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active, int max_threads,
-                            int64_t grain) {
+/* The active units of g (every unit if `dense`), and if at most `max_active`, y from them, returning their count;
+ * if more, that count and y untouched (the caller runs the dense block); −1 if buffers could not be allocated. */
+static int64_t sparse_gated_f32(int dense, const float *x, const float *g, const float *up, const float *down_t,
+                                float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active,
+                                int max_threads, int64_t grain) {
     int64_t *active = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *active);
     if (!active)
         return -1;
-    int64_t n_active = lg_active_union_f32(g, n, ff, active);
+    int64_t n_active = ff;
+    if (dense)
+        for (int64_t k = 0; k < ff; k++)
+            active[k] = k;
+    else
+        n_active = lg_active_union_f32(g, n, ff, active);
     if (n_active <= max_active) {
         int64_t work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
         int nt = work < max_threads ? (int)work : max_threads;
-        struct gated_ctx ctx = {x, g, up, down_t, n, d, ff, out};
+        struct gated_ctx ctx = {x, g, up, down_t, n, d, ff, out, dense};
         if (parallel_rows(gated_rows, &ctx, y, 0, active, n_active, n, out, nt) != 0)
             n_active = -1;
     }
@@ -352,13 +358,21 @@ int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, con
     return n_active;
 }
 
+/* One call: the sparse block from g = relu(gate(x)) (n, ff), already computed. */
+int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, const float *down_t, float *y,
+                            int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active, int max_threads,
+                            int64_t grain) {
+    return sparse_gated_f32(0, x, g, up, down_t, y, n, d, ff, out, max_active, max_threads, grain);
+}
+
 /* The same with the gate computed here too, g = relu(x · gateᵀ) into the caller's g (n, ff), for a batch of a few
  * rows (decoding): each unit's row read once for the batch, the units split over the threads — at batch 1 a
  * matrix-vector product bound by reading the rows, which this loop does as fast as the BLAS's and without the
- * separate calls a torch gate costs. The caller runs the dense block from g where this returns more than max_active. */
+ * separate calls a torch gate costs. The caller runs the dense block from g where this returns more than max_active.
+ * `dense` nonzero: every unit is computed, zero or not (this loop without the sparsity, to compare). */
 int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float *up, const float *down_t, float *g,
                                   float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active,
-                                  int max_threads, int64_t grain) {
+                                  int dense, int max_threads, int64_t grain) {
     int64_t work = n * ff * d / grain;
     int nt = work < max_threads ? (int)(work > 1 ? work : 1) : max_threads;
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
@@ -367,7 +381,7 @@ int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float
             float v = dot_f32(gate + k * d, x + r * d, d);
             g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
         }
-    return lg_sparse_gated_f32(x, g, up, down_t, y, n, d, ff, out, max_active, max_threads, grain);
+    return sparse_gated_f32(dense, x, g, up, down_t, y, n, d, ff, out, max_active, max_threads, grain);
 }
 
 /* Sparse gated FFN over int8 weights (lambda_gelu.sparse_gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and

@@ -93,8 +93,8 @@ class SparseGatedMLP(nn.Module):
     Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the
     dense block's) and, as non-persistent buffers made again by ``load_state_dict``, ``downᵀ`` (one more copy of
     ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
-    ``down_q`` holds the rows of ``downᵀ``). ``sparse=False`` computes every unit (the dense block, or the same
-    int8 block without skipping: a baseline to compare). Build it with :meth:`from_dense`.
+    ``down_q`` holds the rows of ``downᵀ``). ``sparse=False`` computes every unit, a baseline for what the skipping
+    buys: the same C loop without it (decoding sizes, and int8), the dense block elsewhere. Build it with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
@@ -134,26 +134,28 @@ class SparseGatedMLP(nn.Module):
                                "torch.inference_mode() or torch.no_grad() (or restore the dense blocks to train)")
         if self.int8:
             return self._forward_int8(x, gate, up, down)
-        if not self.sparse:
-            return down(F.relu(gate(x)) * up(x))
         kernels = _native.library() if (x.dtype is up.weight.dtype is gate.weight.dtype is torch.float32 and x.is_cpu
                                         and up.bias is None and down.bias is None and up.weight.is_contiguous()
                                         and gate.weight.is_contiguous()) else None
-        max_active = int(self.max_density * gate.out_features)
+        x2 = x.reshape(-1, x.shape[-1])
+        fused = kernels is not None and len(x2) <= FUSED_ROWS and gate.bias is None  # decoding: the gate in C too
+        if not (self.sparse or fused):
+            return down(F.relu(gate(x)) * up(x))
+        max_active = int(self.max_density * gate.out_features) if self.sparse else gate.out_features
         if kernels is not None:
-            x2 = x.reshape(-1, x.shape[-1]).contiguous()
+            x2 = x2.contiguous()
             y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
-            shape = (len(x2), x2.shape[1], gate.out_features, down.out_features, max_active, torch.get_num_threads(),
-                     _native.GRAIN)
-            if len(x2) <= FUSED_ROWS and gate.bias is None:  # decoding: the gate in the same C call
+            sizes = (len(x2), x2.shape[1], gate.out_features, down.out_features, max_active)
+            threads = (torch.get_num_threads(), _native.GRAIN)
+            if fused:
                 g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
                 n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), up.weight.data_ptr(),
                                                           self._buffers["down_t"].data_ptr(), g.data_ptr(),
-                                                          y.data_ptr(), *shape)
+                                                          y.data_ptr(), *sizes, int(not self.sparse), *threads)
             else:
                 g = F.relu(gate(x2)).contiguous()
                 n_active = kernels.sparse_gated_f32(x2.data_ptr(), g.data_ptr(), up.weight.data_ptr(),
-                                                    self._buffers["down_t"].data_ptr(), y.data_ptr(), *shape)
+                                                    self._buffers["down_t"].data_ptr(), y.data_ptr(), *sizes, *threads)
             if n_active < 0:
                 raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
             if n_active > max_active:
