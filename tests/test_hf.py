@@ -395,3 +395,11 @@ def test_the_refit_is_held_to_a_share_of_the_budget_on_a_model_where_it_is_slow(
     report = json.loads((out / "reluize_report.json").read_text())
     assert report["refit_sentences"] == 8 and "instead" in report["refit_note"]
     assert "refit over 8 sentences instead" in capsys.readouterr().err
+
+
+def test_a_refit_cut_to_the_budget_is_one_recipe_whatever_sentences_the_timing_let_in():
+    from lambda_gelu_lab.report.conversions import _schedule
+    base = {"schedule": "swap", "batching": "length", "lr_schedule": "linear", "settings": {}}
+    capped = [_schedule(base | {"refit_sentences": n, "refit_note": "cut"}) for n in (704, 800)]
+    assert capped[0] == capped[1] == "swap + refit in 25% of the budget, length batches, linear lr decay"
+    assert _schedule(base | {"refit_sentences": 704, "refit_note": None}).startswith("swap + refit 704,")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lambda_gelu.hf.convert import REFIT_SHARE
 from lambda_gelu.hf.evaluate import AGREEMENT, METRICS
 from lambda_gelu.reluize import ReluizeConfig
 
@@ -100,6 +101,7 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     if figure is not None:
         lines += [f"![curve]({os.path.relpath(figure, output.parent)})", ""]
     lines += ["Conversions:", ""] + [f"- `{r['dir']}`: {_schedule(r)}, seed {r.get('seed', '?')}, {r['steps']} steps"
+                                     + (f", refit over {r['refit_sentences']} sentences" if r.get("refit_note") else "")
                                      for s in by_schedule.values() for r in s] + [""]
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -116,10 +118,18 @@ def _schedule(r: dict) -> str:
     least-squares refit, or either with any of :data:`_MODIFIERS`, is its own recipe."""
     settings = r.get("settings") or {}
     return (r["schedule"] + (f" + repair {r['repair']:g}" if r.get("repair") else "")
-            + (f" + refit {r['refit_sentences']}" if r.get("refit_sentences") else "")
+            + (_refit(r) if r.get("refit_sentences") else "")
             + "".join(f", {key.replace('_', ' ')} {settings[key]:g}" for key, default in _SETTINGS_NAMED
                       if settings.get(key, default) != default)
             + "".join(suffix for suffix, has, _ in _MODIFIERS if has(r)))
+
+
+def _refit(r: dict) -> str:
+    """A refit cut to fit the budget is one recipe whatever number of sentences the timing let in (the conversion
+    list gives it); a refit of a given size is its own."""
+    if r.get("refit_note"):
+        return f" + refit in {REFIT_SHARE:.0%} of the budget"
+    return f" + refit {r['refit_sentences']}"
 
 
 def _goal(by_schedule, metrics) -> list[str]:
