@@ -141,13 +141,18 @@ def test_what_is_not_the_formula_or_not_a_relu_gate_is_left_dense():
         model.model.layers[0].mlp(torch.randn(1, 32, requires_grad=True))
 
 
-def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_exactly_enough():
-    """grain 1 makes every call multi-threaded: each thread sums a share of the active units into a partial."""
+@pytest.fixture
+def kernels():
     from lambda_gelu import _native
-    kernels = _native.library()
-    if kernels is None:
+    library = _native.library()
+    if library is None:
         pytest.skip(f"the C kernels could not be built here: {_native.error()}")
     torch.manual_seed(0)
+    return library
+
+
+def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_exactly_enough(kernels):
+    """grain 1 makes every call multi-threaded: each thread sums a share of the active units into a partial."""
     n, d, ff, out = 3, 40, 200, 24
     x, up, down_t = torch.randn(n, d), torch.randn(ff, d), torch.randn(ff, out)
     g = torch.relu(torch.randn(n, ff) - 1.0)
@@ -160,12 +165,7 @@ def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_ex
     assert ((y.double() - exact).abs() <= 2 * bound + 1e-6).all()
 
 
-def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exactly_enough():
-    from lambda_gelu import _native
-    kernels = _native.library()
-    if kernels is None:
-        pytest.skip(f"the C kernels could not be built here: {_native.error()}")
-    torch.manual_seed(0)
+def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exactly_enough(kernels):
     n, d, ff, out = 2, 40, 200, 24
     x, gate, up, down_t = torch.randn(n, d), torch.randn(ff, d) - 0.1, torch.randn(ff, d), torch.randn(ff, out)
     g, y = torch.empty(n, ff), torch.empty(n, out)

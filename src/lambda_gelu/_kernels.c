@@ -333,20 +333,29 @@ static void gated_rows(const void *c, float *acc, const int64_t *active, int64_t
     sparse_gated_rows_f32(q->dense, q->x, q->g, q->up, q->down_t, acc, active, a0, a1, q->n, q->d, q->ff, q->out);
 }
 
+/* The units a gated block computes, in a list of ff + 1 (the caller frees it): every unit if `dense`, else those
+ * active in some row of g (n, ff), their count in the last place; NULL if it could not be allocated. */
+static int64_t *units(const float *g, int64_t n, int64_t ff, int dense) {
+    int64_t *active = malloc((size_t)(ff + 1) * sizeof *active);
+    if (!active)
+        return NULL;
+    if (dense)
+        for (int64_t k = 0; k < ff; k++)
+            active[k] = k;
+    else
+        active[ff] = lg_active_union_f32(g, n, ff, active);
+    return active;
+}
+
 /* The active units of g (every unit if `dense`), and if at most `max_active`, y from them, returning their count;
  * if more, that count and y untouched (the caller runs the dense block); −1 if buffers could not be allocated. */
 static int64_t sparse_gated_f32(int dense, const float *x, const float *g, const float *up, const float *down_t,
                                 float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active,
                                 int max_threads, int64_t grain) {
-    int64_t *active = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *active);
+    int64_t *active = units(g, n, ff, dense);
     if (!active)
         return -1;
-    int64_t n_active = ff;
-    if (dense)
-        for (int64_t k = 0; k < ff; k++)
-            active[k] = k;
-    else
-        n_active = lg_active_union_f32(g, n, ff, active);
+    int64_t n_active = dense ? ff : active[ff];
     if (n_active <= max_active) {
         int64_t work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
         int nt = work < max_threads ? (int)work : max_threads;
@@ -444,15 +453,10 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
             float v = gate_s[k] * dot_i8(gate_q + k * d, x + r * d, d);
             g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
         }
-    int64_t *active = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *active);
+    int64_t *active = units(g, n, ff, dense);
     if (!active)
         return -1;
-    int64_t n_active = ff;
-    if (dense)
-        for (int64_t k = 0; k < ff; k++)
-            active[k] = k;
-    else
-        n_active = lg_active_union_f32(g, n, ff, active);
+    int64_t n_active = dense ? ff : active[ff];
     work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
     nt = work < max_threads ? (int)work : max_threads;
     struct gated_i8_ctx ctx = {x, g, up_s, down_s, up_q, down_q, n, d, ff, out, dense};
