@@ -7,10 +7,11 @@ lambda_gelu.hf.LeanDecoder (a static cache, one matrix product for q/k/v, fewer 
 
 Reports per decoder the tokens/s of each model (medians of rounds interleaved over the four variants), whether all
 four generated the same tokens, the FFN blocks' share of dense decoding time, then the gate zeros seen while
-decoding, the FFN block alone dense against sparse on the hidden states decoding gave it (and against the same C loop
-computing every unit: what the skipping itself buys), and the Amdahl bound those numbers set on the whole: 1 / ((1 − share) + share / block speed-up). Then the same with the gated FFNs over int8
-weights (sparsify_(model, int8=True)) by the lean decoder, sparse and computing every unit, and what int8 costs: the
-held-out perplexity against the float32 model's, and the share of greedy tokens that stay the same.
+decoding, the FFN block alone dense against sparse on the hidden states decoding gave it (and against the same C
+loop computing every unit: what the skipping itself buys), and the Amdahl bound those numbers set on the whole: 1 /
+((1 − share) + share / block speed-up). Then the same with the gated FFNs over int8 weights (sparsify_(model,
+int8=True)) by the lean decoder, sparse and computing every unit, and what int8 costs: the held-out perplexity
+against the float32 model's, and the share of greedy tokens that stay the same.
 """
 from __future__ import annotations
 
@@ -49,14 +50,16 @@ def main():
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     dense = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    sparse = copy.deepcopy(dense)
-    replaced = sparsify_(sparse)
-    int8 = {mode: copy.deepcopy(dense) for mode in ("sparse", "every unit")}
-    for mode, model in int8.items():
-        sparsify_(model, int8=True)
+    def sparsified(int8=False, skip=True):  # a copy with its gated FFNs replaced; skip=False: every unit computed
+        model = copy.deepcopy(dense)
+        sparsify_(model, int8=int8)
         for m in model.modules():
             if isinstance(m, SparseGatedMLP):
-                m.sparse = mode == "sparse"
+                m.sparse = skip
+        return model
+
+    sparse, every_unit = sparsified(), sparsified(skip=False)
+    int8 = {"sparse": sparsified(int8=True), "every unit": sparsified(int8=True, skip=False)}
     prompt = " ".join(stdlib_sentences()[1][:3])  # held-out text
     ids = tokenizer(prompt, return_tensors="pt")
     n = args.new_tokens
@@ -101,10 +104,6 @@ def main():
         collect[0] = False
     for h in hooks:
         h.remove()
-    every_unit = copy.deepcopy(sparse)  # the same C loop computing every unit: what the skipping itself buys
-    for m in every_unit.modules():
-        if isinstance(m, SparseGatedMLP):
-            m.sparse = False
     blocks = {"dense": _mlps(dense), "sparse": _mlps(sparse), "every unit": _mlps(every_unit),
               **{f"int8 {m}": _mlps(model) for m, model in int8.items()}}
     block = interleaved({k: lambda mlps=mlps: [mlps[i](x) for i, x in inputs] for k, mlps in blocks.items()},
@@ -119,7 +118,7 @@ def main():
     agree = float((tokens["lean", "int8 sparse"] == tokens["lean", "dense"]).float().mean())
     result = {
         "model": args.model, "new_tokens": n, "prompt_tokens": ids["input_ids"].shape[1],
-        "replaced": len(replaced), "rounds": args.rounds, "header": header(),
+        "rounds": args.rounds, "header": header(),
         "gate_zeros": zeros[0] / max(zeros[1], 1), "mlp_speedup": block_speedup,
         "same_as_generate": same_as_generate,
         "relu_gates": sum(isinstance(m, torch.nn.ReLU) for m in dense.modules()),

@@ -51,8 +51,7 @@ def test_the_logits_at_each_step_are_the_models_own():
     model, ids = _model(FAMILIES["llama"]()), _prompt()
     tokens = LeanDecoder(model).generate(ids, 12)
     decoder = LeanDecoder(model)
-    keys = [torch.empty(1, 2, tokens.shape[1], 8) for _ in range(2)]
-    values = [torch.empty_like(k) for k in keys]
+    keys, values = decoder._cache(tokens.shape[1]), decoder._cache(tokens.shape[1])
     with torch.inference_mode():
         full = model(tokens).logits[0]
         ours = [decoder._forward(ids, 0, keys, values)[0]]

@@ -333,38 +333,36 @@ static void gated_rows(const void *c, float *acc, const int64_t *active, int64_t
     sparse_gated_rows_f32(q->dense, q->x, q->g, q->up, q->down_t, acc, active, a0, a1, q->n, q->d, q->ff, q->out);
 }
 
-/* The units a gated block computes, in a list of ff + 1 (the caller frees it): every unit if `dense`, else those
- * active in some row of g (n, ff), their count in the last place; NULL if it could not be allocated. */
-static int64_t *units(const float *g, int64_t n, int64_t ff, int dense) {
-    int64_t *active = malloc((size_t)(ff + 1) * sizeof *active);
+/* A gated block's sum over its units (every unit if `dense`, else those active in some row of g (n, ff)): if there
+ * are at most `max_active`, `rows` sums them into y with `ctx` on up to max_threads threads (one per `grain`
+ * multiply-adds) and their count is returned; if more, that count and y untouched (the caller runs the dense block);
+ * −1 if buffers could not be allocated. */
+static int64_t gated_units(rows_fn rows, const void *ctx, const float *g, float *y, int64_t n, int64_t d, int64_t ff,
+                           int64_t out, int64_t max_active, int dense, int max_threads, int64_t grain) {
+    int64_t *active = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *active);
     if (!active)
-        return NULL;
+        return -1;
+    int64_t n_active = ff;
     if (dense)
         for (int64_t k = 0; k < ff; k++)
             active[k] = k;
     else
-        active[ff] = lg_active_union_f32(g, n, ff, active);
-    return active;
-}
-
-/* The active units of g (every unit if `dense`), and if at most `max_active`, y from them, returning their count;
- * if more, that count and y untouched (the caller runs the dense block); −1 if buffers could not be allocated. */
-static int64_t sparse_gated_f32(int dense, const float *x, const float *g, const float *up, const float *down_t,
-                                float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active,
-                                int max_threads, int64_t grain) {
-    int64_t *active = units(g, n, ff, dense);
-    if (!active)
-        return -1;
-    int64_t n_active = dense ? ff : active[ff];
+        n_active = lg_active_union_f32(g, n, ff, active);
     if (n_active <= max_active) {
         int64_t work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
         int nt = work < max_threads ? (int)work : max_threads;
-        struct gated_ctx ctx = {x, g, up, down_t, n, d, ff, out, dense};
-        if (parallel_rows(gated_rows, &ctx, y, 0, active, n_active, n, out, nt) != 0)
+        if (parallel_rows(rows, ctx, y, 0, active, n_active, n, out, nt) != 0)
             n_active = -1;
     }
     free(active);
     return n_active;
+}
+
+static int64_t sparse_gated_f32(int dense, const float *x, const float *g, const float *up, const float *down_t,
+                                float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active,
+                                int max_threads, int64_t grain) {
+    struct gated_ctx ctx = {x, g, up, down_t, n, d, ff, out, dense};
+    return gated_units(gated_rows, &ctx, g, y, n, d, ff, out, max_active, dense, max_threads, grain);
 }
 
 /* One call: the sparse block from g = relu(gate(x)) (n, ff), already computed. */
@@ -372,6 +370,12 @@ int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, con
                             int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active, int max_threads,
                             int64_t grain) {
     return sparse_gated_f32(0, x, g, up, down_t, y, n, d, ff, out, max_active, max_threads, grain);
+}
+
+/* Threads for a gate's n·ff·d multiply-adds: one per `grain`, at least one, at most max_threads. */
+static int gate_threads(int64_t n, int64_t d, int64_t ff, int max_threads, int64_t grain) {
+    int64_t work = n * ff * d / grain;
+    return work < 1 ? 1 : work < max_threads ? (int)work : max_threads;
 }
 
 /* The same with the gate computed here too, g = relu(x · gateᵀ) into the caller's g (n, ff), for a batch of a few
@@ -382,8 +386,7 @@ int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, con
 int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float *up, const float *down_t, float *g,
                                   float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active,
                                   int dense, int max_threads, int64_t grain) {
-    int64_t work = n * ff * d / grain;
-    int nt = work < max_threads ? (int)(work > 1 ? work : 1) : max_threads;
+    int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < ff; k++)
         for (int64_t r = 0; r < n; r++) {
@@ -445,23 +448,13 @@ static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int6
 int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *gate_s, const int8_t *up_q,
                            const float *up_s, const int8_t *down_q, const float *down_s, float *g, float *y,
                            int64_t n, int64_t d, int64_t ff, int64_t out, int dense, int max_threads, int64_t grain) {
-    int64_t work = n * ff * d / grain;
-    int nt = work < max_threads ? (int)(work > 1 ? work : 1) : max_threads;
+    int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < ff; k++)
         for (int64_t r = 0; r < n; r++) {
             float v = gate_s[k] * dot_i8(gate_q + k * d, x + r * d, d);
             g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
         }
-    int64_t *active = units(g, n, ff, dense);
-    if (!active)
-        return -1;
-    int64_t n_active = dense ? ff : active[ff];
-    work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
-    nt = work < max_threads ? (int)work : max_threads;
     struct gated_i8_ctx ctx = {x, g, up_s, down_s, up_q, down_q, n, d, ff, out, dense};
-    if (parallel_rows(gated_i8_rows, &ctx, y, 0, active, n_active, n, out, nt) != 0)
-        n_active = -1;
-    free(active);
-    return n_active;
+    return gated_units(gated_i8_rows, &ctx, g, y, n, d, ff, out, ff, dense, max_threads, grain);
 }

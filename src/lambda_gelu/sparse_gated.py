@@ -8,14 +8,15 @@ some row of the batch (their union), and reads only those rows of ``up`` and of 
     u = x · up[active]ᵀ,    h = g[:, active] ⊙ u,    y = h · downᵀ[active]
 
 equal to the dense block up to float rounding (the sums are the dense ones less terms that are exactly zero,
-added in another order). Where the union is too dense to pay (``max_density``) the block runs dense. Inference
-only.
+added in another order). Where the union is too dense to pay (``max_density``) the block runs dense; when decoding
+(at most :data:`FUSED_ROWS` rows) the same C call computes the gate too. Inference only. Which attributes make a
+gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a layout is replaced only if its
+own forward gives what the formula gives on a probe input.
 
 With ``int8=True`` the three matrices are held as int8 rows with a float32 scale each (:func:`quantize_rows`,
-``w ≈ s·q``, activations stay float32) and one C call computes the gate too: a quarter of the bytes read, which is
-what bounds decoding at batch 1. That block equals :func:`sparse_gated_int8_reference` (the rows dequantized, in
-plain torch) up to float rounding, and differs from the float32 block by the weights' rounding. Which attributes make a gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a
-layout is replaced only if its own forward gives what the formula gives on a probe input.
+``w ≈ s·q``, activations stay float32) and one C call computes the block, gate included: a quarter of the bytes
+read, which is what bounds decoding at batch 1. That block equals :func:`sparse_gated_int8_reference` (the rows
+dequantized, in plain torch) up to float rounding, and differs from the float32 block by the weights' rounding.
 
     lambda_gelu.reluize(model, batches, steps)        # SwiGLU/GeGLU gates → exact ReLU
     lambda_gelu.sparse.sparsify_(model)               # also replaces the gated FFNs
@@ -94,7 +95,8 @@ class SparseGatedMLP(nn.Module):
     dense block's) and, as non-persistent buffers made again by ``load_state_dict``, ``downᵀ`` (one more copy of
     ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
     ``down_q`` holds the rows of ``downᵀ``). ``sparse=False`` computes every unit, a baseline for what the skipping
-    buys: the same C loop without it (decoding sizes, and int8), the dense block elsewhere. Build it with :meth:`from_dense`.
+    buys: the same C loop without it (decoding sizes, and int8), the dense block elsewhere. Build it with
+    :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,

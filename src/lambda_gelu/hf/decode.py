@@ -128,10 +128,7 @@ class LeanDecoder:
             raise ValueError(f"the prompt's {input_ids.shape[1]} tokens and {max_new_tokens} new ones exceed the "
                              f"decoder's max_length {self.max_length}: build it with a larger max_length"
                              + (f" (the model's sliding window caps it at {self.window})" if self.window else ""))
-        weight = self.qkv[0][0]
-        shape = (1, self.kv_heads, total, self.head_dim)
-        keys = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in self.qkv]
-        values = [torch.empty(shape, dtype=weight.dtype, device=weight.device) for _ in self.qkv]
+        keys, values = self._cache(total), self._cache(total)
         out, start, step = [input_ids], 0, input_ids
         for _ in range(max_new_tokens):
             logits = self._forward(step, start, keys, values)
@@ -142,17 +139,20 @@ class LeanDecoder:
                 break
         return torch.cat(out, 1)
 
+    def _cache(self, length: int) -> list[Tensor]:
+        """One layer's keys (or values) for ``length`` positions, per layer, uninitialised."""
+        weight = self.qkv[0][0]
+        return [torch.empty(1, self.kv_heads, length, self.head_dim, dtype=weight.dtype, device=weight.device)
+                for _ in self.qkv]
+
     @torch.inference_mode()
     def _probe(self) -> str | None:
         """Why the model's own forward disagrees with this one on a probe prompt and two decoding steps (None if
         it agrees)."""
-        config, weight = self.model.config, self.qkv[0][0]
         generator = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, config.vocab_size, (1, 8), generator=generator).to(weight.device)
+        ids = torch.randint(0, self.model.config.vocab_size, (1, 8), generator=generator).to(self.qkv[0][0].device)
         full = self.model(ids).logits[0]
-        keys = [torch.empty(1, self.kv_heads, 8, self.head_dim, dtype=weight.dtype, device=weight.device)
-                for _ in self.qkv]
-        values = [torch.empty_like(k) for k in keys]
+        keys, values = self._cache(8), self._cache(8)
         ours = [self._forward(ids[:, :6], 0, keys, values)[0]]
         ours += [self._forward(ids[:, i:i + 1], i, keys, values)[0] for i in (6, 7)]
         theirs = full[[5, 6, 7]]
