@@ -20,6 +20,7 @@ FAMILIES = {
     "llama": lambda **kw: transformers.LlamaConfig(**SMALL, **kw),
     "qwen2": lambda **kw: transformers.Qwen2Config(**SMALL, **kw),
     "gemma3": lambda **kw: transformers.Gemma3TextConfig(**SMALL, head_dim=16, sliding_window=16, **kw),
+    "llama-mlp-bias": lambda **kw: transformers.LlamaConfig(**SMALL, mlp_bias=True, **kw),
 }
 
 
@@ -82,7 +83,10 @@ def _relu_llama(family="llama", shift=-0.01):
     model = _model(family, **({"hidden_activation": "relu"} if family == "gemma3" else {"hidden_act": "relu"}))
     with torch.no_grad():
         for layer in model.model.layers:
-            layer.mlp.gate_proj.weight.add_(shift)  # most gate outputs negative: a sparse ReLU gate
+            mlp = layer.mlp
+            mlp.gate_proj.weight.add_(shift)  # most gate outputs negative: a sparse ReLU gate
+            for bias in (p.bias for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj) if p.bias is not None):
+                bias.normal_(0.0, 0.1)  # where the layers have biases (mlp_bias), nonzero ones
     return model
 
 
@@ -96,11 +100,11 @@ def test_the_sparse_block_equals_the_dense_one_within_float_rounding(family):
             assert isinstance(sparse_mlp, SparseGatedMLP)
             with torch.inference_mode():
                 got, want = sparse_mlp(x), dense_mlp(x)
-                exact = dense_mlp.double()(x.double())
+                dense_mlp.double()
+                exact = dense_mlp(x.double())
+                # each output is a sum of ff products of float32 terms: its rounding is bounded by ff·u·Σ|terms|
+                g, u = torch.relu(dense_mlp.gate_proj(x.double())), dense_mlp.up_proj(x.double())
                 dense_mlp.float()
-            # each output is a sum of ff products of float32 terms: its rounding is bounded by ff·u·Σ|terms|
-            g = torch.relu(x.double() @ dense_mlp.gate_proj.weight.double().t())
-            u = x.double() @ dense_mlp.up_proj.weight.double().t()
             bound = 96 * 2 ** -23 * ((g * u).abs() @ dense_mlp.down_proj.weight.double().abs().t()) + 1e-7
             assert ((got.double() - exact).abs() <= 4 * bound).all()
             assert ((want.double() - exact).abs() <= 4 * bound).all()
@@ -157,8 +161,8 @@ def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_ex
     x, up, down_t = torch.randn(n, d), torch.randn(ff, d), torch.randn(ff, out)
     g = torch.relu(torch.randn(n, ff) - 1.0)
     y = torch.empty(n, out)
-    got = kernels.sparse_gated_f32(x.data_ptr(), g.data_ptr(), up.data_ptr(), down_t.data_ptr(), y.data_ptr(), n, d,
-                                   ff, out, ff, 2, 1)
+    got = kernels.sparse_gated_f32(x.data_ptr(), g.data_ptr(), up.data_ptr(), None, down_t.data_ptr(), None,
+                                   y.data_ptr(), n, d, ff, out, ff, 2, 1)
     assert got == int((g != 0).any(0).sum())
     exact = (g.double() * (x.double() @ up.double().t())) @ down_t.double()
     bound = ff * d * 2 ** -23 * ((g.double() * (x.double().abs() @ up.double().abs().t())) @ down_t.double().abs())
@@ -169,8 +173,8 @@ def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exa
     n, d, ff, out = 2, 40, 200, 24
     x, gate, up, down_t = torch.randn(n, d), torch.randn(ff, d) - 0.1, torch.randn(ff, d), torch.randn(ff, out)
     g, y = torch.empty(n, ff), torch.empty(n, out)
-    got = kernels.sparse_gated_fused_f32(x.data_ptr(), gate.data_ptr(), up.data_ptr(), down_t.data_ptr(), g.data_ptr(),
-                                         y.data_ptr(), n, d, ff, out, ff, 0, 2, 1)
+    got = kernels.sparse_gated_fused_f32(x.data_ptr(), gate.data_ptr(), None, up.data_ptr(), None, down_t.data_ptr(),
+                                         None, g.data_ptr(), y.data_ptr(), n, d, ff, out, ff, 0, 2, 1)
     exact_g = torch.relu(x.double() @ gate.double().t())
     assert ((g.double() - exact_g).abs() <= d * 2 ** -23 * (x.double().abs() @ gate.double().abs().t())).all()
     assert got == int((g != 0).any(0).sum())
@@ -201,14 +205,17 @@ def test_a_projection_the_sparse_block_would_not_reproduce_keeps_its_block_dense
         sparsify_(model, min_weights=0)
 
 
-def _int8_bound(x, q):
+def _int8_bound(x, q, mlp):
     """Float rounding of the int8 block, over its dequantized weights: each gate, up and output is a sum of d or ff
-    float32 products, a gate near 0 may land on either side of it, so the bound is (d + ff)·u times the sums of the
-    terms' magnitudes."""
+    float32 products (and the layer's bias), a gate near 0 may land on either side of it, so the bound is
+    (d + ff)·u times the sums of the terms' magnitudes."""
     w = {n: q[f"{n}_q"].double() * q[f"{n}_s"].double()[:, None] for n in ("gate", "up", "down")}
+    b = {n: 0.0 if layer.bias is None else layer.bias.detach().double().abs()
+         for n, layer in (("gate", mlp.gate_proj), ("up", mlp.up_proj), ("down", mlp.down_proj))}
     ax = x.double().abs()
     d, ff = x.shape[-1], w["gate"].shape[0]
-    return 4 * (d + ff) * 2 ** -23 * (((ax @ w["gate"].abs().t()) * (ax @ w["up"].abs().t())) @ w["down"].abs()) + 1e-7
+    gate, up = ax @ w["gate"].abs().t() + b["gate"], ax @ w["up"].abs().t() + b["up"]
+    return 4 * (d + ff) * 2 ** -23 * ((gate * up) @ w["down"].abs() + b["down"]) + 1e-7
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -233,7 +240,7 @@ def test_the_int8_block_is_its_dequantized_reference_within_rounding_and_near_th
                 sparse_mlp.sparse = False
                 every_unit = sparse_mlp(x)
                 sparse_mlp.sparse = True
-            bound = _int8_bound(x, q)
+            bound = _int8_bound(x, q, dense_mlp)
             assert ((got.double() - exact).abs() <= bound).all()
             assert ((every_unit.double() - exact).abs() <= bound).all()
             # the weights' rounding: at most half a step of 1/127 of each row's largest weight, far less on average

@@ -293,12 +293,13 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* Sparse gated FFN, float32 (lambda_gelu.sparse_gated): y = Σ_k (g[:, k] · (x · up[k])) downᵀ[k] over the units k
- * active in some row of g = relu(gate(x)) (n, ff), already computed. up is (ff, d), downᵀ (ff, out): an active
- * unit reads its row of each, contiguous, once for the whole batch; an inactive one reads neither. Threads
- * split the active units into partial sums added at the end, in parallel_rows. */
-static void sparse_gated_rows_f32(int dense, const float *x, const float *g, const float *up, const float *down_t,
-                                  float *acc,
+/* Sparse gated FFN, float32 (lambda_gelu.sparse_gated): y = Σ_k (g[:, k] · (x · up[k] + up_b[k])) downᵀ[k] over
+ * the units k active in some row of g = relu(gate(x)) (n, ff), already computed (up_b: up's bias, or null for none).
+ * up is (ff, d), downᵀ (ff, out): an active unit reads its row of each, contiguous, once for the whole batch; an
+ * inactive one reads neither. Threads split the active units into partial sums added at the end, in parallel_rows,
+ * which adds down's bias. */
+static void sparse_gated_rows_f32(int dense, const float *x, const float *g, const float *up, const float *up_b,
+                                  const float *down_t, float *acc,
                                   const int64_t *active, int64_t a0, int64_t a1, int64_t n, int64_t d, int64_t ff,
                                   int64_t out) {
     for (int64_t k = 0; k < n * out; k++)
@@ -318,7 +319,8 @@ static void sparse_gated_rows_f32(int dense, const float *x, const float *g, con
             float gk = g[r * ff + k];
             if (gk == 0.0f && !dense)
                 continue;
-            float h = gk * dot_f32(u_row, x + r * d, d);
+            float u = dot_f32(u_row, x + r * d, d);
+            float h = gk * (up_b ? u + up_b[k] : u);
             float *yr = acc + r * out;
             for (int64_t j = 0; j < out; j++)
                 yr[j] = FMA(h, w[j], yr[j]);
@@ -326,19 +328,21 @@ static void sparse_gated_rows_f32(int dense, const float *x, const float *g, con
     }
 }
 
-struct gated_ctx { const float *x, *g, *up, *down_t; int64_t n, d, ff, out; int dense; };
+struct gated_ctx { const float *x, *g, *up, *up_b, *down_t; int64_t n, d, ff, out; int dense; };
 
 static void gated_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
     const struct gated_ctx *q = c;
-    sparse_gated_rows_f32(q->dense, q->x, q->g, q->up, q->down_t, acc, active, a0, a1, q->n, q->d, q->ff, q->out);
+    sparse_gated_rows_f32(q->dense, q->x, q->g, q->up, q->up_b, q->down_t, acc, active, a0, a1, q->n, q->d, q->ff,
+                          q->out);
 }
 
 /* A gated block's sum over its units (every unit if `dense`, else those active in some row of g (n, ff)): if there
  * are at most `max_active`, `rows` sums them into y with `ctx` on up to max_threads threads (one per `grain`
- * multiply-adds) and their count is returned; if more, that count and y untouched (the caller runs the dense block);
- * −1 if buffers could not be allocated. */
-static int64_t gated_units(rows_fn rows, const void *ctx, const float *g, float *y, int64_t n, int64_t d, int64_t ff,
-                           int64_t out, int64_t max_active, int dense, int max_threads, int64_t grain) {
+ * multiply-adds), adds `bias` (down's, or null) and their count is returned; if more, that count and y untouched
+ * (the caller runs the dense block); −1 if buffers could not be allocated. */
+static int64_t gated_units(rows_fn rows, const void *ctx, const float *g, const float *bias, float *y, int64_t n,
+                           int64_t d, int64_t ff, int64_t out, int64_t max_active, int dense, int max_threads,
+                           int64_t grain) {
     int64_t *active = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *active);
     if (!active)
         return -1;
@@ -351,25 +355,25 @@ static int64_t gated_units(rows_fn rows, const void *ctx, const float *g, float 
     if (n_active <= max_active) {
         int64_t work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
         int nt = work < max_threads ? (int)work : max_threads;
-        if (parallel_rows(rows, ctx, y, 0, active, n_active, n, out, nt) != 0)
+        if (parallel_rows(rows, ctx, y, bias, active, n_active, n, out, nt) != 0)
             n_active = -1;
     }
     free(active);
     return n_active;
 }
 
-static int64_t sparse_gated_f32(int dense, const float *x, const float *g, const float *up, const float *down_t,
-                                float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active,
-                                int max_threads, int64_t grain) {
-    struct gated_ctx ctx = {x, g, up, down_t, n, d, ff, out, dense};
-    return gated_units(gated_rows, &ctx, g, y, n, d, ff, out, max_active, dense, max_threads, grain);
+static int64_t sparse_gated_f32(int dense, const float *x, const float *g, const float *up, const float *up_b,
+                                const float *down_t, const float *down_b, float *y, int64_t n, int64_t d, int64_t ff,
+                                int64_t out, int64_t max_active, int max_threads, int64_t grain) {
+    struct gated_ctx ctx = {x, g, up, up_b, down_t, n, d, ff, out, dense};
+    return gated_units(gated_rows, &ctx, g, down_b, y, n, d, ff, out, max_active, dense, max_threads, grain);
 }
 
-/* One call: the sparse block from g = relu(gate(x)) (n, ff), already computed. */
-int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, const float *down_t, float *y,
-                            int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active, int max_threads,
-                            int64_t grain) {
-    return sparse_gated_f32(0, x, g, up, down_t, y, n, d, ff, out, max_active, max_threads, grain);
+/* One call: the sparse block from g = relu(gate(x)) (n, ff), already computed; up_b and down_b: the biases, or null. */
+int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, const float *up_b, const float *down_t,
+                            const float *down_b, float *y, int64_t n, int64_t d, int64_t ff, int64_t out,
+                            int64_t max_active, int max_threads, int64_t grain) {
+    return sparse_gated_f32(0, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
 
 /* Threads for a gate's n·ff·d multiply-adds: one per `grain`, at least one, at most max_threads. */
@@ -378,27 +382,29 @@ static int gate_threads(int64_t n, int64_t d, int64_t ff, int max_threads, int64
     return work < 1 ? 1 : work < max_threads ? (int)work : max_threads;
 }
 
-/* The same with the gate computed here too, g = relu(x · gateᵀ) into the caller's g (n, ff), for a batch of a few
+/* The same with the gate computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff), for a batch of a few
  * rows (decoding): each unit's row read once for the batch, the units split over the threads — at batch 1 a
  * matrix-vector product bound by reading the rows, which this loop does as fast as the BLAS's and without the
  * separate calls a torch gate costs. The caller runs the dense block from g where this returns more than max_active.
  * `dense` nonzero: every unit is computed, zero or not (this loop without the sparsity, to compare). */
-int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float *up, const float *down_t, float *g,
-                                  float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active,
-                                  int dense, int max_threads, int64_t grain) {
+int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float *gate_b, const float *up,
+                                  const float *up_b, const float *down_t, const float *down_b, float *g, float *y,
+                                  int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active, int dense,
+                                  int max_threads, int64_t grain) {
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < ff; k++)
         for (int64_t r = 0; r < n; r++) {
             float v = dot_f32(gate + k * d, x + r * d, d);
+            v = gate_b ? v + gate_b[k] : v;
             g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
         }
-    return sparse_gated_f32(dense, x, g, up, down_t, y, n, d, ff, out, max_active, max_threads, grain);
+    return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
 
 /* Sparse gated FFN over int8 weights (lambda_gelu.sparse_gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
- * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q. The gate is computed
- * here too, g = relu(x · gateᵀ) into the caller's g (n, ff) — each unit's row read once for the whole batch, the
+ * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q; the biases (or null)
+ * stay float32. The gate is computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff) — each unit's row read once for the whole batch, the
  * units split over the threads — then the active units as in the float32 kernel, reading a quarter of its bytes.
  * `dense` nonzero: every unit is computed, zero or not (the same int8 block without the sparsity, to compare). */
 static inline void prefetch_bytes(const int8_t *row, int64_t n) {
@@ -414,7 +420,7 @@ static inline float dot_i8(const int8_t *a, const float *b, int64_t n) {
     return s;
 }
 
-struct gated_i8_ctx { const float *x, *g, *up_s, *down_s; const int8_t *up_q, *down_q; int64_t n, d, ff, out;
+struct gated_i8_ctx { const float *x, *g, *up_s, *up_b, *down_s; const int8_t *up_q, *down_q; int64_t n, d, ff, out;
                       int dense; };
 
 static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
@@ -437,7 +443,8 @@ static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int6
             float gk = q->g[r * ff + k];
             if (gk == 0.0f && !q->dense)
                 continue;
-            float h = gk * (q->up_s[k] * dot_i8(u_row, q->x + r * d, d)) * q->down_s[k];
+            float u = q->up_s[k] * dot_i8(u_row, q->x + r * d, d);
+            float h = gk * (q->up_b ? u + q->up_b[k] : u) * q->down_s[k];
             float *yr = acc + r * out;
             for (int64_t j = 0; j < out; j++)
                 yr[j] = FMA(h, (float)w[j], yr[j]);
@@ -445,16 +452,18 @@ static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int6
     }
 }
 
-int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *gate_s, const int8_t *up_q,
-                           const float *up_s, const int8_t *down_q, const float *down_s, float *g, float *y,
-                           int64_t n, int64_t d, int64_t ff, int64_t out, int dense, int max_threads, int64_t grain) {
+int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *gate_s, const float *gate_b,
+                           const int8_t *up_q, const float *up_s, const float *up_b, const int8_t *down_q,
+                           const float *down_s, const float *down_b, float *g, float *y, int64_t n, int64_t d,
+                           int64_t ff, int64_t out, int dense, int max_threads, int64_t grain) {
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < ff; k++)
         for (int64_t r = 0; r < n; r++) {
             float v = gate_s[k] * dot_i8(gate_q + k * d, x + r * d, d);
+            v = gate_b ? v + gate_b[k] : v;
             g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
         }
-    struct gated_i8_ctx ctx = {x, g, up_s, down_s, up_q, down_q, n, d, ff, out, dense};
-    return gated_units(gated_i8_rows, &ctx, g, y, n, d, ff, out, ff, dense, max_threads, grain);
+    struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, n, d, ff, out, dense};
+    return gated_units(gated_i8_rows, &ctx, g, down_b, y, n, d, ff, out, ff, dense, max_threads, grain);
 }

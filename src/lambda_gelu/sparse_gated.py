@@ -137,10 +137,10 @@ class SparseGatedMLP(nn.Module):
         if self.int8:
             return self._forward_int8(x, gate, up, down)
         kernels = _native.library() if (x.dtype is up.weight.dtype is gate.weight.dtype is torch.float32 and x.is_cpu
-                                        and up.bias is None and down.bias is None and up.weight.is_contiguous()
-                                        and gate.weight.is_contiguous()) else None
+                                        and up.weight.is_contiguous() and gate.weight.is_contiguous()
+                                        and _biases_fit(gate, up, down)) else None
         x2 = x.reshape(-1, x.shape[-1])
-        fused = kernels is not None and len(x2) <= FUSED_ROWS and gate.bias is None  # decoding: the gate in C too
+        fused = kernels is not None and len(x2) <= FUSED_ROWS  # decoding: the gate in C too
         if not (self.sparse or fused):
             return down(F.relu(gate(x)) * up(x))
         max_active = int(self.max_density * gate.out_features) if self.sparse else gate.out_features
@@ -151,13 +151,16 @@ class SparseGatedMLP(nn.Module):
             threads = (torch.get_num_threads(), _native.GRAIN)
             if fused:
                 g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
-                n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), up.weight.data_ptr(),
-                                                          self._buffers["down_t"].data_ptr(), g.data_ptr(),
-                                                          y.data_ptr(), *sizes, int(not self.sparse), *threads)
+                n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), _ptr(gate.bias),
+                                                          up.weight.data_ptr(), _ptr(up.bias),
+                                                          self._buffers["down_t"].data_ptr(), _ptr(down.bias),
+                                                          g.data_ptr(), y.data_ptr(), *sizes, int(not self.sparse),
+                                                          *threads)
             else:
                 g = F.relu(gate(x2)).contiguous()
-                n_active = kernels.sparse_gated_f32(x2.data_ptr(), g.data_ptr(), up.weight.data_ptr(),
-                                                    self._buffers["down_t"].data_ptr(), y.data_ptr(), *sizes, *threads)
+                n_active = kernels.sparse_gated_f32(x2.data_ptr(), g.data_ptr(), up.weight.data_ptr(), _ptr(up.bias),
+                                                    self._buffers["down_t"].data_ptr(), _ptr(down.bias), y.data_ptr(),
+                                                    *sizes, *threads)
             if n_active < 0:
                 raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
             if n_active > max_active:
@@ -171,16 +174,15 @@ class SparseGatedMLP(nn.Module):
 
     def _forward_int8(self, x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> Tensor:
         b = self._buffers
-        kernels = _native.library() if (x.dtype is torch.float32 and x.is_cpu and gate.bias is None
-                                        and up.bias is None and down.bias is None) else None
+        kernels = _native.library() if x.dtype is torch.float32 and x.is_cpu and _biases_fit(gate, up, down) else None
         if kernels is None:
             return sparse_gated_int8_reference(x, b, gate, up, down).to(x.dtype)
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
         y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
-        if kernels.sparse_gated_i8(x2.data_ptr(), *(b[n].data_ptr() for n in ("gate_q", "gate_s", "up_q", "up_s",
-                                                                              "down_q", "down_s")),
-                                   g.data_ptr(), y.data_ptr(), len(x2), x2.shape[1], gate.out_features,
+        if kernels.sparse_gated_i8(x2.data_ptr(), b["gate_q"].data_ptr(), b["gate_s"].data_ptr(), _ptr(gate.bias),
+                                   b["up_q"].data_ptr(), b["up_s"].data_ptr(), _ptr(up.bias), b["down_q"].data_ptr(),
+                                   b["down_s"].data_ptr(), _ptr(down.bias), g.data_ptr(), y.data_ptr(), len(x2), x2.shape[1], gate.out_features,
                                    down.out_features, int(not self.sparse), torch.get_num_threads(),
                                    _native.GRAIN) < 0:
             raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
@@ -189,6 +191,15 @@ class SparseGatedMLP(nn.Module):
     def extra_repr(self) -> str:
         return f"max_density={self.max_density:g}" + (", int8=True" if self.int8 else "") + (
             ", sparse=False" if not self.sparse else "")
+
+
+def _biases_fit(*layers: nn.Linear) -> bool:
+    """Whether the C kernels can read each layer's bias as it is (none, or contiguous float32)."""
+    return all(m.bias is None or m.bias.dtype is torch.float32 and m.bias.is_contiguous() for m in layers)
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def _derive_again(module: SparseGatedMLP, incompatible_keys) -> None:
