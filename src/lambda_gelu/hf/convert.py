@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..reluize import ReluizeConfig, reluize
+from ..reluize.threshold import gate_zeros_problem
 from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
 from .load import load, model_directory, quiet_transformers
@@ -133,6 +134,9 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     if unsaveable:
         raise CheckpointError(f"{model_name}: {unsaveable}, so its ReLU checkpoint would not load as the converted "
                               "network")
+    thresholded = gate_zeros_problem(model) if config.reluize.gate_zeros else None
+    if thresholded:
+        raise CheckpointError(f"--gate-zeros: {model_name}: {thresholded}")
     schedule, seed, batch_size = config.reluize.schedule, config.seed, config.batch_size
     minutes, refit = config.budget_minutes, config.refit_sentences
     if causal and config.steps is None and config.minutes is None:

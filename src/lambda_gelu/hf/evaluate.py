@@ -101,6 +101,7 @@ def markdown(r: dict) -> str:
         return " | ".join(fmt.format(s[key]) for key, _, fmt in metrics)
 
     head, rule = " | ".join(label for _, label, _ in metrics), "|".join("---" for _ in metrics)
+    settings = r.get("settings") or {}
     lines = [f"# {r['model']} → exact ReLU", "",
              f"`reluize` with schedule `{r['schedule']}`"
              + (f" (the last {r['repair']:.0%} of the steps end to end)" if r.get("repair") else "")
@@ -109,6 +110,10 @@ def markdown(r: dict) -> str:
              + f": {r['steps']} steps of {r['batch_size']} sentences "
              f"(≤ {r['max_tokens']} tokens{', grouped by length' if r.get('batching') == 'length' else ''})"
              + (", the learning rate falling linearly to 0" if r.get("lr_schedule") == "linear" else "")
+             + (f", an L1 penalty on the activations rising to {settings['sparsity']:g}" if settings.get("sparsity")
+                else "")
+             + (f", the gates' threshold lowered towards {settings['gate_zeros']:.0%} exact zeros"
+                if settings.get("gate_zeros") else "")
              + f" in {r['seconds'] / 60:.1f} min"
              + (f" (the --minutes budget ended it; {r['planned_steps']} steps were planned)"
                 if r["steps"] < r.get("planned_steps", r["steps"]) else "")

@@ -5,9 +5,10 @@
 
 One module per part: ``config`` (:class:`ReluizeConfig`, every setting and rule), ``api`` (:func:`reluize`),
 ``reluizer`` (:class:`Reluizer`: the swap and the anneal, step by step, for a loop of your own), ``distill``
-(reluize's loop over those steps), ``blockwise`` (block by block
-reconstruction), ``refit`` (the least-squares refit after the swap), ``batchnorm`` (BatchNorm re-estimation),
-``losses`` (the named distillation losses), ``stream`` (the batches), ``probes`` (GELU applied as a function).
+(reluize's loop over those steps), ``blockwise`` (block by block reconstruction), ``refit`` (the least-squares
+refit after the swap), ``batchnorm`` (BatchNorm re-estimation), ``losses`` (the named distillation losses),
+``threshold`` (:class:`GateThreshold`: more exact zeros in gated FFNs by a lowered gate bias), ``stream`` (the
+batches), ``probes`` (GELU applied as a function).
 
 Which recipe when, with the measurements behind each default: docs/findings.md.
 
@@ -23,7 +24,8 @@ from .reluizer import AnnealedGELU, Reluizer
 from .losses import LOSSES, AutoLoss, distillation_loss, mean_pool
 from .refit import refit_after_swap_, refit_consumers
 from .result import ReluizeResult
+from .threshold import GateThreshold
 
 __all__ = ["reluize", "Reluizer", "ReluizeConfig", "ReluizeResult", "SCHEDULES", "LR_SCHEDULES", "RIDGE", "RECALIBRATE",
            "LOSSES", "AutoLoss", "distillation_loss", "mean_pool", "reconstruction_blocks", "ReconstructionBlock",
-           "AnnealedGELU", "refit_after_swap_", "refit_consumers", "recalibrate_batchnorm_"]
+           "AnnealedGELU", "refit_after_swap_", "refit_consumers", "recalibrate_batchnorm_", "GateThreshold"]

@@ -21,6 +21,7 @@ from .refit import refit_consumers, swap_and_refit
 from .reluizer import AnnealedGELU, Reluizer
 from .result import ReluizeResult
 from .stream import batch_stream, take_and_keep
+from .threshold import gate_zeros_problem
 from .training import adamw
 
 __all__ = ["reluize"]
@@ -66,6 +67,9 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConf
     if not any(is_reluizable(m) for m in model.modules()):
         raise ValueError("reluize found no GELU module to replace, nor a SiLU one (looked for: "
                          + ", ".join(GELU_LIKE + SILU_LIKE) + ")")
+    thresholded = gate_zeros_problem(model) if config.gate_zeros else None
+    if thresholded:
+        raise ValueError(f"gate_zeros: {thresholded}")
     norms = batchnorms(model)
     recalibrate = config.recalibrate
     if recalibrate is None:  # the default: BatchNorm re-estimated wherever it can be

@@ -55,6 +55,10 @@ class ReluizeConfig:
     sparsity: float = field(default=0.0, metadata=_help(
         "the final factor of an L1 penalty on the converted activations' outputs, rising over the anneal "
         "fraction of the steps (0: none)"))
+    gate_zeros: float = field(default=0.0, metadata=_help(
+        "gated FFNs (SwiGLU, GeGLU): the share of the ReLU gates' outputs, averaged over the layers, to make exact "
+        "zeros by lowering one bias of every gate (mlp_bias), reached linearly over the anneal fraction of the "
+        "steps and held (0: none)"))
     refit: int = field(default=0, metadata=_help(
         "with the swap: batches over which the layers reading each activation are solved by least squares "
         "before the first step (0: none)"))
@@ -91,6 +95,8 @@ class ReluizeConfig:
         need(number("weight_decay"), f"weight_decay is a finite number ≥ 0, got {self.weight_decay!r}")
         need(number("sparsity"),
              f"sparsity is the activation penalty's final factor, a finite number ≥ 0; got {self.sparsity!r}")
+        need(number("gate_zeros", 0.0, 1.0),
+             f"gate_zeros is a share of zeros to reach, in [0, 1); got {self.gate_zeros!r}")
         need(count("refit"), f"refit is a number of batches ≥ 0, got {self.refit!r}")
         need(number("ridge"), f"ridge is a finite factor ≥ 0, got {self.ridge!r}")
         need(self.recalibrate is None or count("recalibrate"),
@@ -102,11 +108,11 @@ class ReluizeConfig:
         need(not self.recalibrate or schedule != "blockwise", "recalibrate: used by schedule='swap' or 'anneal' only "
              "(blockwise trains each block, BatchNorm's affine parameters included, against its teacher block); "
              "leave it out")
-        given = [name for name in ("loss", "sparsity") if getattr(self, name) not in ("auto", 0, 0.0)
-                 and (name == "sparsity" or not self.repair)]
+        given = [name for name in ("loss", "sparsity", "gate_zeros") if getattr(self, name) not in ("auto", 0, 0.0)
+                 and (name != "loss" or not self.repair)]
         need(schedule != "blockwise" or not given, f"{', '.join(given)}: not used by schedule='blockwise', which "
              "reconstructs each block's output (relative squared error) with an AdamW of its own per block"
-             f"{'' if 'sparsity' in given else ' (give repair > 0 for end-to-end steps that use it)'}; leave them out")
+             f"{'' if given != ['loss'] else ' (give repair > 0 for end-to-end steps that use it)'}; leave them out")
 
     @property
     def lambda_target(self) -> float:

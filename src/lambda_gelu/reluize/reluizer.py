@@ -40,6 +40,7 @@ from ..convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizabl
 from ..regularize import SparsityRegularizer
 from .config import ReluizeConfig, configured
 from .losses import get_loss
+from .threshold import GateThreshold
 
 __all__ = ["Reluizer", "AnnealedGELU", "paced_lambda"]
 
@@ -117,6 +118,8 @@ class Reluizer:
         if sparsity and config.sparsity:
             self.regularizer = SparsityRegularizer(model, total_steps, config.sparsity, end=config.anneal, stages=3,
                                                    filter_fn=lambda m, fqn: fqn in converted)
+        self.threshold = GateThreshold(model, total_steps, config.gate_zeros, end=config.anneal) \
+            if sparsity and config.gate_zeros else None
         self.last: dict = {}
 
     @property
@@ -147,6 +150,8 @@ class Reluizer:
         self.step_count += 1
         if self.regularizer is not None:
             self.regularizer.step()
+        if self.threshold is not None:
+            self.threshold.step()
         if self._annealed and self.step_count >= self.anneal_steps:
             return self._to_relu()
         return False
@@ -160,19 +165,24 @@ class Reluizer:
         return ended
 
     def close(self) -> None:
-        """Remove the sparsity penalty's hooks (also on an error part-way)."""
+        """Remove the sparsity penalty's and the threshold's hooks (also on an error part-way)."""
         if self.regularizer is not None:
             self.regularizer.remove()
             self.regularizer = None
+        if self.threshold is not None:
+            self.threshold.remove()
+            self.threshold = None
 
     def state_dict(self) -> dict:
-        return {"step": self.step_count}
+        return {"step": self.step_count, **({"threshold": self.threshold.state_dict()} if self.threshold else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at ``state["step"]``: the anneal's λ there (or the ReLU, past its end), the penalty's factor."""
         self.step_count = int(state["step"])
         if self.regularizer is not None:
             self.regularizer.step_count = self.step_count
+        if self.threshold is not None and "threshold" in state:
+            self.threshold.load_state_dict(state["threshold"])
         if self._annealed and self.step_count >= self.anneal_steps:
             self._to_relu()
 

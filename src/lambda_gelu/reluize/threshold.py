@@ -1,0 +1,138 @@
+"""More exact zeros in gated FFNs by a threshold: each ReLU gate ``relu(gate(x) + b)`` gets a bias ``b``, lowered
+step by step until the share of the gates' outputs that are exactly zero, averaged over the layers, reaches a target.
+
+The L1 penalty (:class:`~lambda_gelu.SparsityRegularizer`) asks for zeros through the loss and trades them against
+the teacher's distribution at a factor that has to be guessed; the threshold asks for a share of zeros directly and
+lets the distillation repair what the shift costs. One shift for all the gates (measured on SmolLM2: a shift of the
+threshold per unit, each unit to the same share, costs far more than one shift for every unit, which keeps the units
+that fire often firing), found each step as the quantile of this batch's gate pre-activations at the step's target
+share, applied halfway (the batches' quantiles vary); the target rises linearly from the model's own share to
+``target`` over the first ``end`` fraction of the steps and stays there. The biases are weights like any other, so
+the optimizer trains each unit's on top.
+
+A Hugging Face model keeps its biases where its config can say so (``mlp_bias``, as Llama's has): that is set, and a
+family whose config cannot name them is refused, as its checkpoint would load without them. The sparse gated
+kernels (:class:`lambda_gelu.sparse_gated.SparseGatedMLP`) read the biases, so the threshold costs nothing there.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from ..convert import _hugging_face_models
+from ..sparse_gated import GATED_LAYOUTS
+
+__all__ = ["GateThreshold", "gated_gates", "gate_zeros_problem"]
+
+SAMPLE = 4096  # gate pre-activations sampled per layer and step for the quantile
+RATE = 0.5     # the share of each step's measured shift that is applied
+
+
+def gated_gates(model: nn.Module) -> list[tuple[str, nn.Module, tuple[nn.Linear, nn.Linear, nn.Linear]]]:
+    """(name, FFN, (gate, up, down)) of every gated FFN in ``model`` laid out as one of
+    :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` with ``nn.Linear`` projections, whatever its activation."""
+    found = []
+    for name, m in model.named_modules():
+        for layout in GATED_LAYOUTS:
+            parts = tuple(getattr(m, a, None) for a in (layout.gate, layout.up, layout.down))
+            if hasattr(m, layout.act) and all(isinstance(p, nn.Linear) for p in parts):
+                found.append((name, m, parts))
+    return found
+
+
+def gate_zeros_problem(model: nn.Module) -> str | None:
+    """Why ``model``'s gates cannot be thresholded (None if they can): it has no gated FFN, or a Hugging Face model in
+    it could not save the biases on its gated FFNs."""
+    if not gated_gates(model):
+        return "the model has no gated FFN (" + "; ".join(
+            f"{lay.gate}, {lay.up}, {lay.down} and {lay.act}" for lay in GATED_LAYOUTS) + ") to threshold"
+    for prefix, hf in _hugging_face_models(model):
+        config = copy.deepcopy(hf.config)
+        if not hasattr(config, "mlp_bias"):
+            return (f"{type(hf).__name__}'s config has no mlp_bias to give its gated FFNs the biases the threshold "
+                    "trains, so its checkpoint would load without them (Llama-family configs have one)")
+        config.mlp_bias = True
+        try:
+            with torch.device("meta"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                built = type(hf)(config)
+        except Exception as e:  # noqa: BLE001 - whatever the class needs beyond its config, the check cannot run
+            return f"{type(hf).__name__} cannot be built from its config alone to check it ({type(e).__name__})"
+        for name, _, _ in gated_gates(hf):
+            if any(p.bias is None for p in gated_gates(built.get_submodule(name))[0][2]):
+                return f"{type(hf).__name__} with mlp_bias=True still builds {name} without biases"
+    return None
+
+
+class GateThreshold:
+    """Lower the gated FFNs' gate biases until ``target`` of their outputs are exact zeros (see the module's
+    docstring); call :meth:`step` after each optimizer step. Building it gives every gated FFN's three projections
+    a zero bias where they have none (the function is unchanged) and sets ``mlp_bias`` in Hugging Face configs:
+    build the optimizer after it. ``ValueError`` (nothing changed) if ``model`` has no gated FFN or a Hugging Face
+    model in it could not save the biases."""
+
+    def __init__(self, model: nn.Module, total_steps: int, target: float, end: float = 0.5):
+        problem = gate_zeros_problem(model)
+        if problem:
+            raise ValueError(f"gate_zeros: {problem}")
+        ffns = gated_gates(model)
+        for _, _, layers in ffns:
+            for layer in layers:
+                if layer.bias is None:
+                    w = layer.weight
+                    layer.bias = nn.Parameter(torch.zeros(layer.out_features, dtype=w.dtype, device=w.device),
+                                              requires_grad=w.requires_grad)
+        for _, hf in _hugging_face_models(model):
+            hf.config.mlp_bias = True
+        self.gates = [layers[0] for _, _, layers in ffns]
+        self.total_steps, self.target, self.end = total_steps, float(target), end
+        self.step_count, self.start = 0, None  # start: the share of zeros at the first step
+        self._samples: list[Tensor] = []
+        self._hooks = [g.register_forward_hook(self._sample) for g in self.gates]
+
+    def _sample(self, module, args, out: Tensor) -> None:
+        if not torch.is_grad_enabled():  # evaluation forwards are not training batches
+            return
+        flat = out.detach().flatten()  # the pre-activations, each unit's bias included (padding too: a few)
+        self._samples.append(flat[torch.randint(0, flat.numel(), (min(SAMPLE, flat.numel()),),
+                                                device=flat.device)].float())
+
+    def share(self) -> float:
+        """The share of zeros this step aims at."""
+        if self.start is None:
+            return self.target
+        a = min(1.0, self.step_count / max(1.0, self.end * self.total_steps))
+        return self.start + a * (self.target - self.start)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """After each optimizer step: move every gate's bias towards the shift at which this batch's gates give the
+        step's share of zeros."""
+        self.step_count += 1
+        if not self._samples:
+            return
+        values = torch.cat(self._samples)
+        self._samples = []
+        if self.start is None:
+            self.start = float((values <= 0).float().mean())
+        shift = torch.quantile(values, min(max(self.share(), 0.0), 1.0))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(shift)
+            shift /= torch.distributed.get_world_size()
+        for g in self.gates:
+            g.bias.sub_(RATE * shift.to(g.bias.dtype))
+
+    def remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def state_dict(self) -> dict:
+        return {"step": self.step_count, "start": self.start}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count, self.start = int(state["step"]), state["start"]

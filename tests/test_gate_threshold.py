@@ -1,0 +1,94 @@
+"""The gate threshold (``gate_zeros``): a bias lowered on every ReLU gate of a gated FFN until the share of exact
+zeros asked for is reached; the function is unchanged when the biases are added, the checkpoint reloads with them
+in plain transformers (mlp_bias), the sparse block reads them, and a family that could not save them is refused
+before anything changes."""
+import copy
+
+import pytest
+import torch
+
+import lambda_gelu as lg
+from lambda_gelu.hf.evaluate import relu_zeros
+from lambda_gelu.reluize import GateThreshold, ReluizeConfig, Reluizer
+from lambda_gelu.sparse import sparsify_
+
+transformers = pytest.importorskip("transformers")
+SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+             vocab_size=100, max_position_embeddings=64)
+
+
+def _model(config_class=None):
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config((config_class or transformers.LlamaConfig)(**SMALL)).eval()
+
+
+def _batches(n=4):
+    g = torch.Generator().manual_seed(1)
+    return [{"input_ids": torch.randint(0, 100, (4, 12), generator=g)} for _ in range(n)]
+
+
+def test_the_gates_reach_the_share_of_zeros_and_the_checkpoint_reloads_with_its_biases(tmp_path):
+    model, batches = _model(), _batches()
+    swapped = copy.deepcopy(model)
+    lg.to_relu_(swapped, include_gelu=True)
+    before = relu_zeros(swapped, batches)
+    lg.reluize(model, batches, steps=40, gate_zeros=0.9, lr=1e-3)
+    zeros = relu_zeros(model, batches)
+    assert sum(before.values()) / 2 < 0.6  # a random gate: about half its outputs are zero
+    assert abs(sum(zeros.values()) / 2 - 0.9) < 0.03  # averaged over the layers, on the batches it trained on
+    assert model.config.mlp_bias is True and model.model.layers[0].mlp.gate_proj.bias.max() < 0
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    tokens = batches[0]
+    with torch.no_grad():
+        want = model(**tokens).logits
+        torch.testing.assert_close(reloaded(**tokens).logits, want, rtol=0, atol=0)
+    dense = copy.deepcopy(reloaded)
+    assert sparsify_(reloaded, min_weights=0) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    with torch.inference_mode():  # the sparse blocks read the biases: the same greedy tokens
+        prompt = {"input_ids": tokens["input_ids"][:1, :5]}
+        assert torch.equal(reloaded.generate(**prompt, max_new_tokens=6, do_sample=False),
+                           dense.generate(**prompt, max_new_tokens=6, do_sample=False))
+
+
+def test_adding_the_biases_leaves_the_function_as_it_was_and_the_optimizer_built_after_trains_them():
+    model, batch = _model(), _batches(1)[0]
+    with torch.no_grad():
+        want = model(**batch).logits
+    reluizer = Reluizer(model, total_steps=10, gate_zeros=0.8, schedule="anneal")
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, want)  # zero biases, and the anneal at λ = 1
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    biases = [model.model.layers[0].mlp.up_proj.bias]
+    assert any(p is biases[0] for p in optimizer.param_groups[0]["params"])
+    reluizer.loss(batch).backward()
+    optimizer.step()
+    reluizer.step()
+    assert reluizer.state_dict()["threshold"]["step"] == 1 and reluizer.threshold.start is not None
+    reluizer.finish()
+    assert not model.model.layers[0].mlp.gate_proj._forward_hooks  # the sampling hooks are gone
+
+
+def test_a_family_that_cannot_save_the_biases_is_refused_before_anything_changes():
+    model = _model(transformers.Qwen2Config)  # no mlp_bias: its checkpoint would load without them
+    state = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"^gate_zeros: Qwen2ForCausalLM's config has no mlp_bias"):
+        lg.reluize(model, _batches(), steps=2, gate_zeros=0.9)
+    assert model.model.layers[0].mlp.gate_proj.bias is None and type(model.model.layers[0].mlp.act_fn) is not \
+        torch.nn.ReLU
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=100))
+    with pytest.raises(ValueError, match="no gated FFN"):
+        lg.reluize(gpt2, _batches(), steps=2, gate_zeros=0.9)
+    with pytest.raises(ValueError, match="no gated FFN"):
+        GateThreshold(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.GELU()), 10, 0.9)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(gate_zeros=1.0), r"gate_zeros is a share of zeros to reach, in \[0, 1\); got 1.0"),
+    (dict(gate_zeros=-0.1), r"gate_zeros is a share"),
+    (dict(gate_zeros=0.9, schedule="blockwise"), "gate_zeros: not used by schedule='blockwise'"),
+])
+def test_a_bad_share_is_one_line(settings, message):
+    with pytest.raises(ValueError, match=message):
+        ReluizeConfig(**settings)
