@@ -214,3 +214,42 @@ def test_the_reluizer_under_fsdp_is_one_process_on_the_whole_batch(tmp_path):
     for name, weight in single.state_dict().items():
         moved = (weight - start[name]).abs().max().item()
         assert (weight - ranks[0]["state"][name]).abs().max().item() <= 1e-3 * moved + 1e-7, name
+
+
+def _threshold_rank(rank, port, out, wrap):
+    from test_distributed import _init
+    from torch.distributed import destroy_process_group
+    _init(rank, port)
+    try:
+        model = _llama()
+        reluizer = Reluizer(model, STEPS, gate_zeros=0.8, loss=_logits_kl)  # the biases exist before the wrapping
+        runner = model
+        if wrap == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+            for layer in model.model.layers:
+                fully_shard(layer)
+            fully_shard(model)
+        else:
+            runner = torch.nn.parallel.DistributedDataParallel(model)
+        _loop(runner, reluizer, rank, WORLD)
+        biases = [layer.mlp.gate_proj.bias.detach() for layer in model.model.layers]
+        torch.save([b.full_tensor() if hasattr(b, "full_tensor") else b for b in biases],
+                   os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_the_gate_threshold_moves_every_rank_by_the_same_shift(tmp_path, wrap):
+    """Each rank measures its share of the batch; the shift applied is their mean, so the replicas (DDP) stay one
+    model and a sharded bias (FSDP) moves as a whole."""
+    pytest.importorskip("transformers")
+    if wrap == "fsdp":
+        pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP")
+    from test_distributed import _spawn
+    _spawn(_threshold_rank, str(tmp_path), wrap)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    for a, b in zip(*ranks):
+        assert torch.equal(a, b) and a.max() < 0

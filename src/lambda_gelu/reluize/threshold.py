@@ -123,8 +123,8 @@ class GateThreshold:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(shift)
             shift /= torch.distributed.get_world_size()
-        for g in self.gates:
-            g.bias.sub_(RATE * shift.to(g.bias.dtype))
+        for g in self.gates:  # a number, not a tensor: a sharded bias (FSDP) takes it as it is
+            g.bias.sub_(RATE * float(shift))
 
     def remove(self) -> None:
         for h in self._hooks:
