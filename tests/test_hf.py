@@ -356,6 +356,10 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
         diff = [cosine[(*a, s)] - cosine[(*b, s)] for s in (0, 1)]
         assert f"- cosine: {sum(diff) / 2:+.4f}" in text
     assert "*length batches*: each batch drawn from sentences of nearly one length" in text
+    zeros = [r["zeros"]["encoder.layer.1.intermediate.intermediate_act_fn"] for k, r in reports.items()
+             if k[:3] == ("anneal", "length", "linear")]
+    assert "Each layer's exact zeros (%, mean over seeds):" in text
+    assert f"| encoder.layer.1.intermediate.intermediate_act_fn | {100 * sum(zeros) / 2:.1f} | " in text
     assert "*linear lr decay*: the learning rate falling linearly to 0 over the steps" in text
     linear = "length batches, linear lr decay"
     assert all(f"| {name} | 2 | 4 |" in text for name in (f"anneal, {linear}", f"swap, {linear}", "swap, length batches",

@@ -97,6 +97,7 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     if zeros:
         lines += ["", "Exact zeros of the ReLU activations on the held-out sentences' real tokens, averaged over the "
                   "layers: " + "; ".join(f"{s}: {mean_sd(v, '{:.1f}')}%" for s, v in zeros.items()) + "."]
+        lines += _zeros_by_layer({s: by_schedule[s] for s in zeros})
     lines += [""] + _goal(by_schedule, metrics) + _paired(by_schedule, metrics) + _curve(by_schedule, metrics)
     figure = _plot(by_schedule, metrics, img_dir)
     if figure is not None:
@@ -107,6 +108,19 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return output
+
+
+def _zeros_by_layer(by_schedule: dict[str, list[dict]]) -> list[str]:
+    """Each ReLU layer's exact zeros (%, mean over seeds) under each recipe, where the recipes share their layers."""
+    layers = list(next(iter(by_schedule.values()))[0]["zeros"])
+    if len(layers) < 2 or any(list(r["zeros"]) != layers for rs in by_schedule.values() for r in rs):
+        return []
+    lines = ["", "Each layer's exact zeros (%, mean over seeds):", "",
+             "| layer | " + " | ".join(by_schedule) + " |", "|---|" + "---|" * len(by_schedule)]
+    for name in layers:
+        lines.append(f"| {name} | " + " | ".join(f"{100 * float(np.mean([r['zeros'][name] for r in rs])):.1f}"
+                                                 for rs in by_schedule.values()) + " |")
+    return lines
 
 
 def _span(values) -> str:
