@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import re
 import time
 
 import torch
@@ -36,7 +37,11 @@ def main():
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--tag", default=None, help="saved as benchmarks/results/decode-TAG.json, a section of its own in "
+                   "docs/performance.md (default: decode.json, the conversion reported first)")
     args = p.parse_args()
+    if args.tag is not None and not re.fullmatch(r"[A-Za-z0-9_.-]+", args.tag):
+        p.error(f"--tag names a results file: letters, digits, '_', '.' and '-' only, got {args.tag!r}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,7 +122,7 @@ def main():
                   (("dense", dense), ("int8 sparse", int8["sparse"]))}
     agree = float((tokens["lean", "int8 sparse"] == tokens["lean", "dense"]).float().mean())
     result = {
-        "model": args.model, "new_tokens": n, "prompt_tokens": ids["input_ids"].shape[1],
+        "model": args.model, "tag": args.tag, "new_tokens": n, "prompt_tokens": ids["input_ids"].shape[1],
         "rounds": args.rounds, "header": header(),
         "gate_zeros": zeros[0] / max(zeros[1], 1), "mlp_speedup": block_speedup,
         "same_as_generate": same_as_generate,
@@ -138,7 +143,7 @@ def main():
                  "block_over_every_unit": block["int8 every unit"] / block["int8 sparse"],
                  "tokens_agree": agree, "perplexity_ratio": perplexity["int8 sparse"] / perplexity["dense"]},
     }
-    print(save("decode", result))
+    print(save(f"decode-{args.tag}" if args.tag else "decode", result))
     print_table("greedy decoding, batch 1, KV cache", result["header"], [[
         path, f"{r['tokens_per_s']['dense']:.1f}", f"{r['tokens_per_s']['sparse']:.1f}", f"{r['speedup']:.2f}",
         r["same_tokens"], f"{r['mlp_share']:.0%}", f"{result['gate_zeros']:.1%}", f"{block_speedup:.2f}",

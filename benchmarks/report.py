@@ -139,39 +139,8 @@ def main():
                       f"sparsified ({c['speedup']:.2f}×), {c['zeros']:.0%} zeros; the same bytes: "
                       f"{'yes' if c['same_bytes'] else '**no**'}.{_amdahl(c)}"]
         lines.append("")
-    decode = RESULTS / "decode.json"
-    if decode.exists():
-        d = json.loads(decode.read_text())
-        h = d["header"]
-        lines += ["## Decoding a converted language model: gated FFNs sparsified", "",
-                  f"`python benchmarks/bench_decode.py --model {d['model']}` — greedy decoding of {d['new_tokens']} "
-                  f"tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, float32, by transformers' "
-                  "`generate` with its KV cache and by `lambda_gelu.hf.LeanDecoder` (a static cache, fewer Python calls "
-                  f"a token); {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by `SparseGatedMLP`; "
-                  f"the four variants timed in interleaved rounds. {h['threads']} threads, {h['machine']}.", "",
-                  "| decoder | dense tokens/s | sparse tokens/s | × dense | same tokens | FFN share of dense decoding "
-                  "| Amdahl bound | bound with free FFNs |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for path, r in d["paths"].items():
-            tps = r["tokens_per_s"]
-            lines.append(f"| {path} | {tps['dense']:.1f} | {tps['sparse']:.1f} | {r['speedup']:.2f} | "
-                         f"{'yes' if r['same_tokens'] else '**no**'} | {r['mlp_share']:.0%} | {r['amdahl_bound']:.2f} "
-                         f"| {r['amdahl_free_mlp']:.2f} |")
-        every = (f" ({d['mlp_over_every_unit']:.2f}× the same C loop computing every unit: the rest is the loop's own "
-                 "matrix-vector products, faster than torch's at batch 1)") if "mlp_over_every_unit" in d else ""
-        lines += ["", f"Gate zeros while decoding: {d['gate_zeros']:.1%}; the FFN block alone, sparse against dense on "
-                  f"the hidden states decoding gave it: {d['mlp_speedup']:.2f}×{every}. The lean decoder's tokens are "
-                  f"`generate`'s: {'yes' if d['same_as_generate'] else '**no**'}; its sparse model against `generate`'s "
-                  f"dense one: {d['lean_sparse_over_generate_dense']:.2f}×.", ""]
-        if "int8" in d:
-            q = d["int8"]
-            lines += [f"Over int8 weights (`sparsify_(model, int8=True)`: int8 rows with a float32 scale each, "
-                      f"gate included), by the lean decoder: {q['tokens_per_s']['sparse']:.1f} tokens/s, "
-                      f"{q['over_lean_dense']:.2f}× the float32 dense model and {q['over_every_unit']:.2f}× the same "
-                      f"int8 block computing every unit; the FFN block alone {q['block_over_dense']:.2f}× float32 "
-                      f"dense and {q['block_over_every_unit']:.2f}× int8 every unit. What int8 costs: held-out "
-                      f"perplexity ×{q['perplexity_ratio']:.3f} of the float32 model's, {q['tokens_agree']:.0%} of "
-                      "the greedy tokens the same.", ""]
+    for decode in _decodes():
+        lines += _decode_section(json.loads(decode.read_text()))
     lines += goals()
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
@@ -185,6 +154,47 @@ def _amdahl(gen: dict) -> str:
     share = gen["dense_share"]
     return (f" The layers `sparsify_` replaces take {share:.1%} of the dense generation's time: were they free, "
             f"generation would be at most {1 / (1 - share):.2f}× faster.")
+
+
+def _decodes() -> list:
+    """bench_decode.py's results: decode.json (the default conversion), then one per further model (--tag)."""
+    return sorted(RESULTS.glob("decode*.json"), key=lambda p: (p.name != "decode.json", p.name))
+
+
+def _decode_section(d: dict) -> list[str]:
+    lines = []
+    h = d["header"]
+    tag = f" --tag {d['tag']}" if d.get("tag") else ""
+    lines += [f"## Decoding {d['model']}: gated FFNs sparsified", "",
+              f"`python benchmarks/bench_decode.py --model {d['model']}{tag}` — greedy decoding of {d['new_tokens']} "
+              f"tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, float32, by transformers' "
+              "`generate` with its KV cache and by `lambda_gelu.hf.LeanDecoder` (a static cache, fewer Python calls "
+              f"a token); {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by `SparseGatedMLP`; "
+              f"the four variants timed in interleaved rounds. {h['threads']} threads, {h['machine']}.", "",
+              "| decoder | dense tokens/s | sparse tokens/s | × dense | same tokens | FFN share of dense decoding "
+              "| Amdahl bound | bound with free FFNs |",
+              "|---|---|---|---|---|---|---|---|"]
+    for path, r in d["paths"].items():
+        tps = r["tokens_per_s"]
+        lines.append(f"| {path} | {tps['dense']:.1f} | {tps['sparse']:.1f} | {r['speedup']:.2f} | "
+                     f"{'yes' if r['same_tokens'] else '**no**'} | {r['mlp_share']:.0%} | {r['amdahl_bound']:.2f} "
+                     f"| {r['amdahl_free_mlp']:.2f} |")
+    every = (f" ({d['mlp_over_every_unit']:.2f}× the same C loop computing every unit: the rest is the loop's own "
+             "matrix-vector products, faster than torch's at batch 1)") if "mlp_over_every_unit" in d else ""
+    lines += ["", f"Gate zeros while decoding: {d['gate_zeros']:.1%}; the FFN block alone, sparse against dense on "
+              f"the hidden states decoding gave it: {d['mlp_speedup']:.2f}×{every}. The lean decoder's tokens are "
+              f"`generate`'s: {'yes' if d['same_as_generate'] else '**no**'}; its sparse model against `generate`'s "
+              f"dense one: {d['lean_sparse_over_generate_dense']:.2f}×.", ""]
+    if "int8" in d:
+        q = d["int8"]
+        lines += [f"Over int8 weights (`sparsify_(model, int8=True)`: int8 rows with a float32 scale each, "
+                  f"gate included), by the lean decoder: {q['tokens_per_s']['sparse']:.1f} tokens/s, "
+                  f"{q['over_lean_dense']:.2f}× the float32 dense model and {q['over_every_unit']:.2f}× the same "
+                  f"int8 block computing every unit; the FFN block alone {q['block_over_dense']:.2f}× float32 "
+                  f"dense and {q['block_over_every_unit']:.2f}× int8 every unit. What int8 costs: held-out "
+                  f"perplexity ×{q['perplexity_ratio']:.3f} of the float32 model's, {q['tokens_agree']:.0%} of "
+                  "the greedy tokens the same.", ""]
+    return lines
 
 
 def goals() -> list[str]:
@@ -229,10 +239,10 @@ def goals() -> list[str]:
         if "cached" in gen:
             rows.append(("sparsified stdlib-gpt ≥ 1.3× dense generation speed (key-value cache)",
                          f"{gen['cached']['speedup']:.2f}×", gen["cached"]["speedup"] >= 1.3))
-    if (RESULTS / "decode.json").exists():
-        d = json.loads((RESULTS / "decode.json").read_text())
+    for decode in _decodes():
+        d = json.loads(decode.read_text())
         gen = d["paths"]["generate"]
-        rows.append((f"decoding the converted model with `generate` at batch 1 ≥ 1.25× dense tokens/s, same tokens "
+        rows.append((f"decoding {d['model']} with `generate` at batch 1 ≥ 1.25× dense tokens/s, same tokens "
                      f"({d['gate_zeros']:.0%} gate zeros)", f"{gen['speedup']:.2f}×",
                      gen["speedup"] >= 1.25 and gen["same_tokens"]))
         rows.append(("its FFN block alone ≥ 2× transformers' dense block", f"{d['mlp_speedup']:.2f}×"
