@@ -3,12 +3,12 @@ step by step until the share of the gates' outputs that are exactly zero, averag
 
 The L1 penalty (:class:`~lambda_gelu.SparsityRegularizer`) asks for zeros through the loss and trades them against
 the teacher's distribution at a factor that has to be guessed; the threshold asks for a share of zeros directly and
-lets the distillation repair what the shift costs. One shift for all the gates (measured on SmolLM2: a shift of the
-threshold per unit, each unit to the same share, costs far more than one shift for every unit, which keeps the units
-that fire often firing), found each step as the quantile of this batch's gate pre-activations at the step's target
-share, applied halfway (the batches' quantiles vary); the target rises linearly from the model's own share to
-``target`` over the first ``end`` fraction of the steps and stays there. The biases are weights like any other, so
-the optimizer trains each unit's on top.
+lets the distillation repair what the shift costs. One shift for all the gates (a threshold per unit, each unit
+silenced on the same share of tokens, costs far more perplexity than one shift that keeps the units that fire often
+firing: docs/smollm2_gate_shift.md), found each step as the quantile of this batch's gate pre-activations at the
+step's target share, applied halfway (the batches' quantiles vary); the target rises linearly from the model's own
+share to ``target`` over the first ``end`` fraction of the steps and stays there. The biases are weights like any
+other, so the optimizer trains each unit's on top.
 
 A Hugging Face model keeps its biases where its config can say so (``mlp_bias``, as Llama's has): that is set, and a
 family whose config cannot name them is refused, as its checkpoint would load without them. The sparse gated
