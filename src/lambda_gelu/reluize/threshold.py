@@ -26,13 +26,13 @@ from torch import Tensor
 from ..convert import _hugging_face_models
 from ..sparse_gated import GATED_LAYOUTS
 
-__all__ = ["GateThreshold", "gated_gates", "gate_zeros_problem"]
+__all__ = ["GateThreshold", "gated_ffns", "gate_zeros_problem"]
 
 SAMPLE = 4096  # gate pre-activations sampled per layer and step for the quantile
 RATE = 0.5     # the share of each step's measured shift that is applied
 
 
-def gated_gates(model: nn.Module) -> list[tuple[str, nn.Module, tuple[nn.Linear, nn.Linear, nn.Linear]]]:
+def gated_ffns(model: nn.Module) -> list[tuple[str, nn.Module, tuple[nn.Linear, nn.Linear, nn.Linear]]]:
     """(name, FFN, (gate, up, down)) of every gated FFN in ``model`` laid out as one of
     :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` with ``nn.Linear`` projections, whatever its activation."""
     found = []
@@ -47,7 +47,7 @@ def gated_gates(model: nn.Module) -> list[tuple[str, nn.Module, tuple[nn.Linear,
 def gate_zeros_problem(model: nn.Module) -> str | None:
     """Why ``model``'s gates cannot be thresholded (None if they can): it has no gated FFN, or a Hugging Face model in
     it could not save the biases on its gated FFNs."""
-    if not gated_gates(model):
+    if not gated_ffns(model):
         return "the model has no gated FFN (" + "; ".join(
             f"{lay.gate}, {lay.up}, {lay.down} and {lay.act}" for lay in GATED_LAYOUTS) + ") to threshold"
     for prefix, hf in _hugging_face_models(model):
@@ -62,8 +62,8 @@ def gate_zeros_problem(model: nn.Module) -> str | None:
                 built = type(hf)(config)
         except Exception as e:  # noqa: BLE001 - whatever the class needs beyond its config, the check cannot run
             return f"{type(hf).__name__} cannot be built from its config alone to check it ({type(e).__name__})"
-        for name, _, _ in gated_gates(hf):
-            if any(p.bias is None for p in gated_gates(built.get_submodule(name))[0][2]):
+        for name, _, _ in gated_ffns(hf):
+            if any(p.bias is None for p in gated_ffns(built.get_submodule(name))[0][2]):
                 return f"{type(hf).__name__} with mlp_bias=True still builds {name} without biases"
     return None
 
@@ -79,7 +79,7 @@ class GateThreshold:
         problem = gate_zeros_problem(model)
         if problem:
             raise ValueError(f"gate_zeros: {problem}")
-        ffns = gated_gates(model)
+        ffns = gated_ffns(model)
         for _, _, layers in ffns:
             for layer in layers:
                 if layer.bias is None:
