@@ -75,7 +75,8 @@ def main() -> None:
     rows = [("none (the checkpoint)", *measure([torch.tensor(0.0)] * len(acts)))]
     for share in args.shares:
         shift = torch.quantile(sample, share)
-        rows.append((f"one θ = {float(shift):.3f} for every unit, aiming at {share:.0%}", *measure([shift] * len(acts))))
+        rows.append((f"one θ = {float(shift):.3f} for every unit, aiming at {share:.0%}",
+                     *measure([shift] * len(acts))))
         per_unit = [torch.quantile(g, share, dim=0) for g in gates]
         rows.append((f"θ per unit, each at {share:.0%}", *measure(per_unit)))
     lines = ["# SmolLM2-135M: one gate shift for every unit against one per unit", "",

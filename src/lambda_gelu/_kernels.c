@@ -382,8 +382,8 @@ static int gate_threads(int64_t n, int64_t d, int64_t ff, int max_threads, int64
     return work < 1 ? 1 : work < max_threads ? (int)work : max_threads;
 }
 
-/* The same with the gate computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff), for a batch of a few
- * rows (decoding): each unit's row read once for the batch, the units split over the threads — at batch 1 a
+/* The same with the gate computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff), for a batch of
+ * a few rows (decoding): each unit's row read once for the batch, the units split over the threads — at batch 1 a
  * matrix-vector product bound by reading the rows, which this loop does as fast as the BLAS's and without the
  * separate calls a torch gate costs. The caller runs the dense block from g where this returns more than max_active.
  * `dense` nonzero: every unit is computed, zero or not (this loop without the sparsity, to compare). */
@@ -404,8 +404,9 @@ int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float
 
 /* Sparse gated FFN over int8 weights (lambda_gelu.sparse_gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
  * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q; the biases (or null)
- * stay float32. The gate is computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff) — each unit's row read once for the whole batch, the
- * units split over the threads — then the active units as in the float32 kernel, reading a quarter of its bytes.
+ * stay float32. The gate is computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff) — each
+ * unit's row read once for the whole batch, the units split over the threads — then the active units as in the
+ * float32 kernel, reading a quarter of its bytes.
  * `dense` nonzero: every unit is computed, zero or not (the same int8 block without the sparsity, to compare). */
 static inline void prefetch_bytes(const int8_t *row, int64_t n) {
     for (int64_t j = 0; j < n; j += 64)
