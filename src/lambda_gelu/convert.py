@@ -339,19 +339,28 @@ def _relu_fields(config) -> dict[str, str]:
     return out
 
 
-def _mismatch(hf: nn.Module, fields: dict[str, str], becomes_relu: FilterFn) -> str | None:
-    """Where ``hf`` rebuilt from its config with ``fields`` set (as loading a saved checkpoint rebuilds it)
-    would differ in an activation from ``hf`` once the modules ``becomes_relu`` accepts are ``nn.ReLU``;
-    None where it would not."""
+def rebuilt_from_config(hf: nn.Module, fields: dict) -> nn.Module | str:
+    """``hf``'s class built on the meta device from its config with ``fields`` set, as loading a saved checkpoint
+    rebuilds it; or why it cannot be (what the class needs beyond its config)."""
     config = copy.deepcopy(hf.config)
     for name, value in fields.items():
         setattr(config, name, value)
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            built = dict(type(hf)(config).named_modules())
+            return type(hf)(config)
     except Exception as e:  # noqa: BLE001 - whatever the class needs beyond its config, the check cannot run
         return f"{type(hf).__name__} cannot be built from its config alone to check it ({type(e).__name__}: {e})"
+
+
+def _mismatch(hf: nn.Module, fields: dict[str, str], becomes_relu: FilterFn) -> str | None:
+    """Where ``hf`` rebuilt from its config with ``fields`` set (as loading a saved checkpoint rebuilds it)
+    would differ in an activation from ``hf`` once the modules ``becomes_relu`` accepts are ``nn.ReLU``;
+    None where it would not."""
+    rebuilt = rebuilt_from_config(hf, fields)
+    if isinstance(rebuilt, str):
+        return rebuilt
+    built = dict(rebuilt.named_modules())
     for name, m in hf.named_modules():
         relu = becomes_relu(m, name) or isinstance(m, nn.ReLU)
         b = built.get(name)

@@ -16,14 +16,11 @@ kernels (:class:`lambda_gelu.sparse_gated.SparseGatedMLP`) read the biases, so t
 """
 from __future__ import annotations
 
-import copy
-import warnings
-
 import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..convert import _hugging_face_models
+from ..convert import _hugging_face_models, rebuilt_from_config
 from ..sparse_gated import GATED_LAYOUTS
 
 __all__ = ["GateThreshold", "gated_ffns", "gate_zeros_problem"]
@@ -50,18 +47,13 @@ def gate_zeros_problem(model: nn.Module) -> str | None:
     if not gated_ffns(model):
         return "the model has no gated FFN (" + "; ".join(
             f"{lay.gate}, {lay.up}, {lay.down} and {lay.act}" for lay in GATED_LAYOUTS) + ") to threshold"
-    for prefix, hf in _hugging_face_models(model):
-        config = copy.deepcopy(hf.config)
-        if not hasattr(config, "mlp_bias"):
+    for _, hf in _hugging_face_models(model):
+        if not hasattr(hf.config, "mlp_bias"):
             return (f"{type(hf).__name__}'s config has no mlp_bias to give its gated FFNs the biases the threshold "
                     "trains, so its checkpoint would load without them (Llama-family configs have one)")
-        config.mlp_bias = True
-        try:
-            with torch.device("meta"), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                built = type(hf)(config)
-        except Exception as e:  # noqa: BLE001 - whatever the class needs beyond its config, the check cannot run
-            return f"{type(hf).__name__} cannot be built from its config alone to check it ({type(e).__name__})"
+        built = rebuilt_from_config(hf, {"mlp_bias": True})
+        if isinstance(built, str):
+            return built
         for name, _, _ in gated_ffns(hf):
             if any(p.bias is None for p in gated_ffns(built.get_submodule(name))[0][2]):
                 return f"{type(hf).__name__} with mlp_bias=True still builds {name} without biases"
