@@ -1,6 +1,7 @@
 """Why the gate threshold (``--gate-zeros``) shifts every gate by one amount: on SmolLM2-135M converted by the CLI's
 defaults, before any training, ReLU gates ``relu(gate(x) − θ)`` at a given share of zeros, with θ one number for
-every unit of every layer against θ per unit (each unit zero on that share of the calibration tokens). Writes
+every unit of every layer against θ per layer (each layer zero on that share) and θ per unit (each unit zero on that
+share of the calibration tokens). Writes
 docs/smollm2_gate_shift.md.
 
     python experiments/smollm2_gate_shift.py --model runs/smollm2/default-0     # ≈ 10 minutes on 2 cores
@@ -77,23 +78,27 @@ def main() -> None:
         shift = torch.quantile(sample, share)
         rows.append((f"one θ = {float(shift):.3f} for every unit, aiming at {share:.0%}",
                      *measure([shift] * len(acts))))
+        per_layer = [torch.quantile(g.flatten()[torch.randperm(g.numel())[:200_000]], share) for g in gates]
+        rows.append((f"θ per layer, each at {share:.0%}", *measure(per_layer)))
         per_unit = [torch.quantile(g, share, dim=0) for g in gates]
         rows.append((f"θ per unit, each at {share:.0%}", *measure(per_unit)))
-    lines = ["# SmolLM2-135M: one gate shift for every unit against one per unit", "",
+    lines = ["# SmolLM2-135M: one gate shift for every unit against one per layer or per unit", "",
              f"`python experiments/smollm2_gate_shift.py --model {args.model}`", "",
              f"The checkpoint `{args.model}` (converted to exact ReLU by the CLI's defaults), its gates made "
              "relu(gate(x) − θ) with no training after: θ one number for every unit of every layer (the quantile "
-             "of the gates' pre-activations over 256 training sentences, pooled over the layers) against θ per unit "
+             "of the gates' pre-activations over 256 training sentences, pooled over the layers) against θ per layer "
+             "(each layer's own quantile) and θ per unit "
              "(each unit's own quantile, so that every unit is zero on that share of the calibration tokens). "
              "Measured on 128 held-out sentences: exact gate zeros on real tokens averaged over the layers, and the "
              "perplexity against the original model's.", "",
              "| gates | exact zeros | perplexity ÷ original |", "|---|---|---|"]
     lines += [f"| {name} | {100 * z:.1f}% | {p:.3g} |" for name, z, p in rows]
-    pairs = list(zip(rows[1::2], rows[2::2]))
-    cheaper = sum(one[2] < own[2] for one, own in pairs)
-    lines += ["", f"Reading: the one shift costs less perplexity than the per-unit thresholds at {cheaper} of the "
-              f"{len(pairs)} shares (per-unit thresholds silence the units that fire often as much as the rare ones). "
-              "`--gate-zeros` lowers one shift for every gate and lets the distillation repair its cost "
+    triples = list(zip(rows[1::3], rows[2::3], rows[3::3]))
+    cheapest = sum(one[2] < min(layer[2], unit[2]) for one, layer, unit in triples)
+    lines += ["", f"Reading: the one shift costs the least perplexity at {cheapest} of the {len(triples)} shares. A "
+              "threshold per unit silences the units that fire often as much as the rare ones; one per layer makes "
+              "every layer equally sparse, where the one shift lets the layers whose gates sit lower take more of "
+              "the zeros. `--gate-zeros` lowers one shift for every gate and lets the distillation repair its cost "
               "([smollm2_sparsity.md](smollm2_sparsity.md)).", ""]
     Path(args.output).write_text("\n".join(lines), encoding="utf-8")
     print(args.output)
