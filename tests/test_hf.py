@@ -407,3 +407,14 @@ def test_a_refit_cut_to_the_budget_is_one_recipe_whatever_sentences_the_timing_l
     capped = [_schedule(base | {"refit_sentences": n, "refit_note": "cut"}) for n in (704, 800)]
     assert capped[0] == capped[1] == "swap + refit in 25% of the budget, length batches, linear lr decay"
     assert _schedule(base | {"refit_sentences": 704, "refit_note": None}).startswith("swap + refit 704,")
+
+
+def test_a_recipe_names_the_settings_it_changed_and_only_those():
+    from lambda_gelu_lab.report.conversions import _schedule
+    base = {"schedule": "swap", "batching": "length", "lr_schedule": "linear", "refit_sentences": 0}
+    defaults = {"lr": 5e-5, "sparsity": 0.0, "gate_zeros": 0.0, "anneal": 0.5, "weight_decay": 0.0}
+    assert _schedule(base | {"settings": defaults}) == _schedule(base | {"settings": {}}) == \
+        "swap, length batches, linear lr decay"
+    changed = defaults | {"gate_zeros": 0.87, "anneal": 0.25, "lr": 1.5e-4}
+    assert _schedule(base | {"settings": changed}) == \
+        "swap, lr 0.00015, gate zeros 0.87, anneal 0.25, length batches, linear lr decay"

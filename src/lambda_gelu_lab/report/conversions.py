@@ -39,9 +39,10 @@ _MODIFIERS = ((", length batches", lambda r: r.get("batching") == "length",
               (", linear lr decay", lambda r: r.get("lr_schedule") == "linear",
                "*linear lr decay*: the learning rate falling linearly to 0 over the steps"))
 
-# settings a recipe names when they are not the default (", lr 0.0003", ", sparsity 0.1", ", gate zeros 0.85")
+# settings a recipe names when they are not the default (", lr 0.0003", ", sparsity 0.1", ", gate zeros 0.85";
+# ", anneal 0.25": the fraction of the steps the anneal, the penalty's rise or the threshold's ramp takes)
 _SETTINGS_NAMED = tuple((key, getattr(ReluizeConfig(), key))
-                        for key in ("lr", "sparsity", "gate_zeros", "weight_decay"))
+                        for key in ("lr", "sparsity", "gate_zeros", "anneal", "weight_decay"))
 
 
 def load_conversions(dirs: list[str | os.PathLike]) -> list[dict]:
