@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from lambda_gelu.hf.convert import HELD_OUT
 from lambda_gelu.hf.evaluate import evaluate, scores
 from lambda_gelu.hf.load import load, model_directory, quiet_transformers
 from lambda_gelu.hf.text import length_grouped, padding_tokenizer, stdlib_sentences
@@ -82,7 +83,8 @@ def main() -> None:
         return dict(pad(sentences, padding=True, truncation=True, max_length=max_tokens, return_tensors="pt"))
     train, held = stdlib_sentences()  # as lambda-gelu reluize builds its batches (no --text)
     random.Random(seed).shuffle(train)
-    held_batches = [encode(held[:256][i:i + 64]) for i in range(0, 256, 64)]
+    held = held[:HELD_OUT]
+    held_batches = [encode(held[i:i + 64]) for i in range(0, len(held), 64)]
     lengths = [len(ids) for ids in pad(train, truncation=True, max_length=max_tokens)["input_ids"]]
     batches = (encode([train[j] for j in b]) for b in itertools.islice(length_grouped(lengths, size, seed), steps))
 
@@ -106,9 +108,9 @@ def main() -> None:
              f"Both distilled from the frozen original for {steps} steps (seed {seed}, batches of {size} "
              f"length-grouped training sentences, lr {s['lr']:g} falling linearly to 0, no refit) — the swap by "
              f"`lambda-gelu reluize --refit 0` (`{args.swap}`), dReLU by this script on the same batches. Measured "
-             "on the CLI's 256 "
-             "held-out sentences; zeros on real tokens, averaged over the layers. *down reads zero*: the share of "
-             "`down`'s inputs that are exactly zero, the columns of `down` a sparse kernel skips.", "",
+             f"on the CLI's {len(held)} held-out sentences; zeros on real tokens, averaged over the layers. *down "
+             "reads zero*: the share of `down`'s inputs that are exactly zero, the columns of `down` a sparse kernel "
+             "skips.", "",
              "| FFN | perplexity ÷ original | gate zeros | up zeros | down reads zero |", "|---|---|---|---|---|"]
     lines += [f"| {name} | {r['perplexity_ratio']:.3f} | {100 * r['gate']:.1f}% | {100 * r['up']:.1f}% | "
               f"{100 * r['down']:.1f}% |" for name, r in rows]

@@ -183,8 +183,8 @@ class SparseGatedMLP(nn.Module):
         if kernels.sparse_gated_i8(x2.data_ptr(), b["gate_q"].data_ptr(), b["gate_s"].data_ptr(), _ptr(gate.bias),
                                    b["up_q"].data_ptr(), b["up_s"].data_ptr(), _ptr(up.bias), b["down_q"].data_ptr(),
                                    b["down_s"].data_ptr(), _ptr(down.bias), g.data_ptr(), y.data_ptr(), len(x2),
-                                   x2.shape[1], gate.out_features, down.out_features, int(not self.sparse), torch.get_num_threads(),
-                                   _native.GRAIN) < 0:
+                                   x2.shape[1], gate.out_features, down.out_features, int(not self.sparse),
+                                   torch.get_num_threads(), _native.GRAIN) < 0:
             raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
         return y.reshape(*x.shape[:-1], down.out_features)
 
