@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import itertools
 import json
-import random
 import warnings
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from lambda_gelu.hf.convert import HELD_OUT
+from lambda_gelu.hf import corpus, load, model_directory
 from lambda_gelu.hf.evaluate import evaluate, scores
-from lambda_gelu.hf.load import load, model_directory, quiet_transformers
-from lambda_gelu.hf.text import length_grouped, padding_tokenizer, stdlib_sentences
+from lambda_gelu.hf.load import quiet_transformers
 from lambda_gelu.reluize import reluize
 
 
@@ -77,16 +74,9 @@ def main() -> None:
         raise SystemExit(f"{args.swap}: not the plain swap (no refit, length batches); "
                          "run experiments/smollm2_recipes.sh")
     loaded = load(model_directory("smollm2-135m-instruct"), "smollm2-135m-instruct")
-    model, pad = loaded.model, padding_tokenizer(loaded.tokenizer)
-
-    def encode(sentences):
-        return dict(pad(sentences, padding=True, truncation=True, max_length=max_tokens, return_tensors="pt"))
-    train, held = stdlib_sentences()  # as lambda-gelu reluize builds its batches (no --text)
-    random.Random(seed).shuffle(train)
-    held = held[:HELD_OUT]
-    held_batches = [encode(held[i:i + 64]) for i in range(0, len(held), 64)]
-    lengths = [len(ids) for ids in pad(train, truncation=True, max_length=max_tokens)["input_ids"]]
-    batches = (encode([train[j] for j in b]) for b in itertools.islice(length_grouped(lengths, size, seed), steps))
+    model = loaded.model
+    text = corpus(loaded.tokenizer, seed=seed, batch_size=size, max_tokens=max_tokens)  # the CLI's, with no --text
+    held_batches, batches = text.held_batches(), text.batches(steps)
 
     original = copy.deepcopy(model)
     reference = evaluate(original, held_batches, True)
@@ -108,7 +98,7 @@ def main() -> None:
              f"Both distilled from the frozen original for {steps} steps (seed {seed}, batches of {size} "
              f"length-grouped training sentences, lr {s['lr']:g} falling linearly to 0, no refit) — the swap by "
              f"`lambda-gelu reluize --refit 0` (`{args.swap}`), dReLU by this script on the same batches. Measured "
-             f"on the CLI's {len(held)} held-out sentences; zeros on real tokens, averaged over the layers. *down "
+             f"on the CLI's {len(text.held)} held-out sentences; zeros on real tokens, averaged over the layers. *down "
              "reads zero*: the share of `down`'s inputs that are exactly zero, the columns of `down` a sparse kernel "
              "skips.", "",
              "| FFN | perplexity ÷ original | gate zeros | up zeros | down reads zero |", "|---|---|---|---|---|"]

@@ -55,6 +55,25 @@ def test_length_batches_are_random_draws_of_every_sentence_with_little_padding()
     assert padding(passes[0]) < 1.2 < 1.8 < padding(in_order)
 
 
+def test_the_corpus_trains_on_the_users_lines_first_and_repeats_its_batches(tiny_bert):
+    """``corpus`` is the text the CLI trains and measures on: the user's lines first, then the standard library's
+    training sentences shuffled by the seed; held-out sentences never among them; the same batches on every call."""
+    import itertools
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    mine = ["A line of the user's own text.", "And another one, longer than the first of them."]
+    text = hf_text.corpus(tokenizer, seed=3, batch_size=8, max_tokens=16, extra=mine)
+    assert text.train[:2] == mine and len(text.held) == hf_text.HELD_OUT and not set(text.held) & set(text.train)
+    assert text.train[2:] != hf_text.corpus(tokenizer, seed=4, batch_size=8, max_tokens=16).train
+    order = list(itertools.islice(text.order(), 3))
+    assert order == list(itertools.islice(text.order(), 3)) and all(len(b) == 8 for b in order)
+    batch = next(text.batches(1))
+    assert torch.equal(batch["input_ids"], tokenizer([text.train[j] for j in order[0]], padding=True,
+                                                     truncation=True, max_length=16, return_tensors="pt")["input_ids"])
+    assert [len(b["input_ids"]) for b in text.held_batches()] == [64] * (hf_text.HELD_OUT // 64)
+    shuffled = hf_text.corpus(tokenizer, seed=3, batch_size=8, max_tokens=16, batching="shuffled")
+    assert next(shuffled.order()) == list(range(8))
+
+
 def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, tmp_path, capsys):
     out = tmp_path / "relu"
     assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8", "--quiet",
@@ -129,7 +148,7 @@ def _held_out(source):
     from lambda_gelu.hf import stdlib_sentences
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-    held = stdlib_sentences()[1][:hf_convert.HELD_OUT]
+    held = stdlib_sentences()[1][:hf_text.HELD_OUT]
     return [dict(tokenizer(held[i:i + 64], padding=True, truncation=True, max_length=MAX_TOKENS,
                            return_tensors="pt")) for i in range(0, len(held), 64)]
 

@@ -17,8 +17,9 @@ from .deploy import DeployConfig, deploy_checkpoint
 from .errors import CheckpointError
 from .load import OFFLINE_MODELS, load, model_directory, sentence_transformers_files
 from .save import prepare_out, write_atomically
-from .text import in_order, length_grouped, read_texts, stdlib_sentences
+from .text import corpus, in_order, length_grouped, read_texts, stdlib_sentences
 
 __all__ = ["ConversionConfig", "reluize_checkpoint", "DeployConfig", "deploy_checkpoint", "LeanDecoder",
            "CheckpointError", "BATCHINGS", "OFFLINE_MODELS", "load", "model_directory", "sentence_transformers_files",
-           "prepare_out", "write_atomically", "stdlib_sentences", "read_texts", "length_grouped", "in_order"]
+           "prepare_out", "write_atomically", "stdlib_sentences", "read_texts", "corpus", "length_grouped",
+           "in_order"]

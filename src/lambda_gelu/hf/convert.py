@@ -14,7 +14,6 @@ import importlib.util
 import itertools
 import json
 import os
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,12 +26,12 @@ from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
 from .load import load, model_directory, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
-from .text import in_order, length_grouped, padding_tokenizer, read_texts, stdlib_sentences
+from .text import corpus, read_texts
 
 __all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS"]
 
 BATCHINGS = ("length", "shuffled")
-HELD_OUT, CHECKPOINTS = 256, 8
+CHECKPOINTS = 8
 # the refit of a batch, in the steps --minutes counts (MiniLM): 1.85 s against 1.5 s on shuffled batches; on length
 # batches, shorter, the refit's fixed work weighs more: 0.68-0.80 s against 0.46 s
 REFIT_STEP_COST = {"length": 1.75, "shuffled": 1.2}
@@ -142,22 +141,9 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     if causal and config.steps is None and config.minutes is None:
         minutes = config.DEFAULT_MINUTES_CAUSAL
 
-    train, held = stdlib_sentences()
-    random.Random(seed).shuffle(train)
-    train, held = extra + train, held[:HELD_OUT]
-    pad = padding_tokenizer(tokenizer)
-
-    def encode(sentences):
-        return dict(pad(sentences, padding=True, truncation=True, max_length=config.max_tokens, return_tensors="pt"))
-
-    lengths = [len(ids) for ids in pad(train, truncation=True, max_length=config.max_tokens)["input_ids"]]
-
-    def stream():  # a fresh copy of the batches' order: the same for timing and for the steps
-        if config.batching == "length":
-            return length_grouped(lengths, batch_size, seed)
-        return in_order(len(train), batch_size)
-
-    held_batches = [encode(held[i:i + 64]) for i in range(0, len(held), 64)]
+    text = corpus(tokenizer, seed=seed, batch_size=batch_size, max_tokens=config.max_tokens,
+                  batching=config.batching, extra=extra)
+    train, lengths, held_batches = text.train, text.lengths, text.held_batches()
     original = copy.deepcopy(model)
     reference = evaluate(original, held_batches, causal)
     direct = copy.deepcopy(model)
@@ -168,10 +154,10 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     torch.manual_seed(seed)
     steps, refit_batches, refit_note = config.steps, -(-refit // batch_size), None
     if steps is None:  # timed on a batch of the mean padded length of a pass: time varies with it, by batch
-        epoch = list(itertools.islice(stream(), -(-len(train) // batch_size)))
+        epoch = list(itertools.islice(text.order(), -(-len(train) // batch_size)))
         padded = [max(lengths[j] for j in b) for b in epoch]
         mean = sum(padded) / len(padded)
-        typical = encode([train[j] for j in epoch[min(range(len(epoch)), key=lambda i: abs(padded[i] - mean))]])
+        typical = text.encode([train[j] for j in epoch[min(range(len(epoch)), key=lambda i: abs(padded[i] - mean))]])
         if refit_batches:  # the refit gets at most REFIT_SHARE of the budget, whatever the model's size
             fixed, one = _refit_seconds(model, typical)
             fits = int((REFIT_SHARE * minutes * 60 - fixed) / one)
@@ -188,7 +174,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         if steps < 1:
             raise CheckpointError(f"--minutes {minutes:g} leaves no time for a step after the refit of {refit} "
                                   "sentences: give more minutes or a smaller --refit")
-    batches = (encode([train[j] for j in b]) for b in itertools.islice(stream(), steps))
+    batches = text.batches(steps)
     curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
     marks = {max(1, round(steps * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS + 1)} | ({0} if refit else set())
     clock = {"last": 0.0, "longest": 0.0}  # conversion seconds at the last step, and the longest step so far
@@ -222,7 +208,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "budget_minutes": minutes, "refit_sentences": refit, "refit": result.refit, "batch_size": batch_size,
               "batching": config.batching, "lr_schedule": config.reluize.lr_schedule, "loss": result.loss,
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
-              "held_out_sentences": len(held), "seconds": seconds, "replaced": result.replaced,
+              "held_out_sentences": len(text.held), "seconds": seconds, "replaced": result.replaced,
               "direct_swap": swap_scores, "reluized": final, "curve": curve,
               "settings": dataclasses.asdict(settings), "refit_note": refit_note,
               "zeros": zeros}

@@ -8,13 +8,16 @@ import itertools
 import random
 import re
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["stdlib_sentences", "read_texts", "length_grouped", "in_order", "padding_tokenizer", "GROUP"]
+__all__ = ["stdlib_sentences", "read_texts", "length_grouped", "in_order", "padding_tokenizer", "Corpus", "corpus",
+           "GROUP", "HELD_OUT"]
 
 GROUP = 50  # batches' worth of sentences sorted together by length (the "length" batching)
+HELD_OUT, HELD_BATCH = 256, 64  # the held-out sentences a conversion is measured on, and how many a batch
 
 
 def stdlib_sentences(held_out: float = 0.1) -> tuple[list[str], list[str]]:
@@ -104,3 +107,47 @@ def padding_tokenizer(tokenizer):
     pad = copy.copy(tokenizer)
     pad.pad_token = pad.eos_token
     return pad
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A conversion's text and its batches: ``train`` (the user's lines, then the standard library's training
+    sentences shuffled by ``seed``), ``held`` (the first :data:`HELD_OUT` held-out sentences), each sentence's
+    length in tokens, and how both become padded batches of at most ``max_tokens`` tokens."""
+    train: list[str]
+    held: list[str]
+    lengths: list[int]
+    tokenizer: object  # one that pads (:func:`padding_tokenizer`)
+    max_tokens: int
+    batch_size: int
+    batching: str  # "length" (:func:`length_grouped`) or "shuffled" (:func:`in_order`)
+    seed: int
+
+    def encode(self, sentences: list[str]) -> dict:
+        return dict(self.tokenizer(sentences, padding=True, truncation=True, max_length=self.max_tokens,
+                                   return_tensors="pt"))
+
+    def order(self):
+        """A fresh copy of the training batches' order, as lists of sentence indices: the same on every call."""
+        if self.batching == "length":
+            return length_grouped(self.lengths, self.batch_size, self.seed)
+        return in_order(len(self.train), self.batch_size)
+
+    def batches(self, steps: int):
+        """The first ``steps`` training batches, encoded as they are drawn."""
+        return (self.encode([self.train[j] for j in b]) for b in itertools.islice(self.order(), steps))
+
+    def held_batches(self) -> list[dict]:
+        return [self.encode(self.held[i:i + HELD_BATCH]) for i in range(0, len(self.held), HELD_BATCH)]
+
+
+def corpus(tokenizer, *, seed: int, batch_size: int, max_tokens: int, batching: str = "length",
+           extra: list[str] = ()) -> Corpus:
+    """The text ``lambda-gelu reluize`` trains and measures on, for ``tokenizer``, with the user's lines ``extra``
+    (:func:`read_texts`) first: a script that needs the CLI's batches calls this with the settings of its report."""
+    train, held = stdlib_sentences()
+    random.Random(seed).shuffle(train)
+    train = list(extra) + train
+    pad = padding_tokenizer(tokenizer)
+    lengths = [len(ids) for ids in pad(train, truncation=True, max_length=max_tokens)["input_ids"]]
+    return Corpus(train, held[:HELD_OUT], lengths, pad, max_tokens, batch_size, batching, seed)
