@@ -98,7 +98,9 @@ def _ray_workers(sweep_pid):
 
 
 EXECUTION = {"processes": (["--workers", "2"], _pool_workers), "ray": (["--executor", "ray", "--workers", "2"], _ray_workers)}
-KILLED_SWEEP = ["run", "breast-cancer-mlp", "--seeds", "4", "--epochs", "15", "--arms", "gelu", "lambda-harden",
+# runs of near a second each: a retried run must outlive the gaps between the killer's looks at /proc, which grow
+# on a loaded machine (at 15 epochs, 0.2 s a run, a retry under load finished unseen and nothing was lost)
+KILLED_SWEEP = ["run", "breast-cancer-mlp", "--seeds", "4", "--epochs", "100", "--arms", "gelu", "lambda-harden",
                 "--quiet", "--no-report"]
 
 
