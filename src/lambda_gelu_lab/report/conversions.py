@@ -244,6 +244,7 @@ def _plot(by_schedule, metrics, img_dir: Path) -> Path | None:
         return None
     img_dir.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.6), squeeze=False)
+    legend = {}  # one for the figure, below the axes: a legend in each would cover the curves of many schedules
     for ax, (key, label, _) in zip(axes[0], metrics):
         for schedule, rs in by_schedule.items():
             pts = _points(rs, key)
@@ -255,5 +256,7 @@ def _plot(by_schedule, metrics, img_dir: Path) -> Path | None:
             ax.axhline(GOAL[key], color="k", ls="--", lw=1, label="goal")
         ax.set_xlabel("minutes of conversion")
         ax.set_ylabel(label)
-        ax.legend(fontsize=8)
+        legend.update({name: handle for handle, name in zip(*ax.get_legend_handles_labels()) if name not in legend})
+    fig.legend(list(legend.values()), list(legend), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(len(legend), 2), frameon=False)
     return _save(plt, fig, img_dir, "curve.png")
