@@ -26,39 +26,17 @@ import torch
 import torch.nn as nn
 
 from lambda_gelu.hf import corpus, load, model_directory
-from lambda_gelu.hf.evaluate import evaluate, scores
+from lambda_gelu.hf.evaluate import evaluate, exact_zeros, scores
 from lambda_gelu.hf.load import quiet_transformers
 from lambda_gelu.reluize import reluize
 
 
-@torch.no_grad()
 def zeros(model, batches) -> dict[str, float]:
     """Exact zeros on real tokens, averaged over the layers: the gate's output, up's (after its ReLU, if any) and
     down's input."""
-    counts = {k: [0, 0] for k in ("gate", "up", "down")}
-    mask = {}
-
-    def count(key):
-        def hook(mod, args, out=None):
-            x = args[0] if out is None else out
-            m = mask["now"]
-            x = x[m.bool()] if m.shape == x.shape[:-1] else x
-            counts[key][0] += int((x == 0).sum())
-            counts[key][1] += x.numel()
-        return hook
-    handles = []
-    for layer in model.model.layers:
-        mlp = layer.mlp
-        handles += [mlp.act_fn.register_forward_hook(count("gate")), mlp.up_proj.register_forward_hook(count("up")),
-                    mlp.down_proj.register_forward_pre_hook(count("down"))]
-    try:
-        for b in batches:
-            mask["now"] = b["attention_mask"]
-            model(**b)
-    finally:
-        for h in handles:
-            h.remove()
-    return {k: z / n for k, (z, n) in counts.items()}
+    return exact_zeros(model, batches, [site for layer in model.model.layers for site in (
+        ("gate", layer.mlp.act_fn, "output"), ("up", layer.mlp.up_proj, "output"),
+        ("down", layer.mlp.down_proj, "input"))])
 
 
 def main() -> None:
