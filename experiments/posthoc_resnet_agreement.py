@@ -45,7 +45,7 @@ def distill_unconverted(gelu: torch.nn.Module, recipe: Recipe, x: torch.Tensor, 
     """A copy of ``gelu`` trained, still GELU, for ``steps`` of ``recipe``'s distillation (its rate, the KL of the
     outputs, eval mode) on the batches every recipe takes its steps from."""
     model, stream = copy.deepcopy(gelu), batches(x, cfg.batch_size, cfg.seed)  # reluize's steps start there too
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.config.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.config.learning_rate, weight_decay=0.0)
     model.eval()
     for _ in range(steps):
         xb = next(stream)

@@ -139,7 +139,7 @@ def convert(gelu: torch.nn.Module, recipe: Recipe, x: torch.Tensor, y: torch.Ten
     activations = len(refit_consumers(model, x[:cfg.batch_size])) if config.refit else 0
     forwards = config.recalibrate + recipe.again + config.refit * activations
     steps = steps_within(budget, total, forwards)
-    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.0)  # reluize's own default
+    opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.0)  # reluize's own default
     if recipe.labels:  # the same batches as every other recipe, each with its labels
         model, stream = TakesLabels(model), batches(x, cfg.batch_size, cfg.seed, y)
         loss = lambda s, t, batch: recipe.loss(s, t) + recipe.labels * F.cross_entropy(s, batch[1])  # noqa: E731

@@ -3,6 +3,7 @@ zeros asked for is reached; the function is unchanged when the biases are added,
 in plain transformers (mlp_bias), the sparse block reads them, and a family that could not save them is refused
 before anything changes."""
 import copy
+import importlib
 
 import pytest
 import torch
@@ -92,3 +93,20 @@ def test_a_family_that_cannot_save_the_biases_is_refused_before_anything_changes
 def test_a_bad_share_is_one_line(settings, message):
     with pytest.raises(ValueError, match=message):
         ReluizeConfig(**settings)
+
+
+def test_the_threshold_trains_at_its_own_default_learning_rate_unless_one_is_given(monkeypatch):
+    """Shifting the gates costs more than the swap, so the distillation repairs it at 10× the swap's default rate
+    (docs/smollm2_sparsity.md); an lr given is kept, and ``replace`` resolves the default afresh."""
+    assert ReluizeConfig().learning_rate == 5e-5
+    assert ReluizeConfig(gate_zeros=0.8).learning_rate == 5e-4
+    assert ReluizeConfig(gate_zeros=0.8, lr=1e-4).learning_rate == 1e-4
+    assert ReluizeConfig().replace(gate_zeros=0.8).learning_rate == 5e-4
+    api = importlib.import_module("lambda_gelu.reluize.api")  # lambda_gelu.reluize is also the function
+    rates, adamw = [], api.adamw
+    monkeypatch.setattr(api, "adamw", lambda model, lr, weight_decay: rates.append(lr) or adamw(model, lr, 0.0))
+    for settings in (dict(gate_zeros=0.8), dict(gate_zeros=0.8, lr=1e-4), {}):
+        lg.reluize(_model(), _batches(1), steps=1, **settings)
+    assert rates == [5e-4, 1e-4, 5e-5]
+    with pytest.raises(ValueError, match=r"^lr is a finite number ≥ 0, got -1"):
+        ReluizeConfig(lr=-1)

@@ -356,7 +356,8 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     assert report["refit"] == ["encoder.layer.0.output.dense", "encoder.layer.1.output.dense"]
     assert [c["step"] for c in report["curve"]][:2] == [0, 1]  # the refit alone, measured before the first step
     assert ("after a least-squares refit of 2 layers over 16 sentences (step 0): 4 steps of 8 sentences (≤ 64 tokens, "
-            "grouped by length), the learning rate falling linearly to 0 in") in (refit / "reluize_report.md").read_text()
+            "grouped by length), the learning rate 5e-05 falling linearly to 0 in") in \
+        (refit / "reluize_report.md").read_text()
     blockwise = tmp_path / "blockwise-0"  # blockwise with end-to-end repair steps: a recipe of its own
     assert main(["reluize", str(tiny_bert), "--out", str(blockwise), "--steps", "4", "--batch-size", "8",
                  "--schedule", "blockwise", "--repair", "0.5", "--quiet"]) == 0
@@ -437,3 +438,11 @@ def test_a_recipe_names_the_settings_it_changed_and_only_those():
     changed = defaults | {"gate_zeros": 0.87, "anneal": 0.25, "lr": 1.5e-4}
     assert _schedule(base | {"settings": changed}) == \
         "swap, lr 0.00015, gate zeros 0.87, anneal 0.25, length batches, linear lr decay"
+    # with the threshold the default lr is 5e-4: a run at 5e-4 names none, one at the swap's 5e-5 names it
+    assert _schedule(base | {"settings": changed | {"lr": 5e-4}}).startswith("swap, gate zeros 0.87,")
+    assert _schedule(base | {"settings": changed | {"lr": 5e-5}}).startswith("swap, lr 5e-05, gate zeros 0.87,")
+    # a report over several time budgets names each run's (and none where it ran a number of steps)
+    assert _schedule(base | {"settings": {}, "budget_minutes": 120}, budget=True) == \
+        "swap, 120-minute budget, length batches, linear lr decay"
+    assert _schedule(base | {"settings": {}, "budget_minutes": None}, budget=True) == \
+        _schedule(base | {"settings": {}, "budget_minutes": 120}) == "swap, length batches, linear lr decay"

@@ -194,7 +194,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                 measuring[0] += time.perf_counter() - t
         return False
 
-    settings = config.reluize.replace(refit=refit_batches)
+    settings = config.reluize.replace(refit=refit_batches, lr=config.reluize.learning_rate)  # the lr it ran at
     result = reluize(model, batches, steps, settings, teacher=original, progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
     model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was

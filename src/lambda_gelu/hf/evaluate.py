@@ -121,7 +121,9 @@ def markdown(r: dict) -> str:
                 "(step 0)" if r.get("refit") else "")
              + f": {r['steps']} steps of {r['batch_size']} sentences "
              f"(≤ {r['max_tokens']} tokens{', grouped by length' if r.get('batching') == 'length' else ''})"
-             + (", the learning rate falling linearly to 0" if r.get("lr_schedule") == "linear" else "")
+             + (f", the learning rate {settings['lr']:g}" if settings.get("lr") is not None else
+                ", the learning rate" if r.get("lr_schedule") == "linear" else "")
+             + (" falling linearly to 0" if r.get("lr_schedule") == "linear" else "")
              + (f", an L1 penalty on the activations rising to {settings['sparsity']:g}" if settings.get("sparsity")
                 else "")
              + (f", the gates' threshold lowered towards {settings['gate_zeros']:.0%} exact zeros"

@@ -63,8 +63,10 @@ class ReluizeTrainer(Trainer):
     distils from ``teacher`` (default: a frozen copy of the model taken when training starts), with the sparsity
     penalty if ``reluize.sparsity``. The loss is the distillation loss (labels in the batches are not used); the
     model trains in eval mode, as :func:`~lambda_gelu.reluize.reluize` does (no dropout). The Trainer's own
-    ``learning_rate``, schedule and optimizer apply (``reluize.lr`` and ``lr_schedule`` do not); ``loss`` is a
-    loss's name or a ``loss(student_output, teacher_output, batch)`` callable, as for ``reluize``. When training
+    ``learning_rate``, schedule and optimizer apply (``reluize.lr`` and ``lr_schedule`` do not; with
+    ``reluize.gate_zeros`` the shift wants a higher rate: ``reluize.learning_rate`` is the one ``reluize`` would
+    use); ``loss`` is a loss's name or a ``loss(student_output, teacher_output, batch)`` callable, as for
+    ``reluize``. When training
     ends, every gate is an exact ``nn.ReLU``; a run resumed from a checkpoint (with ``teacher=`` the original)
     goes on at its step's λ.
 

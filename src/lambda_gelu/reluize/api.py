@@ -94,8 +94,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConf
                   if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)})
     if low and optimizer is None:  # AdamW's step is ~lr per weight, below their resolution near 1
         warnings.warn(f"reluize trains the model's {' and '.join(low)} weights as they are, where AdamW's steps of "
-                      f"lr={config.lr:g} mostly round away; convert a float32 copy (model.float()) and cast it back "
-                      "after, or give an optimizer that keeps float32 weights", stacklevel=2)
+                      f"lr={config.learning_rate:g} mostly round away; convert a float32 copy (model.float()) and cast "
+                      "it back after, or give an optimizer that keeps float32 weights", stacklevel=2)
     unsaveable = relu_config_problem(model)
     if unsaveable:  # the conversion is right in memory; say now, not after the steps, what a checkpoint would lose
         warnings.warn(f"{unsaveable}: the converted model will be exact ReLU, but save_pretrained would write a "
@@ -125,11 +125,11 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
              progress, callback) -> ReluizeResult:
     if config.schedule == "blockwise":
         blocks_steps = steps - round(config.repair * steps)
-        result = blockwise(model, teacher, stream, blocks_steps, first, config.lr, config.weight_decay,
+        result = blockwise(model, teacher, stream, blocks_steps, first, config.learning_rate, config.weight_decay,
                            config.lr_schedule, progress, callback)
         if blocks_steps < steps and not result.stopped:
             repair = Reluizer.converted(model, teacher, steps - blocks_steps, config, loss, [], sparsity=False)
-            distill(repair, stream, range(blocks_steps, steps), optimizer or adamw(model, config.lr,
+            distill(repair, stream, range(blocks_steps, steps), optimizer or adamw(model, config.learning_rate,
                     config.weight_decay), config.lr_schedule, result, progress, callback)
         return result
     t0 = time.perf_counter()
@@ -150,7 +150,7 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
         result.stopped = callback is not None and bool(callback(result.log[-1]))
     if not result.stopped:  # the callback may end it at step 0, after the refit or the re-estimation
         reluizer = Reluizer.converted(model, teacher, steps, config, loss, replaced)
-        distill(reluizer, stream, range(steps), optimizer or adamw(model, config.lr, config.weight_decay),
+        distill(reluizer, stream, range(steps), optimizer or adamw(model, config.learning_rate, config.weight_decay),
                 config.lr_schedule, result, progress, callback,
                 recalibrate=recalibrate if config.schedule == "anneal" else 0)
     return result

@@ -15,11 +15,15 @@ from ..config import DEFAULTS
 from ..functional import lambda_target
 from .losses import LOSSES
 
-__all__ = ["ReluizeConfig", "SCHEDULES", "LR_SCHEDULES", "RIDGE", "RECALIBRATE", "configured"]
+__all__ = ["ReluizeConfig", "SCHEDULES", "LR_SCHEDULES", "LR", "GATE_ZEROS_LR", "RIDGE", "RECALIBRATE", "configured"]
 
 SCHEDULES = ("anneal", "swap", "blockwise")
 LR_SCHEDULES = ("constant", "linear")
 LOSS_NAMES = ("auto", *LOSSES)
+LR = 5e-5  # AdamW's learning rate for the distillation (MiniLM, SmolLM2: docs/findings.md)
+# ... when gate_zeros shifts the gates: the distillation must repair more, faster (SmolLM2 at 0.87 zeros, 347 steps:
+# perplexity ×1.87 at 5e-5, ×1.44 at 1.5e-4, ×1.26 at 3e-4, ×1.17 at 5e-4 over two seeds; docs/smollm2_sparsity.md)
+GATE_ZEROS_LR = 5e-4
 RIDGE = 1e-3       # the refit's ridge factor, relative to the mean diagonal of its Gram matrix
 RECALIBRATE = 50   # batches re-estimating BatchNorm when the model has it and ``recalibrate`` is left at None
 
@@ -47,7 +51,8 @@ class ReluizeConfig:
     loss: str = field(default="auto", metadata=_help(
         "what the network is trained to keep: auto picks by the output's type (logits: KL; sentence embeddings, "
         "pooled hidden states: cosine; a tensor: relative error) and the result says which", choices=LOSS_NAMES))
-    lr: float = field(default=5e-5, metadata=_help("AdamW's learning rate (the default optimizer's)"))
+    lr: float | None = field(default=None, metadata=_help(
+        f"AdamW's learning rate, the default optimizer's (default {LR:g}, or {GATE_ZEROS_LR:g} with gate_zeros)"))
     weight_decay: float = field(default=0.0, metadata=_help("AdamW's weight decay"))
     lr_schedule: str = field(default="linear", metadata=_help(
         "linear: the learning rate falls linearly to 0 over the steps; constant: it stays at lr",
@@ -91,7 +96,7 @@ class ReluizeConfig:
         need(number("repair", 0.0, 1.0),
              f"repair is the fraction of steps spent end to end after the blocks, in [0, 1); got {self.repair!r}")
         lambda_target(self.epsilon)  # "epsilon must be in (0, 0.7979) ..."
-        need(number("lr"), f"lr is a finite number ≥ 0, got {self.lr!r}")
+        need(self.lr is None or number("lr"), f"lr is a finite number ≥ 0, got {self.lr!r}")
         need(number("weight_decay"), f"weight_decay is a finite number ≥ 0, got {self.weight_decay!r}")
         need(number("sparsity"),
              f"sparsity is the activation penalty's final factor, a finite number ≥ 0; got {self.sparsity!r}")
@@ -113,6 +118,11 @@ class ReluizeConfig:
         need(schedule != "blockwise" or not given, f"{', '.join(given)}: not used by schedule='blockwise', which "
              "reconstructs each block's output (relative squared error) with an AdamW of its own per block"
              f"{'' if given != ['loss'] else ' (give repair > 0 for end-to-end steps that use it)'}; leave them out")
+
+    @property
+    def learning_rate(self) -> float:
+        """``lr``, or its default: :data:`GATE_ZEROS_LR` with ``gate_zeros``, :data:`LR` otherwise."""
+        return self.lr if self.lr is not None else GATE_ZEROS_LR if self.gate_zeros else LR
 
     @property
     def lambda_target(self) -> float:

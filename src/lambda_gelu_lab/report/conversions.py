@@ -12,6 +12,7 @@ measured step), and a plot of it.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -41,8 +42,7 @@ _MODIFIERS = ((", length batches", lambda r: r.get("batching") == "length",
 
 # settings a recipe names when they are not the default (", lr 0.0003", ", sparsity 0.1", ", gate zeros 0.85";
 # ", anneal 0.25": the fraction of the steps the anneal, the penalty's rise or the threshold's ramp takes)
-_SETTINGS_NAMED = tuple((key, getattr(ReluizeConfig(), key))
-                        for key in ("lr", "sparsity", "gate_zeros", "anneal", "weight_decay"))
+_SETTINGS_NAMED = ("lr", "sparsity", "gate_zeros", "anneal", "weight_decay")
 
 
 def load_conversions(dirs: list[str | os.PathLike]) -> list[dict]:
@@ -68,8 +68,10 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     reports = load_conversions(dirs)
     img_dir = output.parent / (output.stem + "_img")
     by_schedule = defaultdict(list)
-    for r in sorted(reports, key=lambda r: (_schedule(r), r.get("seed", 0))):
-        by_schedule[_schedule(r)].append(r)
+    timed = {r.get("budget_minutes") for r in reports} - {None}
+    recipe = functools.partial(_schedule, budget=len(timed) > 1)  # budgets named where the runs had several
+    for r in sorted(reports, key=lambda r: (recipe(r), r.get("seed", 0))):
+        by_schedule[recipe(r)].append(r)
     metrics = [m for m in METRICS if all(m[0] in r["reluized"] for r in reports)]
     first = reports[0]
     lines = [f"# {title or first['model'] + ' → exact ReLU'}: {len(reports)} conversions", "",
@@ -103,7 +105,7 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     figure = _plot(by_schedule, metrics, img_dir)
     if figure is not None:
         lines += [f"![curve]({os.path.relpath(figure, output.parent)})", ""]
-    lines += ["Conversions:", ""] + [f"- `{r['dir']}`: {_schedule(r)}, seed {r.get('seed', '?')}, {r['steps']} steps"
+    lines += ["Conversions:", ""] + [f"- `{r['dir']}`: {recipe(r)}, seed {r.get('seed', '?')}, {r['steps']} steps"
                                      + (f", refit over {r['refit_sentences']} sentences" if r.get("refit_note") else "")
                                      for s in by_schedule.values() for r in s] + [""]
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -129,15 +131,24 @@ def _span(values) -> str:
     return f"{lo}" if lo == hi else f"{lo}–{hi}"
 
 
-def _schedule(r: dict) -> str:
+def _schedule(r: dict, budget: bool = False) -> str:
     """The schedule as the report names it: blockwise with end-to-end repair steps, a swap after a
-    least-squares refit, or either with any of :data:`_MODIFIERS`, is its own recipe."""
+    least-squares refit, or either with any of :data:`_MODIFIERS`, is its own recipe; with ``budget``, so is
+    each time budget."""
     settings = r.get("settings") or {}
     return (r["schedule"] + (f" + repair {r['repair']:g}" if r.get("repair") else "")
             + (_refit(r) if r.get("refit_sentences") else "")
-            + "".join(f", {key.replace('_', ' ')} {settings[key]:g}" for key, default in _SETTINGS_NAMED
-                      if settings.get(key, default) != default)
+            + (f", {r['budget_minutes']:g}-minute budget" if budget and r.get("budget_minutes") else "")
+            + "".join(f", {key.replace('_', ' ')} {settings[key]:g}" for key in _SETTINGS_NAMED
+                      if settings.get(key) not in (None, _default(settings, key)))
             + "".join(suffix for suffix, has, _ in _MODIFIERS if has(r)))
+
+
+def _default(settings: dict, key: str):
+    """The value ``key`` takes in a conversion run with ``settings`` when it is not given (lr: by gate_zeros)."""
+    if key == "lr":
+        return ReluizeConfig(gate_zeros=settings.get("gate_zeros", 0.0)).learning_rate
+    return getattr(ReluizeConfig(), key)
 
 
 def _refit(r: dict) -> str:
