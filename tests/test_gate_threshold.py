@@ -104,7 +104,7 @@ def test_the_threshold_trains_at_its_own_default_learning_rate_unless_one_is_giv
     assert ReluizeConfig().replace(gate_zeros=0.8).learning_rate == 5e-4
     api = importlib.import_module("lambda_gelu.reluize.api")  # lambda_gelu.reluize is also the function
     rates, adamw = [], api.adamw
-    monkeypatch.setattr(api, "adamw", lambda model, lr, weight_decay: rates.append(lr) or adamw(model, lr, 0.0))
+    monkeypatch.setattr(api, "adamw", lambda model, lr, decay: rates.append(lr) or adamw(model, lr, decay))
     for settings in (dict(gate_zeros=0.8), dict(gate_zeros=0.8, lr=1e-4), {}):
         lg.reluize(_model(), _batches(1), steps=1, **settings)
     assert rates == [5e-4, 1e-4, 5e-5]
