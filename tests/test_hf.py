@@ -380,6 +380,13 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
              if k[:3] == ("anneal", "length", "linear")]
     assert "Each layer's exact zeros (%, mean over seeds):" in text
     assert f"| encoder.layer.1.intermediate.intermediate_act_fn | {100 * sum(zeros) / 2:.1f} | " in text
+    # each recipe's zeros over its layers, mean ± std over the seeds, in the table's last column, and their plot
+    by_layer = [100 * sum(r["zeros"].values()) / len(r["zeros"]) for k, r in reports.items()
+                if k[:3] == ("anneal", "length", "linear")]
+    spread = (sum((v - sum(by_layer) / 2) ** 2 for v in by_layer)) ** 0.5  # the sample std of two
+    row = next(line for line in text.splitlines() if line.startswith("| anneal, length batches, linear lr decay | 2 |"))
+    assert row.endswith(f" | {sum(by_layer) / 2:.1f} ± {spread:.1f}% |") and "| exact zeros |" in text
+    assert (tmp_path / "docs" / "summary_img" / "zeros.png").is_file()
     assert "*linear lr decay*: the learning rate falling linearly to 0 over the steps" in text
     linear = "length batches, linear lr decay"
     assert all(f"| {name} | 2 | 4 |" in text for name in (f"anneal, {linear}", f"swap, {linear}", "swap, length batches",
