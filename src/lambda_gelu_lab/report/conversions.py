@@ -262,16 +262,16 @@ def _plot_zeros(by_schedule, zeros, metrics, img_dir: Path) -> Path | None:
     if len(zeros) < 2:
         return None
     try:
-        from .plots import _pyplot, _save
+        from .plots import _pyplot, _save, _style
         plt = _pyplot()
     except ImportError:
         return None
     key, label, _ = next((m for m in metrics if m[0] == "perplexity_ratio"), metrics[0])
     img_dir.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for i, (schedule, values) in enumerate(zeros.items()):  # ten colours, then the next marker
+    for i, (schedule, values) in enumerate(zeros.items()):
         ax.scatter(values, [r["reluized"][key] for r in by_schedule[schedule]], label=schedule, s=28,
-                   color=plt.get_cmap("tab10")(i % 10), marker="os^D"[i // 10 % 4])
+                   **_style(plt, i))
     ax.set_xlabel("exact zeros (%, mean over the layers)")
     ax.set_ylabel(label)
     fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1,

@@ -17,6 +17,13 @@ def _pyplot():
     return plt
 
 
+def _style(plt, i: int) -> dict:
+    """The i-th series' colour and marker, so that a figure with more series than a colour cycle has colours still
+    tells them apart ((colour, marker) pairs repeat after 140 series)."""
+    colours, markers = plt.get_cmap("tab20").colors, "os^DvPX"
+    return dict(color=colours[i % len(colours)], marker=markers[i % len(markers)])
+
+
 def _save(plt, fig, img_dir: Path, name: str) -> Path:
     """Save ``fig`` in ``img_dir`` as ``name``, which is made of stored task names: anything but letters, digits,
     '.', '-' and '_' becomes '_', so that no stored name can lead the file out of the report's image folder."""
@@ -115,10 +122,9 @@ def plot_drift_scatter(task: str, points: list[tuple[str, float, float | None]],
         if y is not None:
             by[variant].append((x, 100 * y))
     fig, ax = plt.subplots(figsize=(5.5 + 2.5 * (len(by) > 6), 3.6))
-    colours, markers = plt.get_cmap("tab20").colors, "os^DvPX"
-    for i, (variant, xy) in enumerate(sorted(by.items())):  # (colour, marker) pairs repeat after 140 variants
+    for i, (variant, xy) in enumerate(sorted(by.items())):
         xs, ys = zip(*xy)
-        ax.scatter(xs, ys, s=16, color=colours[i % len(colours)], marker=markers[i % len(markers)], label=variant)
+        ax.scatter(xs, ys, s=16, label=variant, **_style(plt, i))
     ax.set_xlabel("hardness drift Δλ (λ learned − λ₀, mean over layers)")
     ax.set_ylabel("test accuracy after ReLU (%)")
     ax.set_title(f"{task}: does Δλ predict the ReLU network's accuracy?", fontsize=9)
