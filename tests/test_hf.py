@@ -376,13 +376,12 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
         diff = [cosine[(*a, s)] - cosine[(*b, s)] for s in (0, 1)]
         assert f"- cosine: {sum(diff) / 2:+.4f}" in text
     assert "*length batches*: each batch drawn from sentences of nearly one length" in text
-    zeros = [r["zeros"]["encoder.layer.1.intermediate.intermediate_act_fn"] for k, r in reports.items()
-             if k[:3] == ("anneal", "length", "linear")]
+    anneal = [r for k, r in reports.items() if k[:3] == ("anneal", "length", "linear")]
+    zeros = [r["zeros"]["encoder.layer.1.intermediate.intermediate_act_fn"] for r in anneal]
     assert "Each layer's exact zeros (%, mean over seeds):" in text
     assert f"| encoder.layer.1.intermediate.intermediate_act_fn | {100 * sum(zeros) / 2:.1f} | " in text
     # each recipe's zeros over its layers, mean ± std over the seeds, in the table's last column, and their plot
-    by_layer = [100 * sum(r["zeros"].values()) / len(r["zeros"]) for k, r in reports.items()
-                if k[:3] == ("anneal", "length", "linear")]
+    by_layer = [100 * sum(r["zeros"].values()) / len(r["zeros"]) for r in anneal]
     spread = (sum((v - sum(by_layer) / 2) ** 2 for v in by_layer)) ** 0.5  # the sample std of two
     row = next(line for line in text.splitlines() if line.startswith("| anneal, length batches, linear lr decay | 2 |"))
     assert row.endswith(f" | {sum(by_layer) / 2:.1f} ± {spread:.1f}% |") and "| exact zeros |" in text
