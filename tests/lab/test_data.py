@@ -132,6 +132,15 @@ def test_stdlib_sentences_are_prose_and_held_out_by_file():
     assert all(6 <= len(s.split()) <= 60 for s in train + held)
 
 
+def test_prose_sentences_keep_sentences_of_words_and_drop_code_and_fragments():
+    from lambda_gelu.hf.text import prose_sentences
+    text = ("Return the sum of the two numbers given.  Too short here. X = f(a[0], b[1]) + g(c, d) * h(e) / 2 and k.\n"
+            "It wraps\n  across lines of one paragraph!\n\nA new paragraph starts with these eight words here.")
+    assert prose_sentences(text) == ["Return the sum of the two numbers given.",
+                                     "It wraps across lines of one paragraph!",
+                                     "A new paragraph starts with these eight words here."]
+
+
 @pytest.mark.parametrize("load", [data.load_mnist1d, lambda: data.load_sklearn_tabular("wine"), data.load_fashion_mnist],
                          ids=["mnist1d", "wine", "fashion-mnist"])
 def test_data_does_not_depend_on_the_loading_process_thread_count(load):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["stdlib_sentences", "read_texts", "length_grouped", "in_order", "padding_tokenizer", "Corpus", "corpus",
-           "GROUP", "HELD_OUT"]
+__all__ = ["stdlib_sentences", "prose_sentences", "read_texts", "length_grouped", "in_order", "padding_tokenizer",
+           "Corpus", "corpus", "GROUP", "HELD_OUT"]
 
 GROUP = 50  # batches' worth of sentences sorted together by length (the "length" batching)
 HELD_OUT, HELD_BATCH = 256, 64  # the held-out sentences a conversion is measured on, and how many a batch
@@ -33,7 +33,6 @@ def stdlib_sentences(held_out: float = 0.1) -> tuple[list[str], list[str]]:
                    and "test" not in p.parts and "tests" not in p.parts)
     if not files:
         raise CheckpointError(f"no standard-library sources under {root}")
-    cut = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
     seen: set[str] = set()
     train, held = [], []
     for p in files:
@@ -46,15 +45,25 @@ def stdlib_sentences(held_out: float = 0.1) -> tuple[list[str], list[str]]:
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
-            doc = ast.get_docstring(node)
-            for para in (doc or "").split("\n\n"):
-                for s in cut.split(" ".join(para.split())):
-                    words = s.split()
-                    letters = sum(c.isalpha() or c == " " for c in s)
-                    if 6 <= len(words) <= 60 and letters >= 0.85 * len(s) and s not in seen:
-                        seen.add(s)
-                        out.append(s)
+            for s in prose_sentences(ast.get_docstring(node) or ""):
+                if s not in seen:
+                    seen.add(s)
+                    out.append(s)
     return train, held
+
+
+_CUT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a sentence ends where the next one starts with a capital
+
+
+def prose_sentences(text: str) -> list[str]:
+    """The sentences of ``text``'s paragraphs (split at blank lines, white space folded) that are prose: 6 to 60
+    words, at least 85% letters and spaces."""
+    out = []
+    for para in text.split("\n\n"):
+        for s in _CUT.split(" ".join(para.split())):
+            if 6 <= len(s.split()) <= 60 and sum(c.isalpha() or c == " " for c in s) >= 0.85 * len(s):
+                out.append(s)
+    return out
 
 
 def read_texts(files: list[str]) -> list[str]:
