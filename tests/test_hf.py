@@ -351,6 +351,12 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
                          "--schedule", schedule, "--refit", refit, "--batching", batching, "--lr-schedule", lr,
                          "--seed", str(seed), "--quiet"]) == 0
             dirs.append(str(out))
+    lr = {}  # the swap at another learning rate: a setting, paired against the swap at the default lr
+    for seed in (0, 1):
+        out = tmp_path / f"swap-lr-{seed}"
+        assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8", "--refit", "0",
+                     "--lr", "1e-4", "--seed", str(seed), "--quiet"]) == 0
+        lr[seed] = json.loads((out / "reluize_report.json").read_text())
     refit = tmp_path / "swap-16-length-linear-0"
     report = json.loads((refit / "reluize_report.json").read_text())
     assert report["refit"] == ["encoder.layer.0.output.dense", "encoder.layer.1.output.dense"]
@@ -363,7 +369,8 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
                  "--schedule", "blockwise", "--repair", "0.5", "--quiet"]) == 0
     assert "(the last 50% of the steps end to end)" in (blockwise / "reluize_report.md").read_text()
     output = tmp_path / "docs" / "summary.md"
-    assert main(["reluize-report", *dirs, str(blockwise), "--output", str(output)]) == 0
+    assert main(["reluize-report", *dirs, str(blockwise), *(str(tmp_path / f"swap-lr-{s}") for s in (0, 1)),
+                 "--output", str(output)]) == 0
     text = output.read_text()
     assert "| blockwise + repair 0.5, length batches, linear lr decay | 1 | 4 |" in text
     reports = {(r["schedule"], r["batching"], r["lr_schedule"], r["seed"]): r
@@ -388,6 +395,9 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     assert (tmp_path / "docs" / "summary_img" / "zeros.png").is_file()
     assert "*linear lr decay*: the learning rate falling linearly to 0 over the steps" in text
     linear = "length batches, linear lr decay"
+    assert f"Swap, lr 0.0001, {linear} − swap, {linear}, paired by seed at equal steps (2 pairs" in text
+    diff = [lr[s]["reluized"]["cosine"] - cosine[("swap", "length", "linear", s)] for s in (0, 1)]
+    assert f"- cosine: {sum(diff) / 2:+.4f}" in text
     assert all(f"| {name} | 2 | 4 |" in text for name in (f"anneal, {linear}", f"swap, {linear}", "swap, length batches",
                                                              "swap", f"swap + refit 16, {linear}"))
     for a, b in ((f"Anneal, {linear}", f"swap, {linear}"), (f"Swap + refit 16, {linear}", f"swap, {linear}"),

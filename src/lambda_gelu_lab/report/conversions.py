@@ -5,8 +5,9 @@
 Reads each directory's ``reluize_report.json``; per schedule the final metrics over seeds (mean ±
 sample std), the conversion goal judged seed by seed, each recipe against the plain abrupt swap (a
 recipe run with an option — length-grouped batches, a falling learning rate — against itself without the
-last of them, if that ran; another schedule against the swap after a refit, the CLI's default, where the
-plain swap did not run) paired by seed where both ran the same steps or the same time budget (95%
+last of them, if that ran; a recipe with a setting changed — its learning rate, a sparsity — against itself
+without one of them, if that ran; another schedule against the swap after a refit, the CLI's default,
+where the plain swap did not run) paired by seed where both ran the same steps or the same time budget (95%
 t-interval of the mean difference), the curve of each metric against minutes (mean over seeds at each
 measured step), and a plot of it; where the conversions count their exact zeros, each recipe's share, each
 layer's, and a plot of the zeros against what they cost.
@@ -46,6 +47,7 @@ ZEROS = ("*exact zeros*: the share of the ReLU activations exactly zero on the h
 # settings a recipe names when they are not the default (", lr 0.0003", ", sparsity 0.1", ", gate zeros 0.85";
 # ", anneal 0.25": the fraction of the steps the anneal, the penalty's rise or the threshold's ramp takes)
 _SETTINGS_NAMED = ("lr", "sparsity", "gate_zeros", "anneal", "weight_decay")
+_SETTING = re.compile(", (?:" + "|".join(key.replace("_", " ") for key in _SETTINGS_NAMED) + ") [^,]+")
 
 
 def load_conversions(dirs: list[str | os.PathLike]) -> list[dict]:
@@ -197,8 +199,9 @@ def _paired(by_schedule, metrics) -> list[str]:
         if not pairs or not (steps or (len(budget) == 1 and None not in budget)):
             continue
         basis = "at equal steps" if steps else f"at an equal budget of {budget.pop():g} minutes"
-        lines += [f"{name[0].upper()}{name[1:]} − {base}, paired by seed {basis} ({len(pairs)} pairs; mean difference "
-                  "and 95% t-interval):", ""]
+        count = f"{len(pairs)} pair{'s' * (len(pairs) > 1)}"
+        lines += [f"{name[0].upper()}{name[1:]} − {base}, paired by seed {basis} ({count}; mean difference and 95% "
+                  "t-interval):", ""]
         for key, label, fmt in metrics:
             c = paired([a["reluized"][key] for a, _ in pairs], [s["reluized"][key] for _, s in pairs])
             ci = "" if math.isnan(c.lo) else f" [{c.lo:+.4f}, {c.hi:+.4f}]"
@@ -213,11 +216,15 @@ def _paired(by_schedule, metrics) -> list[str]:
 
 def _baseline(name: str, names) -> str | None:
     """What a recipe is paired against: the same recipe without the last of its :data:`_MODIFIERS`, where that
-    ran; otherwise the plain swap with the same modifiers; for another schedule, where that did not run either,
-    the swap after a refit with them (the CLI's default)."""
+    ran; otherwise without one of its named settings (:data:`_SETTINGS_NAMED`; the last of those that ran);
+    otherwise the plain swap with the same modifiers; for another schedule, where that did not run either, the swap
+    after a refit with them (the CLI's default)."""
     suffixes = [suffix for suffix, _, _ in _MODIFIERS if suffix in name]
     if suffixes and name[:-len(suffixes[-1])] in names:
         return name[:-len(suffixes[-1])]
+    for setting in reversed(list(_SETTING.finditer(name))):
+        if (plain := name[:setting.start()] + name[setting.end():]) in names:
+            return plain
     tail = "".join(suffixes)
     base = "swap" + tail
     if base in names and base != name:
