@@ -1,0 +1,128 @@
+"""How far a conversion's perplexity holds outside the text it was trained on: SmolLM2-135M checkpoints converted by
+`lambda-gelu reluize` (which distils on standard-library docstrings and measures on docstrings of files it held out)
+against the original on three held-out sets — those docstrings, Python's reference documentation (the stdlib's
+pydoc_data: prose about Python, not docstrings) and English outside Python (Debian's common licences and
+scikit-learn's dataset descriptions, where the machine has them). Writes docs/smollm2_prose.md.
+
+    python experiments/smollm2_prose.py runs/smollm2/default-* runs/smollm2/lr5e-4-*   # ≈ 1 minute a checkpoint
+
+Each set: up to 256 prose sentences (the CLI's rule: 6 to 60 words, mostly letters), spread evenly over the set, none
+that the conversions trained on; batches of 64, at most the conversions' tokens a sentence. Checkpoints are grouped by
+their directory's name less its "-SEED" tail: mean ± sample std over the seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+
+from lambda_gelu.hf.evaluate import evaluate
+from lambda_gelu.hf.load import load, model_directory, quiet_transformers
+from lambda_gelu.hf.text import HELD_BATCH, HELD_OUT, padding_tokenizer, prose_sentences, stdlib_sentences
+
+LICENCES = Path("/usr/share/common-licenses")
+
+
+def _spread(sentences: list[str], n: int = HELD_OUT) -> list[str]:
+    """``n`` sentences taken evenly over ``sentences`` (all of them if fewer)."""
+    step = max(1, len(sentences) // n)
+    return sentences[::step][:n]
+
+
+def text_sets() -> dict[str, tuple[list[str], str]]:
+    """{set: (its sentences, where they come from)}; a set whose sources are absent is left out."""
+    from pydoc_data.topics import topics
+    train, held = stdlib_sentences()
+    trained = set(train)
+
+    def fresh(texts):
+        return _spread(list(dict.fromkeys(s for t in texts for s in prose_sentences(t) if s not in trained)))
+
+    sets = {"docstrings held out": (held[:HELD_OUT], "the standard library's docstrings in files held out of "
+                                    "training: the set `reluize` reports")}
+    sets["Python reference docs"] = (fresh(topics[k] for k in sorted(topics)),
+                                     "the language reference's topics in the stdlib's pydoc_data")
+    english, found = [], []
+    licences = [LICENCES / n for n in ("GPL-3", "Apache-2.0", "MPL-2.0", "GFDL-1.3") if (LICENCES / n).is_file()]
+    if licences:
+        english += [p.read_text(encoding="utf-8", errors="replace") for p in licences]
+        found.append("Debian's common licences (" + ", ".join(p.name for p in licences) + ")")
+    try:
+        import sklearn
+    except ImportError:
+        sklearn = None
+    descr = sorted((Path(sklearn.__file__).parent / "datasets" / "descr").glob("*.rst")) if sklearn else []
+    if descr:
+        english += [p.read_text(encoding="utf-8") for p in descr]
+        found.append(f"scikit-learn's {len(descr)} dataset descriptions")
+    if english:
+        sets["English outside Python"] = (fresh(english), " and ".join(found))
+    return sets
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoints", nargs="+", help="directories written by `lambda-gelu reluize` from SmolLM2")
+    parser.add_argument("--output", default="docs/smollm2_prose.md")
+    args = parser.parse_args()
+    quiet_transformers()
+    reports = {d: json.loads((Path(d) / "reluize_report.json").read_text(encoding="utf-8")) for d in args.checkpoints}
+    first = next(iter(reports.values()))
+    original = load(model_directory(first["model"]), first["model"])
+    pad = padding_tokenizer(original.tokenizer)
+    sets = text_sets()
+    batches = {name: [dict(pad(s[i:i + HELD_BATCH], padding=True, truncation=True, max_length=first["max_tokens"],
+                               return_tensors="pt")) for i in range(0, len(s), HELD_BATCH)]
+               for name, (s, _) in sets.items()}
+
+    def perplexities(model):
+        return {name: evaluate(model, b, True)["perplexity"] for name, b in batches.items()}
+
+    reference = perplexities(original.model)
+    del original
+    rows = {}
+    for d, report in reports.items():
+        model = load(Path(d), d).model
+        ratios = {name: p / reference[name] for name, p in perplexities(model).items()}
+        zeros = report.get("zeros") or {}
+        rows[d] = (ratios, 100 * statistics.fmean(zeros.values()) if zeros else None, report)
+        print(d, {k: round(v, 3) for k, v in ratios.items()}, flush=True)
+        del model
+    groups = defaultdict(list)
+    for d in rows:
+        groups[re.sub(r"-\d+$", "", Path(d).name)].append(d)
+
+    def spread(values, fmt="{:.3f}"):
+        return fmt.format(values[0]) if len(values) == 1 else \
+            f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.stdev(values))}"
+
+    names = list(sets)
+    lines = ["# SmolLM2-135M → exact ReLU: perplexity outside the training text", "",
+             "`python experiments/smollm2_prose.py " + " ".join(args.checkpoints) + "`", "",
+             "`lambda-gelu reluize` distils on the standard library's docstrings and reports perplexity on the "
+             "docstrings of files it held out: text never trained on, but of the training text's kind. Here each "
+             "checkpoint's perplexity ÷ the original's on that set and on two further held-out sets:", ""]
+    lines += [f"- *{name}*: {len(sets[name][0])} sentences, {sets[name][1]}; the original's perplexity "
+              f"{reference[name]:.1f}." for name in names]
+    lines += ["", "| checkpoints | seeds | lr | exact gate zeros | " + " | ".join(names) + " |",
+              "|---|---|---|---|" + "---|" * len(names)]
+    for group, ds in groups.items():
+        zeros = [rows[d][1] for d in ds if rows[d][1] is not None]
+        lrs = sorted({f"{rows[d][2]['settings']['lr']:g}" for d in ds})
+        lines.append(f"| {group} | {len(ds)} | {', '.join(lrs)} | "
+                     + (spread(zeros, "{:.1f}") + "%" if zeros else "—") + " | "
+                     + " | ".join("×" + spread([rows[d][0][n] for d in ds]) for n in names) + " |")
+    lines += ["", "Each checkpoint (its report's ratio beside the same held-out docstrings measured here):", "",
+              "| checkpoint | in its report | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    lines += [f"| `{d}` | ×{r['reluized']['perplexity_ratio']:.3f} | "
+              + " | ".join(f"×{ratios[n]:.3f}" for n in names) + " |" for d, (ratios, _, r) in rows.items()]
+    Path(args.output).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(args.output)
+
+
+if __name__ == "__main__":
+    main()
