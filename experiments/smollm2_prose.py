@@ -23,6 +23,7 @@ from pathlib import Path
 from lambda_gelu.hf.evaluate import evaluate
 from lambda_gelu.hf.load import load, model_directory, quiet_transformers
 from lambda_gelu.hf.text import HELD_BATCH, HELD_OUT, padding_tokenizer, prose_sentences, stdlib_sentences
+from lambda_gelu_lab.report.stats import mean_sd
 
 LICENCES = Path("/usr/share/common-licenses")
 
@@ -96,10 +97,6 @@ def main() -> None:
     for d in rows:
         groups[re.sub(r"-\d+$", "", Path(d).name)].append(d)
 
-    def spread(values, fmt="{:.3f}"):
-        return fmt.format(values[0]) if len(values) == 1 else \
-            f"{fmt.format(statistics.fmean(values))} ± {fmt.format(statistics.stdev(values))}"
-
     names = list(sets)
     lines = ["# SmolLM2-135M → exact ReLU: perplexity outside the training text", "",
              "`python experiments/smollm2_prose.py " + " ".join(args.checkpoints) + "`", "",
@@ -114,8 +111,8 @@ def main() -> None:
         zeros = [rows[d][1] for d in ds if rows[d][1] is not None]
         lrs = sorted({f"{rows[d][2]['settings']['lr']:g}" for d in ds})
         lines.append(f"| {group} | {len(ds)} | {', '.join(lrs)} | "
-                     + (spread(zeros, "{:.1f}") + "%" if zeros else "—") + " | "
-                     + " | ".join("×" + spread([rows[d][0][n] for d in ds]) for n in names) + " |")
+                     + (mean_sd(zeros, "{:.1f}") + "%" if zeros else "—") + " | "
+                     + " | ".join("×" + mean_sd([rows[d][0][n] for d in ds], "{:.3f}") for n in names) + " |")
     lines += ["", "Each checkpoint (its report's ratio beside the same held-out docstrings measured here):", "",
               "| checkpoint | in its report | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     lines += [f"| `{d}` | ×{r['reluized']['perplexity_ratio']:.3f} | "
