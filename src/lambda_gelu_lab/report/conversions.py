@@ -47,7 +47,8 @@ ZEROS = ("*exact zeros*: the share of the ReLU activations exactly zero on the h
 # settings a recipe names when they are not the default (", lr 0.0003", ", sparsity 0.1", ", gate zeros 0.85";
 # ", anneal 0.25": the fraction of the steps the anneal, the penalty's rise or the threshold's ramp takes)
 _SETTINGS_NAMED = ("lr", "sparsity", "gate_zeros", "anneal", "weight_decay")
-_SETTING = re.compile(", (?:" + "|".join(key.replace("_", " ") for key in _SETTINGS_NAMED) + ") [^,]+")
+_SETTING_LABELS = {key: key.replace("_", " ") for key in _SETTINGS_NAMED}
+_SETTING = re.compile(", (?:" + "|".join(_SETTING_LABELS.values()) + ") [^,]+")  # one of them in a recipe's name
 
 
 def load_conversions(dirs: list[str | os.PathLike]) -> list[dict]:
@@ -150,7 +151,7 @@ def _schedule(r: dict, budget: bool = False) -> str:
     return (r["schedule"] + (f" + repair {r['repair']:g}" if r.get("repair") else "")
             + (_refit(r) if r.get("refit_sentences") else "")
             + (f", {r['budget_minutes']:g}-minute budget" if budget and r.get("budget_minutes") else "")
-            + "".join(f", {key.replace('_', ' ')} {settings[key]:g}" for key in _SETTINGS_NAMED
+            + "".join(f", {_SETTING_LABELS[key]} {settings[key]:g}" for key in _SETTINGS_NAMED
                       if settings.get(key) not in (None, _default(settings, key)))
             + "".join(suffix for suffix, has, _ in _MODIFIERS if has(r)))
 
