@@ -22,30 +22,24 @@ from pathlib import Path
 
 from lambda_gelu.hf.evaluate import evaluate
 from lambda_gelu.hf.load import load, model_directory, quiet_transformers
-from lambda_gelu.hf.text import HELD_BATCH, HELD_OUT, padding_tokenizer, prose_sentences, stdlib_sentences
+from lambda_gelu.hf.text import (HELD_BATCH, HELD_OUT, evenly, padding_tokenizer, prose_sentences,
+                                  reference_sentences, stdlib_sentences)
 from lambda_gelu_lab.report.stats import mean_sd
 
 LICENCES = Path("/usr/share/common-licenses")
 
 
-def _spread(sentences: list[str], n: int = HELD_OUT) -> list[str]:
-    """``n`` sentences taken evenly over ``sentences`` (all of them if fewer)."""
-    step = max(1, len(sentences) // n)
-    return sentences[::step][:n]
-
-
 def text_sets() -> dict[str, tuple[list[str], str]]:
     """{set: (its sentences, where they come from)}; a set whose sources are absent is left out."""
-    from pydoc_data.topics import topics
     train, held = stdlib_sentences()
     trained = set(train)
 
     def fresh(texts):
-        return _spread(list(dict.fromkeys(s for t in texts for s in prose_sentences(t) if s not in trained)))
+        return evenly(list(dict.fromkeys(s for t in texts for s in prose_sentences(t) if s not in trained)), HELD_OUT)
 
     sets = {"docstrings held out": (held[:HELD_OUT], "the standard library's docstrings in files held out of "
                                     "training: the set `reluize` reports")}
-    sets["Python reference docs"] = (fresh(topics[k] for k in sorted(topics)),
+    sets["Python reference docs"] = (reference_sentences(trained),
                                      "the language reference's topics in the stdlib's pydoc_data")
     english, found = [], []
     licences = [LICENCES / n for n in ("GPL-3", "Apache-2.0", "MPL-2.0", "GFDL-1.3") if (LICENCES / n).is_file()]

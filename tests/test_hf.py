@@ -13,6 +13,7 @@ from lambda_gelu.hf import evaluate as hf_evaluate
 from lambda_gelu.hf import text as hf_text
 from lambda_gelu.hf.save import write_atomically
 from lambda_gelu_lab.cli import main
+from lambda_gelu_lab.report.stats import mean_sd
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -209,14 +210,19 @@ def test_a_classifier_keeps_its_head_and_the_report_counts_the_predictions_kept(
     assert "| cosine | top-10 overlap | predictions kept |" in (out / "reluize_report.md").read_text()
 
 
+def _gpt2(tiny_bert, path):
+    """A small GPT-2 (tanh GELU) with the real MiniLM tokenizer, saved at ``path``."""
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=30522,
+                                                         n_positions=128)).save_pretrained(path)
+    transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(path)
+    return path
+
+
 def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_kept(tiny_bert, tmp_path):
     """GPT-2 (tanh GELU, the activation_function field) through the CLI: the checkpoint loads as a ReLU causal
     LM; *predictions kept* counts real tokens only, recomputed here from the two checkpoints."""
-    source, out = tmp_path / "gpt2", tmp_path / "relu"
-    torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=30522,
-                                                         n_positions=128)).save_pretrained(source)
-    transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(source)
+    source, out = _gpt2(tiny_bert, tmp_path / "gpt2"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet"]) == 0
     original = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
@@ -235,6 +241,37 @@ def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_k
     assert report["curve"][-1]["agreement"] == report["reluized"]["agreement"]
     head = "| cosine | top-10 overlap | perplexity ÷ original | predictions kept |"
     assert head in (out / "reluize_report.md").read_text()
+
+
+def test_the_report_measures_text_of_other_kinds_and_the_users_held_out_lines(tiny_bert, tmp_path):
+    """Once the conversion ends, the checkpoint is measured against the original on Python's reference docs and on
+    the user's --eval-text, less its lines that are training text (counted in the report); each set's perplexity
+    ratio and exact zeros are recomputed here from the two checkpoints."""
+    source, out = _gpt2(tiny_bert, tmp_path / "gpt2"), tmp_path / "relu"
+    train = hf_text.stdlib_sentences()[0]
+    mine = [f"The cat number {i} sleeps all afternoon in the sun." for i in range(20)]
+    lines = mine[:10] + train[:3] + mine[10:] + mine[:2]  # three training lines, two repeated lines
+    (tmp_path / "held.txt").write_text("\n".join(lines) + "\n")
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet",
+                 "--eval-text", str(tmp_path / "held.txt")]) == 0
+    report = json.loads((out / "reluize_report.json").read_text())
+    sets = report["held_out_sets"]
+    assert list(sets) == ["Python reference docs", "your held-out text"]
+    assert sets["your held-out text"]["sentences"] == 20
+    assert sets["your held-out text"]["source"].endswith("(3 left out: the conversion trains on them)")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source)
+    original = transformers.AutoModelForCausalLM.from_pretrained(source)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    for name, sentences in (("Python reference docs", hf_text.reference_sentences(set(train))),
+                            ("your held-out text", mine)):
+        batches = [dict(tokenizer(sentences[i:i + 64], padding=True, truncation=True, max_length=MAX_TOKENS,
+                                  return_tensors="pt")) for i in range(0, len(sentences), 64)]
+        ratio = (hf_evaluate.evaluate(loaded, batches, True)["perplexity"]
+                 / hf_evaluate.evaluate(original, batches, True)["perplexity"])
+        assert sets[name]["perplexity_ratio"] == pytest.approx(ratio, rel=1e-5), name
+        assert sets[name]["zeros"] == pytest.approx(hf_evaluate.relu_zeros(loaded, batches), abs=1e-7), name
+    text = (out / "reluize_report.md").read_text()
+    assert "## On text of other kinds" in text and "| your held-out text | 20 | " in text
 
 
 def _cases(tiny_bert, tmp_path):
@@ -262,6 +299,8 @@ def _cases(tiny_bert, tmp_path):
     (broken / "config.json").write_text("{ not json")
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
+    trained = tmp_path / "trained.txt"  # held-out text that is all training text: nothing left to measure
+    trained.write_text("\n".join(hf_text.stdlib_sentences()[0][:30]) + "\n")
     out = str(tmp_path / "out")
     return [
         (["reluize", str(tiny_bert), "--out", str(full), "--steps", "2"], "exists and is not empty: choose another, "
@@ -281,6 +320,9 @@ def _cases(tiny_bert, tmp_path):
          r"converted network has ReLU but its config \(activation fields naming GELU: none\) builds GELU there, so "
          "its ReLU checkpoint would not load as the converted network"),
         (["reluize", str(tiny_bert), "--out", out, "--text", str(empty)], "has no text"),
+        (["reluize", str(tiny_bert), "--out", out, "--eval-text", str(empty)], "--eval-text .*empty.txt has no text"),
+        (["reluize", str(tiny_bert), "--out", out, "--eval-text", str(trained)], r"--eval-text .*trained.txt: 0 of its "
+         r"30 distinct lines are not training text; measuring needs at least 11: give more lines"),
         (["reluize", str(tiny_bert), "--out", out, "--steps", "0"], "--steps must be ≥ 1, got 0"),
         (["reluize", str(tiny_bert), "--out", out, "--minutes", "0"], "--minutes must be > 0"),
         (["reluize", str(tiny_bert), "--out", out, "--minutes", "inf"], "--minutes must be > 0 and at most a year"),
@@ -395,6 +437,8 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     assert (tmp_path / "docs" / "summary_img" / "zeros.png").is_file()
     assert "*linear lr decay*: the learning rate falling linearly to 0 over the steps" in text
     linear = "length batches, linear lr decay"
+    reference = [r["held_out_sets"]["Python reference docs"]["cosine"] for r in anneal]  # text of another kind
+    assert f"| anneal, {linear} | Python reference docs | {mean_sd(reference, '{:.4f}')} | " in text
     assert f"Swap, lr 0.0001, {linear} − swap, {linear}, paired by seed at equal steps (2 pairs" in text
     diff = [lr[s]["reluized"]["cosine"] - cosine[("swap", "length", "linear", s)] for s in (0, 1)]
     assert f"- cosine: {sum(diff) / 2:+.4f}" in text

@@ -131,8 +131,9 @@ def _config_options(parser: argparse.ArgumentParser) -> None:
     refit in batches, which the command counts in sentences), with the field's help, choices and default."""
     from lambda_gelu.hf import ConversionConfig
     from lambda_gelu.reluize import ReluizeConfig
-    _field_options(parser, "c_", ConversionConfig, skip=("reluize",), names={"texts": "--text"},
-                   metavars={"texts": "FILE"})
+    _field_options(parser, "c_", ConversionConfig, skip=("reluize",),
+                   names={"texts": "--text", "eval_texts": "--eval-text"},
+                   metavars={"texts": "FILE", "eval_texts": "FILE"})
     _field_options(parser, "r_", ReluizeConfig, skip=("refit",))
 
 
@@ -173,9 +174,8 @@ def _conversion_config(args):
     from lambda_gelu.reluize import ReluizeConfig
     given = {k: v for k, v in vars(args).items() if v is not None}
     settings = {k[2:]: v for k, v in given.items() if k.startswith("r_")}
-    conversion = {k[2:]: v for k, v in given.items() if k.startswith("c_")}
-    if "texts" in conversion:
-        conversion["texts"] = tuple(conversion["texts"])
+    conversion = {k[2:]: tuple(v) if isinstance(v, list) else v  # a tuple of files: --text, --eval-text
+                  for k, v in given.items() if k.startswith("c_")}
     return ConversionConfig(**conversion, reluize=ReluizeConfig(**settings))
 
 

@@ -3,8 +3,9 @@ what the conversion kept (``lambda-gelu reluize MODEL --out DIR`` calls :func:`r
 
 The training text is English every machine has (the sentences of the standard library's docstrings), plus the
 user's ``texts``; the report measures on held-out docstring sentences from files never used in training, for the
-direct GELU→ReLU swap too and along the conversion (the curve of metric vs minutes). The checkpoint loads with
-plain transformers (and sentence-transformers, for such a directory) as the ReLU network.
+direct GELU→ReLU swap too and along the conversion (the curve of metric vs minutes), and once it ends on text of
+other kinds: Python's reference documentation, and the user's ``eval_texts``. The checkpoint loads with plain
+transformers (and sentence-transformers, for such a directory) as the ReLU network.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
 from .load import load, model_directory, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
-from .text import corpus, read_texts
+from .text import corpus, held_out_sets, read_texts
 
 __all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS"]
 
@@ -68,6 +69,9 @@ class ConversionConfig:
     max_tokens: int = field(default=64, metadata=_help("tokens per sentence at most"))
     seed: int = field(default=0, metadata=_help("the seed of the sentences' order and of the steps"))
     texts: tuple[str, ...] = field(default=(), metadata=_help("your own training text files, one sentence a line"))
+    eval_texts: tuple[str, ...] = field(default=(), metadata=_help(
+        "your own held-out text files, one sentence a line, never trained on (a line that is also training text is "
+        "left out): the report measures the checkpoint on them against the original"))
     reluize: ReluizeConfig = field(default_factory=ReluizeConfig)
 
     DEFAULT_MINUTES = 15.0
@@ -93,6 +97,9 @@ class ConversionConfig:
         need(self.batching in BATCHINGS, f"--batching must be one of {', '.join(BATCHINGS)}, got {self.batching!r}")
         need(whole(self.max_tokens, 2), f"--max-tokens must be ≥ 2, got {self.max_tokens!r}")
         need(whole(self.seed, 0), f"--seed must be a whole number from 0 to 2^31, got {self.seed!r}")
+        for name, files in (("texts", self.texts), ("eval_texts", self.eval_texts)):
+            need(isinstance(files, (tuple, list)) and all(isinstance(f, (str, os.PathLike)) for f in files),
+                 f"{name} is a tuple of file names, got {files!r}")
         need(self.reluize.refit == 0, "ConversionConfig counts the refit in sentences: set refit, not reluize.refit")
 
     @property
@@ -122,6 +129,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     source = model_directory(model_name)
     target = prepare_out(out, overwrite)
     extra = read_texts(list(config.texts))
+    eval_lines = read_texts(list(config.eval_texts), "--eval-text")
     loaded = load(source, model_name)
     if loaded.note:
         log(f"note: {loaded.note}")
@@ -144,6 +152,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     text = corpus(tokenizer, seed=seed, batch_size=batch_size, max_tokens=config.max_tokens,
                   batching=config.batching, extra=extra)
     train, lengths, held_batches = text.train, text.lengths, text.held_batches()
+    others = held_out_sets(train, eval_lines, config.eval_texts)
     original = copy.deepcopy(model)
     reference = evaluate(original, held_batches, causal)
     direct = copy.deepcopy(model)
@@ -202,6 +211,10 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     final = scores(evaluate(model, held_batches, causal), reference)
     zeros = relu_zeros(model, held_batches)
     curve.append({"step": taken, "minutes": seconds / 60, "lam": None, **final})
+    for name, other in others.items():  # measured like the docstrings, on text of other kinds
+        batches = text.held_batches(other.pop("sentences"))
+        other.update(sentences=sum(len(b["input_ids"]) for b in batches), **scores(
+            evaluate(model, batches, causal), evaluate(original, batches, causal)), zeros=relu_zeros(model, batches))
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": config.reluize.repair,
               "seed": seed, "dtype": str(loaded.dtype).removeprefix("torch."), "steps": taken, "planned_steps": steps,
@@ -211,7 +224,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "held_out_sentences": len(text.held), "seconds": seconds, "replaced": result.replaced,
               "direct_swap": swap_scores, "reluized": final, "curve": curve,
               "settings": dataclasses.asdict(settings), "refit_note": refit_note,
-              "zeros": zeros}
+              "zeros": zeros, "held_out_sets": others}
     model.to(loaded.dtype)
 
     def fill(tmp: Path):

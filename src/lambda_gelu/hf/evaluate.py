@@ -106,6 +106,27 @@ def scores(ev: dict, ref: dict) -> dict:
     return scores
 
 
+def _mean_zeros(zeros: dict) -> str:
+    return f"{100 * sum(zeros.values()) / len(zeros):.1f}%" if zeros else "—"
+
+
+def _other_text(r: dict, metrics) -> list[str]:
+    """The report's table of the checkpoint on the further held-out sets (text of other kinds than the training
+    text), where it has them."""
+    sets = r.get("held_out_sets")
+    if not sets:
+        return []
+    lines = ["## On text of other kinds", "",
+             "The checkpoint against the original once the conversion ended, on held-out text of kinds other than its "
+             "training text, none of it trained on; the exact zeros averaged over the layers:", ""]
+    lines += [f"- *{name}*: {s['source']}." for name, s in sets.items()]
+    lines += ["", "| text | sentences | " + " | ".join(label for _, label, _ in metrics) + " | exact zeros |",
+              "|---|---|" + "---|" * (len(metrics) + 1)]
+    lines += [f"| {name} | {s['sentences']} | " + " | ".join(fmt.format(s[key]) for key, _, fmt in metrics)
+              + f" | {_mean_zeros(s.get('zeros'))} |" for name, s in sets.items()]
+    return lines + [""]
+
+
 def markdown(r: dict) -> str:
     metrics = [m for m in METRICS if m[0] in r["reluized"]]
 
@@ -145,7 +166,7 @@ def markdown(r: dict) -> str:
                 "each layer's in the JSON report).", ""] if r.get("zeros") else []),
              f"| model | {head} |", f"|---|{rule}|",
              f"| direct GELU→ReLU swap, no training | {cells(r['direct_swap'])} |",
-             f"| this checkpoint | {cells(r['reluized'])} |", "",
+             f"| this checkpoint | {cells(r['reluized'])} |", "", *_other_text(r, metrics),
              "## Along the conversion", "", f"| step | minutes | λ | {head} |", f"|---|---|---|{rule}|"]
     for c in r["curve"]:
         lam = "ReLU" if c["lam"] is None else f"{c['lam']:.3g}"

@@ -1,5 +1,6 @@
 """The text a conversion trains and measures on: English every machine has (the sentences of the standard
-library's docstrings), the user's own files, and the batchings of it."""
+library's docstrings), the user's own files, the further held-out sets it is measured on at the end (Python's
+reference documentation, the user's held-out lines), and the batchings of it."""
 from __future__ import annotations
 
 import ast
@@ -13,11 +14,13 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["stdlib_sentences", "prose_sentences", "read_texts", "length_grouped", "in_order", "padding_tokenizer",
-           "Corpus", "corpus", "GROUP", "HELD_OUT"]
+__all__ = ["stdlib_sentences", "prose_sentences", "reference_sentences", "held_out_sets", "read_texts",
+           "length_grouped", "in_order", "padding_tokenizer", "Corpus", "corpus", "GROUP", "HELD_OUT", "EVAL_LINES"]
 
 GROUP = 50  # batches' worth of sentences sorted together by length (the "length" batching)
 HELD_OUT, HELD_BATCH = 256, 64  # the held-out sentences a conversion is measured on, and how many a batch
+EVAL_LINES = 1024  # the most of the user's held-out lines measured, taken evenly over them
+NEIGHBOURS = 10  # a set's sentences are compared by their 10 nearest neighbours: it needs more than that
 
 
 def stdlib_sentences(held_out: float = 0.1) -> tuple[list[str], list[str]]:
@@ -66,17 +69,61 @@ def prose_sentences(text: str) -> list[str]:
     return out
 
 
-def read_texts(files: list[str]) -> list[str]:
-    """The non-empty lines of the user's UTF-8 text files, white space folded."""
+def evenly(items: list, n: int) -> list:
+    """At most ``n`` of ``items``, every (len // n)-th from the first (all of them if there are no more)."""
+    step = max(1, len(items) // n)
+    return items[::step][:n]
+
+
+def reference_sentences(trained=frozenset(), n: int = HELD_OUT) -> list[str]:
+    """Prose of another kind than the docstrings, on every machine: the sentences of Python's language reference
+    (the standard library's ``pydoc_data`` topics, which are not docstrings, so never trained on), less any in
+    ``trained``, ``n`` of them taken evenly over the topics in order; none where the stdlib has no pydoc_data."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        return []
+    found = dict.fromkeys(s for k in sorted(topics) for s in prose_sentences(topics[k]) if s not in trained)
+    return evenly(list(found), n)
+
+
+def held_out_sets(train: list[str], eval_lines: list[str] = (), files=()) -> dict[str, dict]:
+    """The further held-out sets a conversion is measured on once it ends, beside its held-out docstrings:
+    {name: {"sentences": [...], "source": what they are}}. *Python reference docs* (:func:`reference_sentences`),
+    and where the user gave ``eval_lines`` (read from ``files`` by :func:`read_texts`) *your held-out text*: at most
+    :data:`EVAL_LINES` of them, taken evenly, less any line the conversion trains on (``train``), which the source
+    counts. Raises a :class:`CheckpointError` where too few of the user's lines are left to compare."""
+    trained = set(train)
+    sets = {}
+    reference = reference_sentences(trained)
+    if len(reference) > NEIGHBOURS:
+        sets["Python reference docs"] = {"sentences": reference, "source": f"{len(reference)} sentences of Python's "
+                                         "language reference (the standard library's pydoc_data topics)"}
+    if eval_lines:
+        unique = list(dict.fromkeys(eval_lines))
+        fresh = [s for s in unique if s not in trained]
+        if len(fresh) <= NEIGHBOURS:
+            raise CheckpointError(f"--eval-text {' '.join(files)}: {len(fresh)} of its {len(unique)} distinct lines "
+                                  f"are not training text; measuring needs at least {NEIGHBOURS + 1}: give more lines")
+        kept = evenly(fresh, EVAL_LINES)
+        notes = ([f"taken evenly from {len(fresh)}"] if len(kept) < len(fresh) else []) + (
+            [f"{len(unique) - len(fresh)} left out: the conversion trains on them"] if len(fresh) < len(unique) else [])
+        sets["your held-out text"] = {"sentences": kept, "source": f"{len(kept)} distinct lines of --eval-text "
+                                      f"{' '.join(files)}" + (f" ({'; '.join(notes)})" if notes else "")}
+    return sets
+
+
+def read_texts(files: list[str], option: str = "--text") -> list[str]:
+    """The non-empty lines of the user's UTF-8 text files, white space folded (``option``: what the error names)."""
     lines = []
     for name in files:
         try:
             text = Path(name).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"--text {name}: cannot read it as UTF-8 text ({e})") from None
+            raise CheckpointError(f"{option} {name}: cannot read it as UTF-8 text ({e})") from None
         found = [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()]
         if not found:
-            raise CheckpointError(f"--text {name} has no text (every line is empty)")
+            raise CheckpointError(f"{option} {name} has no text (every line is empty)")
         lines += found
     return lines
 
@@ -146,8 +193,10 @@ class Corpus:
         """The first ``steps`` training batches, encoded as they are drawn."""
         return (self.encode([self.train[j] for j in b]) for b in itertools.islice(self.order(), steps))
 
-    def held_batches(self) -> list[dict]:
-        return [self.encode(self.held[i:i + HELD_BATCH]) for i in range(0, len(self.held), HELD_BATCH)]
+    def held_batches(self, sentences: list[str] | None = None) -> list[dict]:
+        """The held-out sentences (or ``sentences``) in encoded batches of :data:`HELD_BATCH`."""
+        sentences = self.held if sentences is None else sentences
+        return [self.encode(sentences[i:i + HELD_BATCH]) for i in range(0, len(sentences), HELD_BATCH)]
 
 
 def corpus(tokenizer, *, seed: int, batch_size: int, max_tokens: int, batching: str = "length",

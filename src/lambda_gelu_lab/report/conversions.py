@@ -10,7 +10,8 @@ without one of them, if that ran; another schedule against the swap after a refi
 where the plain swap did not run) paired by seed where both ran the same steps or the same time budget (95%
 t-interval of the mean difference), the curve of each metric against minutes (mean over seeds at each
 measured step), and a plot of it; where the conversions count their exact zeros, each recipe's share, each
-layer's, and a plot of the zeros against what they cost.
+layer's, and a plot of the zeros against what they cost; where they were measured on text of other kinds (Python's
+reference docs, the user's --eval-text), each recipe there.
 """
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
         figure = _plot_zeros(by_schedule, zeros, metrics, img_dir)
         if figure is not None:
             lines += ["", f"![exact zeros]({os.path.relpath(figure, output.parent)})"]
-    lines += [""] + _goal(by_schedule, metrics) + _paired(by_schedule, metrics) + _curve(by_schedule, metrics)
+    lines += [""] + _other_text(by_schedule, metrics) + _goal(by_schedule, metrics) + _paired(by_schedule, metrics)
+    lines += _curve(by_schedule, metrics)
     figure = _plot(by_schedule, metrics, img_dir)
     if figure is not None:
         lines += [f"![curve]({os.path.relpath(figure, output.parent)})", ""]
@@ -136,6 +138,29 @@ def _zeros_by_layer(by_schedule: dict[str, list[dict]]) -> list[str]:
         lines.append(f"| {name} | " + " | ".join(f"{100 * float(np.mean([r['zeros'][name] for r in rs])):.1f}"
                                                  for rs in by_schedule.values()) + " |")
     return lines
+
+
+def _other_text(by_schedule, metrics) -> list[str]:
+    """Each recipe on the further held-out sets (text of other kinds than the training text) that every conversion
+    measured from one source, mean ± sample std over seeds."""
+    runs = [r for rs in by_schedule.values() for r in rs]
+    sets = [n for n in runs[0].get("held_out_sets") or {}
+            if len({(r.get("held_out_sets") or {}).get(n, {}).get("source") for r in runs}) == 1]
+    if not sets:
+        return []
+    lines = ["On held-out text of other kinds than the training text, measured once each conversion ended (mean ± "
+             "sample std over seeds):", ""]
+    lines += [f"- *{n}*: {runs[0]['held_out_sets'][n]['source']}." for n in sets]
+    lines += ["", "| schedule | text | " + " | ".join(label for _, label, _ in metrics) + " | exact zeros |",
+              "|---|---|" + "---|" * (len(metrics) + 1)]
+    for schedule, rs in by_schedule.items():
+        for n in sets:
+            measured = [r["held_out_sets"][n] for r in rs]
+            zeros = [100 * float(np.mean(list(m["zeros"].values()))) for m in measured if m.get("zeros")]
+            lines.append(f"| {schedule} | {n} | " + " | ".join(mean_sd([m[k] for m in measured], fmt)
+                                                               for k, _, fmt in metrics)
+                         + f" | {mean_sd(zeros, '{:.1f}') + '%' if zeros else '—'} |")
+    return lines + [""]
 
 
 def _span(values) -> str:
