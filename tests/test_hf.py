@@ -506,3 +506,15 @@ def test_a_recipe_names_the_settings_it_changed_and_only_those():
         "swap, 120-minute budget, length batches, linear lr decay"
     assert _schedule(base | {"settings": {}, "budget_minutes": None}, budget=True) == \
         _schedule(base | {"settings": {}, "budget_minutes": 120}) == "swap, length batches, linear lr decay"
+
+
+def test_another_schedule_at_a_setting_is_paired_with_the_swap_at_that_setting():
+    """The anneal at lr 5e-4, with no anneal at the default lr beside it, is paired with the swap (or the default,
+    the swap after a refit) at lr 5e-4: a recipe comparison at another learning rate, not across two."""
+    from lambda_gelu_lab.report.conversions import _baseline
+    tail = ", lr 0.0005, length batches, linear lr decay"
+    anneal, refit, swap = "anneal" + tail, "swap + refit 704" + tail, "swap" + tail
+    assert _baseline(anneal, [anneal, refit]) == refit
+    assert _baseline(anneal, [anneal, refit, swap]) == swap
+    assert _baseline(anneal, [anneal, refit, "swap + refit 704, length batches, linear lr decay"]) == refit
+    assert _baseline(anneal, [anneal, "swap + refit 704, length batches, linear lr decay"]) is None

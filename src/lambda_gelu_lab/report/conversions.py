@@ -243,15 +243,16 @@ def _paired(by_schedule, metrics) -> list[str]:
 def _baseline(name: str, names) -> str | None:
     """What a recipe is paired against: the same recipe without the last of its :data:`_MODIFIERS`, where that
     ran; otherwise without one of its named settings (:data:`_SETTINGS_NAMED`; the last of those that ran);
-    otherwise the plain swap with the same modifiers; for another schedule, where that did not run either, the swap
-    after a refit with them (the CLI's default)."""
+    otherwise the plain swap with the same settings and modifiers; for another schedule, where that did not run
+    either, the swap after a refit with them (the CLI's default)."""
     suffixes = [suffix for suffix, _, _ in _MODIFIERS if suffix in name]
     if suffixes and name[:-len(suffixes[-1])] in names:
         return name[:-len(suffixes[-1])]
-    for setting in reversed(list(_SETTING.finditer(name))):
+    settings = list(_SETTING.finditer(name))
+    for setting in reversed(settings):
         if (plain := name[:setting.start()] + name[setting.end():]) in names:
             return plain
-    tail = "".join(suffixes)
+    tail = "".join(m.group() for m in settings) + "".join(suffixes)
     base = "swap" + tail
     if base in names and base != name:
         return base
