@@ -4,7 +4,7 @@
     reluize_checkpoint("all-minilm-l6-v2", "minilm-relu", ConversionConfig(minutes=15))
 
 One module per part: ``load`` (a checkpoint loaded the way its own library does), ``save`` (the atomic write
-beside ``--out``), ``text`` (the offline training text and its batchings), ``evaluate`` (what the conversion
+beside ``--out``), ``text`` (the offline training and held-out text, and its batchings), ``evaluate`` (what the conversion
 kept, and its report), ``convert`` (:class:`ConversionConfig` and :func:`reluize_checkpoint`, which the
 ``lambda-gelu reluize`` command calls), ``deploy`` (:func:`deploy_checkpoint`, ``lambda-gelu deploy DIR``: the
 checkpoint and its original in ONNX Runtime; the ``[deploy]`` extra too), ``decode`` (:class:`LeanDecoder`: greedy
@@ -17,9 +17,9 @@ from .deploy import DeployConfig, deploy_checkpoint
 from .errors import CheckpointError
 from .load import OFFLINE_MODELS, load, model_directory, sentence_transformers_files
 from .save import prepare_out, write_atomically
-from .text import corpus, in_order, length_grouped, read_texts, stdlib_sentences
+from .text import corpus, held_out_sets, in_order, length_grouped, read_texts, reference_sentences, stdlib_sentences
 
 __all__ = ["ConversionConfig", "reluize_checkpoint", "DeployConfig", "deploy_checkpoint", "LeanDecoder",
            "CheckpointError", "BATCHINGS", "OFFLINE_MODELS", "load", "model_directory", "sentence_transformers_files",
-           "prepare_out", "write_atomically", "stdlib_sentences", "read_texts", "corpus", "length_grouped",
-           "in_order"]
+           "prepare_out", "write_atomically", "stdlib_sentences", "reference_sentences", "held_out_sets", "read_texts",
+           "corpus", "length_grouped", "in_order"]
