@@ -211,10 +211,12 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     final = scores(evaluate(model, held_batches, causal), reference)
     zeros = relu_zeros(model, held_batches)
     curve.append({"step": taken, "minutes": seconds / 60, "lam": None, **final})
-    for name, other in others.items():  # measured like the docstrings, on text of other kinds
-        batches = text.held_batches(other.pop("sentences"))
-        other.update(sentences=sum(len(b["input_ids"]) for b in batches), **scores(
-            evaluate(model, batches, causal), evaluate(original, batches, causal)), zeros=relu_zeros(model, batches))
+    further = {}  # the checkpoint on text of other kinds, measured as on the docstrings
+    for name, other in others.items():
+        batches = text.held_batches(other["sentences"])
+        further[name] = {"sentences": len(other["sentences"]), "source": other["source"],
+                         **scores(evaluate(model, batches, causal), evaluate(original, batches, causal)),
+                         "zeros": relu_zeros(model, batches)}
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": config.reluize.repair,
               "seed": seed, "dtype": str(loaded.dtype).removeprefix("torch."), "steps": taken, "planned_steps": steps,
@@ -224,7 +226,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "held_out_sentences": len(text.held), "seconds": seconds, "replaced": result.replaced,
               "direct_swap": swap_scores, "reluized": final, "curve": curve,
               "settings": dataclasses.asdict(settings), "refit_note": refit_note,
-              "zeros": zeros, "held_out_sets": others}
+              "zeros": zeros, "held_out_sets": further}
     model.to(loaded.dtype)
 
     def fill(tmp: Path):

@@ -100,16 +100,17 @@ def held_out_sets(train: list[str], eval_lines: list[str] = (), files=()) -> dic
         sets["Python reference docs"] = {"sentences": reference, "source": f"{len(reference)} sentences of Python's "
                                          "language reference (the standard library's pydoc_data topics)"}
     if eval_lines:
+        named = " ".join(map(str, files))
         unique = list(dict.fromkeys(eval_lines))
         fresh = [s for s in unique if s not in trained]
         if len(fresh) <= NEIGHBOURS:
-            raise CheckpointError(f"--eval-text {' '.join(files)}: {len(fresh)} of its {len(unique)} distinct lines "
+            raise CheckpointError(f"--eval-text {named}: {len(fresh)} of its {len(unique)} distinct lines "
                                   f"are not training text; measuring needs at least {NEIGHBOURS + 1}: give more lines")
         kept = evenly(fresh, EVAL_LINES)
         notes = ([f"taken evenly from {len(fresh)}"] if len(kept) < len(fresh) else []) + (
             [f"{len(unique) - len(fresh)} left out: the conversion trains on them"] if len(fresh) < len(unique) else [])
         sets["your held-out text"] = {"sentences": kept, "source": f"{len(kept)} distinct lines of --eval-text "
-                                      f"{' '.join(files)}" + (f" ({'; '.join(notes)})" if notes else "")}
+                                      f"{named}" + (f" ({'; '.join(notes)})" if notes else "")}
     return sets
 
 
