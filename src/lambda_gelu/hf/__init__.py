@@ -4,8 +4,8 @@
     reluize_checkpoint("all-minilm-l6-v2", "minilm-relu", ConversionConfig(minutes=15))
 
 One module per part: ``load`` (a checkpoint loaded the way its own library does), ``save`` (the atomic write
-beside ``--out``), ``text`` (the offline training and held-out text, and its batchings), ``evaluate`` (what the conversion
-kept, and its report), ``convert`` (:class:`ConversionConfig` and :func:`reluize_checkpoint`, which the
+beside ``--out``), ``text`` (the offline training and held-out text, and its batchings), ``evaluate`` (what the
+conversion kept, and its report), ``convert`` (:class:`ConversionConfig` and :func:`reluize_checkpoint`, which the
 ``lambda-gelu reluize`` command calls), ``deploy`` (:func:`deploy_checkpoint`, ``lambda-gelu deploy DIR``: the
 checkpoint and its original in ONNX Runtime; the ``[deploy]`` extra too), ``decode`` (:class:`LeanDecoder`: greedy
 decoding at batch 1 with fewer Python calls per token than ``generate``). transformers and ONNX Runtime are
