@@ -4,6 +4,7 @@ reference documentation, the user's held-out lines), and the batchings of it."""
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import itertools
 import random
@@ -29,8 +30,15 @@ def stdlib_sentences(held_out: float = 0.1) -> tuple[list[str], list[str]]:
     Every ``*.py`` file of the stdlib (site-packages excluded) is parsed, not imported; the docstrings
     of its module, classes and functions are cut into sentences, and those of 6 to 60 words that are
     prose (mostly letters) are kept, each once. Files are split by a hash of their relative path, so
-    the ``held_out`` share of files gives sentences never seen in training. Returns (train, held-out).
+    the ``held_out`` share of files gives sentences never seen in training. Returns (train, held-out), new lists
+    on every call (the parse, seconds long, is done once per process).
     """
+    train, held = _stdlib_sentences(held_out)
+    return list(train), list(held)
+
+
+@functools.lru_cache(maxsize=4)
+def _stdlib_sentences(held_out: float) -> tuple[tuple[str, ...], tuple[str, ...]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts and "dist-packages" not in p.parts
                    and "test" not in p.parts and "tests" not in p.parts)
@@ -52,7 +60,7 @@ def stdlib_sentences(held_out: float = 0.1) -> tuple[list[str], list[str]]:
                 if s not in seen:
                     seen.add(s)
                     out.append(s)
-    return train, held
+    return tuple(train), tuple(held)
 
 
 _CUT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a sentence ends where the next one starts with a capital
