@@ -22,8 +22,8 @@ from pathlib import Path
 
 from lambda_gelu.hf.evaluate import evaluate
 from lambda_gelu.hf.load import load, model_directory, quiet_transformers
-from lambda_gelu.hf.text import (HELD_BATCH, HELD_OUT, evenly, padding_tokenizer, prose_sentences,
-                                  reference_sentences, stdlib_sentences)
+from lambda_gelu.hf.text import (HELD_BATCH, HELD_OUT, padding_tokenizer, reference_sentences, stdlib_sentences,
+                                  unseen_prose)
 from lambda_gelu_lab.report.stats import mean_sd
 
 LICENCES = Path("/usr/share/common-licenses")
@@ -33,9 +33,6 @@ def text_sets() -> dict[str, tuple[list[str], str]]:
     """{set: (its sentences, where they come from)}; a set whose sources are absent is left out."""
     train, held = stdlib_sentences()
     trained = set(train)
-
-    def fresh(texts):
-        return evenly(list(dict.fromkeys(s for t in texts for s in prose_sentences(t) if s not in trained)), HELD_OUT)
 
     sets = {"docstrings held out": (held[:HELD_OUT], "the standard library's docstrings in files held out of "
                                     "training: the set `reluize` reports")}
@@ -55,7 +52,7 @@ def text_sets() -> dict[str, tuple[list[str], str]]:
         english += [p.read_text(encoding="utf-8") for p in descr]
         found.append(f"scikit-learn's {len(descr)} dataset descriptions")
     if english:
-        sets["English outside Python"] = (fresh(english), " and ".join(found))
+        sets["English outside Python"] = (unseen_prose(english, trained), " and ".join(found))
     return sets
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import CheckpointError
 
-__all__ = ["stdlib_sentences", "prose_sentences", "reference_sentences", "held_out_sets", "read_texts",
+__all__ = ["stdlib_sentences", "prose_sentences", "reference_sentences", "unseen_prose", "held_out_sets", "read_texts",
            "length_grouped", "in_order", "padding_tokenizer", "Corpus", "corpus", "GROUP", "HELD_OUT", "EVAL_LINES"]
 
 GROUP = 50  # batches' worth of sentences sorted together by length (the "length" batching)
@@ -91,8 +91,13 @@ def reference_sentences(trained=frozenset(), n: int = HELD_OUT) -> list[str]:
         from pydoc_data.topics import topics
     except ImportError:
         return []
-    found = dict.fromkeys(s for k in sorted(topics) for s in prose_sentences(topics[k]) if s not in trained)
-    return evenly(list(found), n)
+    return unseen_prose((topics[k] for k in sorted(topics)), trained, n)
+
+
+def unseen_prose(texts, trained=frozenset(), n: int = HELD_OUT) -> list[str]:
+    """The distinct prose sentences (:func:`prose_sentences`) of ``texts`` that are not in ``trained``, ``n`` of them
+    taken evenly (:func:`evenly`): a held-out set cut from any text by the rule the training text is cut by."""
+    return evenly(list(dict.fromkeys(s for t in texts for s in prose_sentences(t) if s not in trained)), n)
 
 
 def held_out_sets(train: list[str], eval_lines: list[str] = (), files=()) -> dict[str, dict]:
