@@ -70,7 +70,11 @@ def test_the_corpus_trains_on_the_users_lines_first_and_repeats_its_batches(tiny
     batch = next(text.batches(1))
     assert torch.equal(batch["input_ids"], tokenizer([text.train[j] for j in order[0]], padding=True,
                                                      truncation=True, max_length=16, return_tensors="pt")["input_ids"])
-    assert [len(b["input_ids"]) for b in text.held_batches()] == [64] * (hf_text.HELD_OUT // 64)
+    held = text.held_batches()  # every held-out sentence once, shortest first: a batch pads to its own longest
+    assert [len(b["input_ids"]) for b in held] == [64] * (hf_text.HELD_OUT // 64)
+    lengths = [n for b in held for n in b["attention_mask"].sum(1).tolist()]
+    expected = [min(len(ids), 16) for ids in tokenizer(text.held)["input_ids"]]
+    assert lengths == sorted(expected) and all(b["input_ids"].shape[1] == max(b["attention_mask"].sum(1)) for b in held)
     shuffled = hf_text.corpus(tokenizer, seed=3, batch_size=8, max_tokens=16, batching="shuffled")
     assert next(shuffled.order()) == list(range(8))
 
@@ -145,7 +149,8 @@ def test_a_sentence_transformers_model_keeps_its_pipeline(tiny_bert, tmp_path):
 
 
 def _held_out(source):
-    """The CLI's held-out sentences in its batches of 64, tokenized by ``source``'s tokenizer as the CLI does."""
+    """The CLI's held-out sentences in batches of 64 in their order (the CLI's are by length: no measure depends on
+    how the sentences are batched), tokenized by ``source``'s tokenizer as the CLI does."""
     from lambda_gelu.hf import stdlib_sentences
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(source)

@@ -45,8 +45,11 @@ def summarise(outputs, causal: bool) -> dict:
         chosen = logits.argmax(-1)
         predictions.append(chosen[mask] if chosen.shape == mask.shape else chosen.flatten())
         if causal:
-            labels = b["input_ids"][:, 1:].masked_fill(~mask[:, 1:], -100)
-            nll += F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+            # each position predicts the next token, scored where that token is real; the labels are shifted rather
+            # than the logits, whose slice would be copied, vocabulary-wide, to be flattened
+            labels = torch.full_like(b["input_ids"], -100)
+            labels[:, :-1] = b["input_ids"][:, 1:].masked_fill(~mask[:, 1:], -100)
+            nll += F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
                                    reduction="sum").item()
             tokens += int((labels != -100).sum())
     return {"embeddings": torch.cat(embeddings), "predictions": torch.cat(predictions) if predictions else None,
