@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates docs/smollm2_sparsity.md: SmolLM2-135M-Instruct converted with the CLI's defaults for a causal LM, with
+# Regenerates docs/smollm2_sparsity.md: SmolLM2-135M-Instruct converted with the CLI's defaults for a causal LM at
+# lr 5e-5 (the default then; 5e-4 since docs/smollm2_lr.md), with
 # and without more gate zeros asked for, each run at the steps and refit sentences the default's run took in its
 # 30-minute budget (read from its report: equal steps): ProSparse's progressive L1 penalty on the gate outputs
 # (--sparsity PEAK: its factor rising to PEAK over the first half of the steps in three stages; peaks in PEAKS, default
@@ -25,14 +26,14 @@ VARIANTS=${VARIANTS-lr:1.5e-4 lr:3e-4 lr:5e-4 gate-zeros:0.86,lr:3e-4 gate-zeros
 gate-zeros:0.9,lr:5e-4 sparsity:30,lr:5e-4}
 default="$OUT/default-$SEED"
 [ -f "$default/reluize_report.json" ] || \
-    lambda-gelu reluize smollm2-135m-instruct --out "$default" --seed "$SEED" --quiet
+    lambda-gelu reluize smollm2-135m-instruct --out "$default" --seed "$SEED" --lr 5e-5 --quiet
 read -r STEPS REFIT < <(python -c "import json, sys; r = json.load(open(sys.argv[1]))
 print(r['steps'], r['refit_sentences'])" "$default/reluize_report.json")
 dirs=("$default")
 for peak in $PEAKS; do
     [ -f "$OUT/sparsity$peak-$SEED/reluize_report.json" ] || \
         lambda-gelu reluize smollm2-135m-instruct --out "$OUT/sparsity$peak-$SEED" --seed "$SEED" --steps "$STEPS" \
-            --refit "$REFIT" --sparsity "$peak" --quiet
+            --refit "$REFIT" --sparsity "$peak" --lr 5e-5 --quiet
     dirs+=("$OUT/sparsity$peak-$SEED")
 done
 for share in $SHARES; do

@@ -12,6 +12,7 @@ from lambda_gelu.hf import convert as hf_convert
 from lambda_gelu.hf import evaluate as hf_evaluate
 from lambda_gelu.hf import text as hf_text
 from lambda_gelu.hf.save import write_atomically
+from lambda_gelu.reluize.config import CAUSAL_LR
 from lambda_gelu_lab.cli import main
 from lambda_gelu_lab.report.stats import mean_sd
 
@@ -226,7 +227,8 @@ def _gpt2(tiny_bert, path):
 
 def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_kept(tiny_bert, tmp_path):
     """GPT-2 (tanh GELU, the activation_function field) through the CLI: the checkpoint loads as a ReLU causal
-    LM; *predictions kept* counts real tokens only, recomputed here from the two checkpoints."""
+    LM, distilled at a causal LM's default learning rate; *predictions kept* counts real tokens only, recomputed
+    here from the two checkpoints."""
     source, out = _gpt2(tiny_bert, tmp_path / "gpt2"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet"]) == 0
     original = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
@@ -242,6 +244,8 @@ def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_k
             real += int(mask.sum())
     report = json.loads((out / "reluize_report.json").read_text())
     assert report["reluized"]["agreement"] == pytest.approx(same / real, abs=1e-6)  # a float32 mean
+    assert report["settings"]["lr"] == CAUSAL_LR != hf_convert.ConversionConfig().reluize.learning_rate
+    assert f"the learning rate {CAUSAL_LR:g} falling linearly" in (out / "reluize_report.md").read_text()
     assert report["reluized"]["perplexity_ratio"] > 0
     assert report["curve"][-1]["agreement"] == report["reluized"]["agreement"]
     head = "| cosine | top-10 overlap | perplexity ÷ original | predictions kept |"

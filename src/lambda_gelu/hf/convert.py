@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..reluize import ReluizeConfig, reluize
+from ..reluize.config import CAUSAL_LR
 from ..reluize.threshold import gate_zeros_problem
 from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
@@ -148,6 +149,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     minutes, refit = config.budget_minutes, config.refit_sentences
     if causal and config.steps is None and config.minutes is None:
         minutes = config.DEFAULT_MINUTES_CAUSAL
+    lr = CAUSAL_LR if causal and config.reluize.lr is None else config.reluize.learning_rate
 
     text = corpus(tokenizer, seed=seed, batch_size=batch_size, max_tokens=config.max_tokens,
                   batching=config.batching, extra=extra)
@@ -203,7 +205,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                 measuring[0] += time.perf_counter() - t
         return False
 
-    settings = config.reluize.replace(refit=refit_batches, lr=config.reluize.learning_rate)  # the lr it ran at
+    settings = config.reluize.replace(refit=refit_batches, lr=lr)  # the lr it ran at
     result = reluize(model, batches, steps, settings, teacher=original, progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
     model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was
