@@ -179,6 +179,11 @@ def padding_tokenizer(tokenizer):
     return pad
 
 
+def token_lengths(tokenizer, sentences: list[str], max_tokens: int) -> list[int]:
+    """Each sentence's length in tokens, cut at ``max_tokens`` as its batch will cut it."""
+    return [len(ids) for ids in tokenizer(sentences, truncation=True, max_length=max_tokens)["input_ids"]]
+
+
 @dataclass(frozen=True)
 class Corpus:
     """A conversion's text and its batches: ``train`` (the user's lines, then the standard library's training
@@ -212,8 +217,7 @@ class Corpus:
         length (shortest first, ties in order) so that a batch is little padding: every measure is a sum or a mean
         over sentences or tokens, which the order leaves as it is."""
         sentences = self.held if sentences is None else sentences
-        ids = self.tokenizer(sentences, truncation=True, max_length=self.max_tokens)["input_ids"]
-        lengths = [len(i) for i in ids]
+        lengths = token_lengths(self.tokenizer, sentences, self.max_tokens)
         ordered = [sentences[i] for i in sorted(range(len(sentences)), key=lengths.__getitem__)]
         return [self.encode(ordered[i:i + HELD_BATCH]) for i in range(0, len(ordered), HELD_BATCH)]
 
@@ -226,5 +230,5 @@ def corpus(tokenizer, *, seed: int, batch_size: int, max_tokens: int, batching: 
     random.Random(seed).shuffle(train)
     train = list(extra) + train
     pad = padding_tokenizer(tokenizer)
-    lengths = [len(ids) for ids in pad(train, truncation=True, max_length=max_tokens)["input_ids"]]
+    lengths = token_lengths(pad, train, max_tokens)
     return Corpus(train, held[:HELD_OUT], lengths, pad, max_tokens, batch_size, batching, seed)
