@@ -61,8 +61,15 @@ def main() -> None:
     parser.add_argument("checkpoints", nargs="+", help="directories written by `lambda-gelu reluize` from SmolLM2")
     parser.add_argument("--output", default="docs/smollm2_prose.md")
     args = parser.parse_args()
+    write(args.checkpoints, args.output, "python experiments/smollm2_prose.py " + " ".join(args.checkpoints))
+
+
+def write(checkpoints: list[str], output: str, command: str, preface: list[str] = ()) -> None:
+    """Measures ``checkpoints`` against the original on :func:`text_sets` and writes the doc ``output``, headed by the
+    ``command`` that regenerates it and the ``preface`` lines (a checkpoint given ``--text`` lines must not have been
+    given any of those sets' sentences)."""
     quiet_transformers()
-    reports = {d: json.loads((Path(d) / "reluize_report.json").read_text(encoding="utf-8")) for d in args.checkpoints}
+    reports = {d: json.loads((Path(d) / "reluize_report.json").read_text(encoding="utf-8")) for d in checkpoints}
     first = next(iter(reports.values()))
     original = load(model_directory(first["model"]), first["model"])
     pad = padding_tokenizer(original.tokenizer)
@@ -90,26 +97,28 @@ def main() -> None:
 
     names = list(sets)
     lines = ["# SmolLM2-135M → exact ReLU: perplexity outside the training text", "",
-             "`python experiments/smollm2_prose.py " + " ".join(args.checkpoints) + "`", "",
-             "`lambda-gelu reluize` distils on the standard library's docstrings and reports perplexity on the "
+             f"`{command}`", "", *preface, *([""] if preface else []),
+             "`lambda-gelu reluize` distils on the standard library's docstrings (and on the user's `--text` lines, "
+             "where given) and reports perplexity on the "
              "docstrings of files it held out: text never trained on, but of the training text's kind. Here each "
              "checkpoint's perplexity ÷ the original's on that set and on two further held-out sets:", ""]
     lines += [f"- *{name}*: {len(sets[name][0])} sentences, {sets[name][1]}; the original's perplexity "
               f"{reference[name]:.1f}." for name in names]
-    lines += ["", "| checkpoints | seeds | lr | exact gate zeros | " + " | ".join(names) + " |",
-              "|---|---|---|---|" + "---|" * len(names)]
+    lines += ["", "| checkpoints | seeds | lr | `--text` lines | exact gate zeros | " + " | ".join(names) + " |",
+              "|---|---|---|---|---|" + "---|" * len(names)]
     for group, ds in groups.items():
         zeros = [rows[d][1] for d in ds if rows[d][1] is not None]
         lrs = sorted({f"{rows[d][2]['settings']['lr']:g}" for d in ds})
-        lines.append(f"| {group} | {len(ds)} | {', '.join(lrs)} | "
+        users = sorted({rows[d][2].get("user_lines", 0) for d in ds})
+        lines.append(f"| {group} | {len(ds)} | {', '.join(lrs)} | {', '.join(map(str, users))} | "
                      + (mean_sd(zeros, "{:.1f}") + "%" if zeros else "—") + " | "
                      + " | ".join("×" + mean_sd([rows[d][0][n] for d in ds], "{:.3f}") for n in names) + " |")
     lines += ["", "Each checkpoint (its report's ratio beside the same held-out docstrings measured here):", "",
               "| checkpoint | in its report | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     lines += [f"| `{d}` | ×{r['reluized']['perplexity_ratio']:.3f} | "
               + " | ".join(f"×{ratios[n]:.3f}" for n in names) + " |" for d, (ratios, _, r) in rows.items()]
-    Path(args.output).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(args.output)
+    Path(output).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(output)
 
 
 if __name__ == "__main__":
