@@ -58,10 +58,15 @@ def main() -> None:
     held = {s for sentences, _ in text_sets().values() for s in sentences}
     english, packages = package_prose(held)
     text = out.parent / "english.txt"
-    tmp = text.with_suffix(".tmp")
-    tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
-    os.replace(tmp, text)
-    if not (out / "reluize_report.json").is_file():
+    if (out / "reluize_report.json").is_file():  # measured again: it must have trained on this text
+        trained = json.loads((out / "reluize_report.json").read_text(encoding="utf-8"))["user_lines"]
+        if trained != len(english):
+            parser.error(f"{out} trained on {trained} lines of --text, the installed packages give {len(english)} "
+                         "now: remove it to convert again")
+    else:
+        tmp = text.with_suffix(".tmp")
+        tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
+        os.replace(tmp, text)
         subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(out), "--seed", str(seed),
                         "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}", "--text", str(text),
                         "--quiet"], check=True)
