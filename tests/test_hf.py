@@ -217,7 +217,7 @@ def test_a_classifier_keeps_its_head_and_the_report_counts_the_predictions_kept(
     assert "| cosine | top-10 overlap | predictions kept |" in (out / "reluize_report.md").read_text()
 
 
-def _gpt2(tiny_bert, path):
+def _gpt2(path):
     """A small GPT-2 (tanh GELU) with a real tokenizer of a small vocabulary, saved at ``path``."""
     torch.manual_seed(0)
     transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB,
@@ -226,11 +226,11 @@ def _gpt2(tiny_bert, path):
     return path
 
 
-def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_kept(tiny_bert, tmp_path):
+def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_kept(tmp_path):
     """GPT-2 (tanh GELU, the activation_function field) through the CLI: the checkpoint loads as a ReLU causal
     LM, distilled at a causal LM's default learning rate; *predictions kept* counts real tokens only, recomputed
     here from the two checkpoints."""
-    source, out = _gpt2(tiny_bert, tmp_path / "gpt2"), tmp_path / "relu"
+    source, out = _gpt2(tmp_path / "gpt2"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet"]) == 0
     original = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
@@ -253,11 +253,11 @@ def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_k
     assert head in (out / "reluize_report.md").read_text()
 
 
-def test_the_report_measures_text_of_other_kinds_and_the_users_held_out_lines(tiny_bert, tmp_path):
+def test_the_report_measures_text_of_other_kinds_and_the_users_held_out_lines(tmp_path):
     """Once the conversion ends, the checkpoint is measured against the original on Python's reference docs and on
     the user's --eval-text, less its lines that are training text (counted in the report); each set's perplexity
     ratio and exact zeros are recomputed here from the two checkpoints."""
-    source, out = _gpt2(tiny_bert, tmp_path / "gpt2"), tmp_path / "relu"
+    source, out = _gpt2(tmp_path / "gpt2"), tmp_path / "relu"
     train = hf_text.stdlib_sentences()[0]
     mine = [f"The cat number {i} sleeps all afternoon in the sun." for i in range(20)]
     lines = mine[:10] + train[:3] + mine[10:] + mine[:2]  # three training lines, two repeated lines
