@@ -165,6 +165,7 @@ def _decode_section(d: dict) -> list[str]:
     lines = []
     h = d["header"]
     tag = f" --tag {d['tag']}" if d.get("tag") else ""
+    tag += f" --rounds {d['rounds']}"
     lines += [f"## Decoding {d['model']}: gated FFNs sparsified", "",
               f"`python benchmarks/bench_decode.py --model {d['model']}{tag}` — greedy decoding of {d['new_tokens']} "
               f"tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, float32, by transformers' "
