@@ -55,8 +55,8 @@ def main() -> None:
     tag = f"{lr:.0e}".replace("e-0", "e-")  # 5e-4, as the other runs' directories name it
     out = Path(args.out or Path(args.baseline).parent / f"english-lr{tag}-{seed}")
 
-    held = {s for sentences, _ in text_sets().values() for s in sentences}
-    english, packages = package_prose(held)
+    sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
+    english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
     text = out.parent / "english.txt"
     if (out / "reluize_report.json").is_file():  # measured again: it must have trained on this text
         trained = json.loads((out / "reluize_report.json").read_text(encoding="utf-8"))["user_lines"]
@@ -71,7 +71,7 @@ def main() -> None:
                         "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}", "--text", str(text),
                         "--quiet"], check=True)
     words = sum(len(s.split()) for s in english)
-    write([args.baseline, str(out)], args.output, "python experiments/smollm2_english.py",
+    write([args.baseline, str(out)], args.output, "python experiments/smollm2_english.py", sets=sets,
           preface=[f"The English text: {len(english)} prose sentences ({words} words) of the long descriptions of "
                    f"{packages} installed Python packages (their READMEs), written one a line to `{text}` and given "
                    f"as `--text`; `{out}` trains on them beside the docstrings, `{args.baseline}` on the docstrings "

@@ -64,16 +64,16 @@ def main() -> None:
     write(args.checkpoints, args.output, "python experiments/smollm2_prose.py " + " ".join(args.checkpoints))
 
 
-def write(checkpoints: list[str], output: str, command: str, preface: list[str] = ()) -> None:
-    """Measures ``checkpoints`` against the original on :func:`text_sets` and writes the doc ``output``, headed by the
-    ``command`` that regenerates it and the ``preface`` lines (a checkpoint given ``--text`` lines must not have been
-    given any of those sets' sentences)."""
+def write(checkpoints: list[str], output: str, command: str, preface: list[str] = (), sets: dict | None = None) -> None:
+    """Measures ``checkpoints`` against the original on ``sets`` (default :func:`text_sets`) and writes the doc
+    ``output``, headed by the ``command`` that regenerates it and the ``preface`` lines (a checkpoint given ``--text``
+    lines must not have been given any of those sets' sentences)."""
     quiet_transformers()
     reports = {d: json.loads((Path(d) / "reluize_report.json").read_text(encoding="utf-8")) for d in checkpoints}
     first = next(iter(reports.values()))
     original = load(model_directory(first["model"]), first["model"])
     pad = padding_tokenizer(original.tokenizer)
-    sets = text_sets()
+    sets = text_sets() if sets is None else sets
     batches = {name: [dict(pad(s[i:i + HELD_BATCH], padding=True, truncation=True, max_length=first["max_tokens"],
                                return_tensors="pt")) for i in range(0, len(s), HELD_BATCH)]
                for name, (s, _) in sets.items()}
