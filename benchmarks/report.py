@@ -164,14 +164,14 @@ def _decodes() -> list:
 def _decode_section(d: dict) -> list[str]:
     lines = []
     h = d["header"]
-    tag = f" --tag {d['tag']}" if d.get("tag") else ""
-    tag += f" --rounds {d['rounds']}"
+    argv = (f" --tag {d['tag']}" if d.get("tag") else "") + f" --rounds {d['rounds']}"
     lines += [f"## Decoding {d['model']}: gated FFNs sparsified", "",
-              f"`python benchmarks/bench_decode.py --model {d['model']}{tag}` — greedy decoding of {d['new_tokens']} "
-              f"tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, float32, by transformers' "
-              "`generate` with its KV cache and by `lambda_gelu.hf.LeanDecoder` (a static cache, fewer Python calls "
-              f"a token); {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by `SparseGatedMLP`; "
-              f"the four variants timed in interleaved rounds. {h['threads']} threads, {h['machine']}.", "",
+              f"`python benchmarks/bench_decode.py --model {d['model']}{argv}` — greedy decoding of "
+              f"{d['new_tokens']} tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, float32, by "
+              "transformers' `generate` with its KV cache and by `lambda_gelu.hf.LeanDecoder` (a static cache, fewer "
+              f"Python calls a token); {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by "
+              f"`SparseGatedMLP`; the four variants timed in interleaved rounds. {h['threads']} threads, "
+              f"{h['machine']}.", "",
               "| decoder | dense tokens/s | sparse tokens/s | × dense | same tokens | FFN share of dense decoding "
               "| Amdahl bound | bound with free FFNs |",
               "|---|---|---|---|---|---|---|---|"]
