@@ -3,10 +3,11 @@ the CLI's default recipe with `--text`: the prose sentences of the installed Pyt
 READMEs on the package index), beside the same conversion on the standard library's docstrings alone, both measured on
 docs/smollm2_prose.md's three held-out sets. Writes docs/smollm2_english.md.
 
-    python experiments/smollm2_english.py   # ≈ 70 minutes on 2 cores: one conversion, then ≈ 8 minutes measuring
+    python experiments/smollm2_english.py --seeds 0 1   # ≈ 1 hour a missing run on 2 cores, then ≈ 10 minutes
 
-The baseline is an existing conversion (by default smollm2_recipes.sh's refit run at lr 5e-4); the English run takes its
-steps, refit sentences, lr and seed, so the two differ only in the text. scikit-learn's description is left out (its
+The baseline is an existing conversion (by default smollm2_recipes.sh's refit run at lr 5e-4); the English runs take its
+steps, refit sentences and lr, and by default its seed, so that they differ from it only in the text; `--seeds` adds
+English runs at further seeds (the baseline stays one seed). scikit-learn's description is left out (its
 dataset descriptions are in the English held-out set), and so is every sentence of the three held-out sets. Which
 packages are installed decides the text: the doc counts its packages and sentences.
 """
@@ -43,7 +44,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default="runs/smollm2/refit704-lr5e-4-0",
                         help="a conversion on the docstrings alone, whose settings the English run takes")
-    parser.add_argument("--out", default=None, help="the English run's directory (default: beside the baseline)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="the English runs' seeds (default: the baseline's); each is written beside the baseline")
     parser.add_argument("--output", default="docs/smollm2_english.md")
     args = parser.parse_args()
     if not (Path(args.baseline) / "reluize_report.json").is_file():
@@ -53,30 +55,37 @@ def main() -> None:
     settings = base["settings"]
     lr, seed, steps, refit = settings["lr"], base["seed"], base["steps"], base["refit_sentences"]
     tag = f"{lr:.0e}".replace("e-0", "e-")  # 5e-4, as the other runs' directories name it
-    out = Path(args.out or Path(args.baseline).parent / f"english-lr{tag}-{seed}")
+    seeds = list(dict.fromkeys(args.seeds or [seed]))
+    outs = [Path(args.baseline).parent / f"english-lr{tag}-{s}" for s in seeds]
 
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
-    text = out.parent / "english.txt"
-    if (out / "reluize_report.json").is_file():  # measured again: it must have trained on this text
-        trained = json.loads((out / "reluize_report.json").read_text(encoding="utf-8"))["user_lines"]
-        if trained != len(english):
-            parser.error(f"{out} trained on {trained} lines of --text, the installed packages give {len(english)} "
-                         "now: remove it to convert again")
-    else:
-        tmp = text.with_suffix(".tmp")
-        tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
-        os.replace(tmp, text)
-        subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(out), "--seed", str(seed),
-                        "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}", "--text", str(text),
-                        "--quiet"], check=True)
+    text = outs[0].parent / "english.txt"
+    for out in outs:  # a run measured again must have trained on this text
+        if (out / "reluize_report.json").is_file():
+            trained = json.loads((out / "reluize_report.json").read_text(encoding="utf-8"))["user_lines"]
+            if trained != len(english):
+                parser.error(f"{out} trained on {trained} lines of --text, the installed packages give "
+                             f"{len(english)} now: remove it to convert again")
+    for out, run_seed in zip(outs, seeds):
+        if not (out / "reluize_report.json").is_file():
+            tmp = text.with_suffix(".tmp")
+            tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
+            os.replace(tmp, text)
+            subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(out), "--seed", str(run_seed),
+                            "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}", "--text", str(text),
+                            "--quiet"], check=True)
     words = sum(len(s.split()) for s in english)
-    write([args.baseline, str(out)], args.output, "python experiments/smollm2_english.py", sets=sets,
+    command = "python experiments/smollm2_english.py" + (" --seeds " + " ".join(map(str, seeds)) if args.seeds else "")
+    runs = ", ".join(f"`{out}`" for out in outs)
+    write([args.baseline, *map(str, outs)], args.output, command, sets=sets,
           preface=[f"The English text: {len(english)} prose sentences ({words} words) of the long descriptions of "
                    f"{packages} installed Python packages (their READMEs), written one a line to `{text}` and given "
-                   f"as `--text`; `{out}` trains on them beside the docstrings, `{args.baseline}` on the docstrings "
-                   f"alone, both at {steps} steps, a refit over {refit} sentences, lr {lr:g}, seed {seed}. No "
-                   "sentence of the three held-out sets below is in the English text."])
+                   f"as `--text`; {runs} train{'s' if len(outs) == 1 else ''} on them beside the docstrings, "
+                   f"`{args.baseline}` on the docstrings alone, all at {steps} steps, a refit over {refit} sentences, "
+                   f"lr {lr:g}; the baseline at seed {seed}, the English text at seed{'s' if len(seeds) > 1 else ''} "
+                   f"{', '.join(map(str, seeds))}. No sentence of the three held-out sets below is in the English "
+                   "text."])
 
 
 if __name__ == "__main__":
