@@ -43,7 +43,7 @@ def package_prose(exclude: set[str]) -> tuple[list[str], int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default="runs/smollm2/refit704-lr5e-4-0",
-                        help="a conversion on the docstrings alone, whose settings the English run takes")
+                        help="a conversion on the docstrings alone, whose settings the English runs take")
     parser.add_argument("--seeds", type=int, nargs="+", default=None,
                         help="the English runs' seeds (default: the baseline's); each is written beside the baseline")
     parser.add_argument("--output", default="docs/smollm2_english.md")

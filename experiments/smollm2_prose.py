@@ -61,7 +61,8 @@ def main() -> None:
     parser.add_argument("checkpoints", nargs="+", help="directories written by `lambda-gelu reluize` from SmolLM2")
     parser.add_argument("--output", default="docs/smollm2_prose.md")
     args = parser.parse_args()
-    write(args.checkpoints, args.output, "python experiments/smollm2_prose.py " + " ".join(args.checkpoints))
+    output = "" if args.output == parser.get_default("output") else f" --output {args.output}"
+    write(args.checkpoints, args.output, "python experiments/smollm2_prose.py " + " ".join(args.checkpoints) + output)
 
 
 def write(checkpoints: list[str], output: str, command: str, preface: list[str] = (), sets: dict | None = None) -> None:
