@@ -67,14 +67,15 @@ def main() -> None:
             if trained != len(english):
                 parser.error(f"{out} trained on {trained} lines of --text, the installed packages give "
                              f"{len(english)} now: remove it to convert again")
-    for out, run_seed in zip(outs, seeds):
-        if not (out / "reluize_report.json").is_file():
-            tmp = text.with_suffix(".tmp")
-            tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
-            os.replace(tmp, text)
-            subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(out), "--seed", str(run_seed),
-                            "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}", "--text", str(text),
-                            "--quiet"], check=True)
+    missing = [(out, s) for out, s in zip(outs, seeds) if not (out / "reluize_report.json").is_file()]
+    if missing:
+        tmp = text.with_suffix(".tmp")
+        tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
+        os.replace(tmp, text)
+    for out, run_seed in missing:
+        subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(out), "--seed", str(run_seed),
+                        "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}", "--text", str(text),
+                        "--quiet"], check=True)
     words = sum(len(s.split()) for s in english)
     command = "python experiments/smollm2_english.py" + (" --seeds " + " ".join(map(str, seeds)) if args.seeds else "")
     runs = ", ".join(f"`{out}`" for out in outs)
