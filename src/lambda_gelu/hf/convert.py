@@ -69,7 +69,9 @@ class ConversionConfig:
         "shuffled: consecutive sentences of the shuffled text", choices=BATCHINGS))
     max_tokens: int = field(default=64, metadata=_help("tokens per sentence at most"))
     seed: int = field(default=0, metadata=_help("the seed of the sentences' order and of the steps"))
-    texts: tuple[str, ...] = field(default=(), metadata=_help("your own training text files, one sentence a line"))
+    texts: tuple[str, ...] = field(default=(), metadata=_help(
+        "your own training text files, one sentence a line, drawn from with the docstrings (a file named twice is "
+        "twice its share of the steps' sentences)"))
     eval_texts: tuple[str, ...] = field(default=(), metadata=_help(
         "your own held-out text files, one sentence a line, never trained on (a line that is also training text is "
         "left out): the report measures the checkpoint on them against the original"))
