@@ -3,11 +3,12 @@ the CLI's default recipe with `--text`: the prose sentences of the installed Pyt
 READMEs on the package index), beside the same conversion on the standard library's docstrings alone, both measured on
 docs/smollm2_prose.md's three held-out sets. Writes docs/smollm2_english.md.
 
-    python experiments/smollm2_english.py --seeds 0 1   # ≈ 1 hour a missing run on 2 cores, then ≈ 10 minutes
+    python experiments/smollm2_english.py --runs 1:0 1:1 3:0   # ≈ 1 hour a missing run on 2 cores
 
 The baseline is an existing conversion (by default smollm2_recipes.sh's refit run at lr 5e-4); the English runs take its
-steps, refit sentences and lr, and by default its seed, so that they differ from it only in the text; `--seeds` adds
-English runs at further seeds (the baseline stays one seed). scikit-learn's description is left out (its
+steps, refit sentences and lr, and by default its seed, so that they differ from it only in the text. `--runs W:S`
+names the English runs: each at seed S, naming the English file W times in `--text`, so that W > 1 makes it a larger
+share of each step's sentences (the baseline stays one seed). scikit-learn's description is left out (its
 dataset descriptions are in the English held-out set), and so is every sentence of the three held-out sets. Which
 packages are installed decides the text: the doc counts its packages and sentences.
 """
@@ -17,10 +18,13 @@ import argparse
 import importlib.metadata
 import json
 import os
+import re
+import statistics
 import subprocess
 from pathlib import Path
 
-from lambda_gelu.hf.text import prose_sentences
+from lambda_gelu.hf.text import prose_sentences, stdlib_sentences
+from transformers import AutoTokenizer
 from smollm2_prose import text_sets, write
 
 HELD_OUT_PACKAGES = {"scikit-learn"}  # its dataset descriptions are held out
@@ -44,8 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default="runs/smollm2/refit704-lr5e-4-0",
                         help="a conversion on the docstrings alone, whose settings the English runs take")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                        help="the English runs' seeds (default: the baseline's); each is written beside the baseline")
+    parser.add_argument("--runs", nargs="+", default=None, metavar="W:S",
+                        help="the English runs, each written beside the baseline: W the times it names the English "
+                             "file in --text, S its seed (default 1:the baseline's seed)")
     parser.add_argument("--output", default="docs/smollm2_english.md")
     args = parser.parse_args()
     if not (Path(args.baseline) / "reluize_report.json").is_file():
@@ -55,39 +60,63 @@ def main() -> None:
     settings = base["settings"]
     lr, seed, steps, refit = settings["lr"], base["seed"], base["steps"], base["refit_sentences"]
     tag = f"{lr:.0e}".replace("e-0", "e-")  # 5e-4, as the other runs' directories name it
-    seeds = list(dict.fromkeys(args.seeds or [seed]))
-    outs = [Path(args.baseline).parent / f"english-lr{tag}-{s}" for s in seeds]
+    specs = list(dict.fromkeys(args.runs or [f"1:{seed}"]))
+    if not all(re.fullmatch(r"[1-9]\d*:\d+", spec) for spec in specs):
+        parser.error(f"--runs takes W:S, W ≥ 1 the times the English file is named and S a seed: not {specs}")
+    pairs = [tuple(map(int, spec.split(":"))) for spec in specs]
+    weights = list(dict.fromkeys(w for w, _ in pairs))
+    runs = [(Path(args.baseline).parent / f"english{w if w > 1 else ''}-lr{tag}-{s}", s, w) for w, s in pairs]
 
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
-    text = outs[0].parent / "english.txt"
-    for out in outs:  # a run measured again must have trained on this text
+    text = Path(args.baseline).parent / "english.txt"
+    for out, _, w in runs:  # a run measured again must have trained on this text, named as often
         if (out / "reluize_report.json").is_file():
             trained = json.loads((out / "reluize_report.json").read_text(encoding="utf-8"))["user_lines"]
-            if trained != len(english):
+            if trained != w * len(english):
                 parser.error(f"{out} trained on {trained} lines of --text, the installed packages give "
-                             f"{len(english)} now: remove it to convert again")
-    missing = [(out, s) for out, s in zip(outs, seeds) if not (out / "reluize_report.json").is_file()]
+                             f"{w} × {len(english)} now: remove it to convert again")
+    missing = [run for run in runs if not (run[0] / "reluize_report.json").is_file()]
     if missing:
         tmp = text.with_suffix(".tmp")
         tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
         os.replace(tmp, text)
-    for out, run_seed in missing:
+    for out, run_seed, w in missing:
         subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(out), "--seed", str(run_seed),
-                        "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}", "--text", str(text),
+                        "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}", "--text", *[str(text)] * w,
                         "--quiet"], check=True)
     words = sum(len(s.split()) for s in english)
-    command = "python experiments/smollm2_english.py" + (" --seeds " + " ".join(map(str, seeds)) if args.seeds else "")
-    runs = ", ".join(f"`{out}`" for out in outs)
-    write([args.baseline, *map(str, outs)], args.output, command, sets=sets,
+    tokenizer = AutoTokenizer.from_pretrained(args.baseline)  # the checkpoint's, the original's own
+
+    def tokens(sentences):
+        return statistics.fmean(min(len(ids), base["max_tokens"]) for ids in tokenizer(sentences)["input_ids"])
+
+    docstrings = stdlib_sentences()[0]
+    command = " ".join(["python experiments/smollm2_english.py", *(["--runs", *specs] if args.runs else []),
+                        *[f"--{k} {v}" for k, v in vars(args).items() if k != "runs" and v != parser.get_default(k)]])
+    named = []
+    for w in weights:
+        dirs = [f"`{out}`" for out, _, v in runs if v == w]
+        named.append(f"{', '.join(dirs)} name{'s' if len(dirs) == 1 else ''} it {'once' if w == 1 else f'{w} times'} "
+                     f"({w * len(english)} of {w * len(english) + base['train_sentences']} training sentences)")
+    write([args.baseline, *(str(out) for out, _, _ in runs)], args.output, command, sets=sets,
           preface=[f"The English text: {len(english)} prose sentences ({words} words) of the long descriptions of "
                    f"{packages} installed Python packages (their READMEs), written one a line to `{text}` and given "
-                   f"as `--text`; {runs} train{'s' if len(outs) == 1 else ''} on them beside the docstrings, "
-                   f"`{args.baseline}` on the docstrings alone, all at {steps} steps, a refit over {refit} sentences, "
-                   f"lr {lr:g}; the baseline at seed {seed}, the English text at seed{'s' if len(seeds) > 1 else ''} "
-                   f"{', '.join(map(str, seeds))}. No sentence of the three held-out sets below is in the English "
-                   "text."])
+                   f"as `--text` beside the docstrings: {'; '.join(named)}. `{args.baseline}` trains on the "
+                   f"docstrings alone. All at {steps} steps, a refit over {refit} sentences, lr {lr:g}; the baseline "
+                   f"at seed {seed}, each English run at the seed its name ends with. No sentence of the three "
+                   "held-out sets below is in the English text.", "",
+                   "Minutes each conversion took (its report's, the measuring left out; made at different times, so "
+                   "part of any difference may be the machine's): "
+                   + ", ".join(f"`{Path(d).name}` {minutes(d):.0f}" for d in [args.baseline, *(o for o, _, _ in runs)])
+                   + f". The English sentences are longer: {tokens(english):.1f} tokens on average (at most "
+                   f"{base['max_tokens']}) against the docstrings' {tokens(docstrings):.1f}, so English makes a step "
+                   "dearer, and a `--minutes` budget, which times a batch of the training text's mean length, plans "
+                   "fewer steps with it."])
 
+
+def minutes(run) -> float:
+    return json.loads((Path(run) / "reluize_report.json").read_text(encoding="utf-8"))["seconds"] / 60
 
 if __name__ == "__main__":
     main()
