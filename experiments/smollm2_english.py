@@ -3,7 +3,7 @@ the CLI's default recipe with `--text`: the prose sentences of the installed Pyt
 READMEs on the package index), beside the same conversion on the standard library's docstrings alone, both measured on
 docs/smollm2_prose.md's three held-out sets. Writes docs/smollm2_english.md.
 
-    python experiments/smollm2_english.py --runs 1:0 1:1 3:0   # ≈ 1 hour a missing run on 2 cores
+    python experiments/smollm2_english.py --runs 1:0 1:1 3:0   # 1–1¼ hours a missing run on 2 cores
 
 The baseline is an existing conversion (by default smollm2_recipes.sh's refit run at lr 5e-4); the English runs take its
 steps, refit sentences and lr, and by default its seed, so that they differ from it only in the text. `--runs W:S`
@@ -116,7 +116,9 @@ def main() -> None:
 
 
 def minutes(run) -> float:
+    """The minutes a conversion took, by its report (the measuring left out)."""
     return json.loads((Path(run) / "reluize_report.json").read_text(encoding="utf-8"))["seconds"] / 60
+
 
 if __name__ == "__main__":
     main()
