@@ -25,7 +25,7 @@ from pathlib import Path
 
 from lambda_gelu.hf.text import prose_sentences, stdlib_sentences
 from transformers import AutoTokenizer
-from smollm2_prose import text_sets, write
+from smollm2_prose import given, text_sets, write
 
 HELD_OUT_PACKAGES = {"scikit-learn"}  # its dataset descriptions are held out
 
@@ -93,7 +93,7 @@ def main() -> None:
 
     docstrings = stdlib_sentences()[0]
     command = " ".join(["python experiments/smollm2_english.py", *(["--runs", *specs] if args.runs else []),
-                        *[f"--{k} {v}" for k, v in vars(args).items() if k != "runs" and v != parser.get_default(k)]])
+                        *given(parser, args, "runs")])
     named = []
     for w in weights:
         dirs = [f"`{out}`" for out, _, v in runs if v == w]

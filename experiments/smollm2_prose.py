@@ -61,8 +61,15 @@ def main() -> None:
     parser.add_argument("checkpoints", nargs="+", help="directories written by `lambda-gelu reluize` from SmolLM2")
     parser.add_argument("--output", default="docs/smollm2_prose.md")
     args = parser.parse_args()
-    output = "" if args.output == parser.get_default("output") else f" --output {args.output}"
-    write(args.checkpoints, args.output, "python experiments/smollm2_prose.py " + " ".join(args.checkpoints) + output)
+    write(args.checkpoints, args.output,
+          " ".join(["python experiments/smollm2_prose.py", *args.checkpoints, *given(parser, args, "checkpoints")]))
+
+
+def given(parser: argparse.ArgumentParser, args: argparse.Namespace, *skip: str) -> list[str]:
+    """The options of ``args`` (less ``skip``) not at ``parser``'s defaults, as a command line names them: a doc's
+    command regenerates that doc, not the default one."""
+    return [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+            if k not in skip and v != parser.get_default(k)]
 
 
 def write(checkpoints: list[str], output: str, command: str, preface: list[str] = (), sets: dict | None = None) -> None:
