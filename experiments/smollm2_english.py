@@ -3,14 +3,16 @@ the CLI's default recipe with `--text`: the prose sentences of the installed Pyt
 READMEs on the package index), beside the same conversion on the standard library's docstrings alone, both measured on
 docs/smollm2_prose.md's three held-out sets. Writes docs/smollm2_english.md.
 
-    python experiments/smollm2_english.py --runs 1:0 1:1 3:0   # 1–1¼ hours a missing run on 2 cores
+    python experiments/smollm2_english.py --runs 1:0 1:1 3:0 3:0:0.87   # 1–1¼ hours a missing run on 2 cores
 
 The baseline is an existing conversion (by default smollm2_recipes.sh's refit run at lr 5e-4); the English runs take its
 steps, refit sentences and lr, and by default its seed, so that they differ from it only in the text. `--runs W:S`
 names the English runs: each at seed S, naming the English file W times in `--text`, so that W > 1 makes it a larger
-share of each step's sentences (the baseline stays one seed). scikit-learn's description is left out (its
-dataset descriptions are in the English held-out set), and so is every sentence of the three held-out sets. Which
-packages are installed decides the text: the doc counts its packages and sentences.
+share of each step's sentences (the baseline stays one seed); `W:S:Z` also asks `--gate-zeros Z`, the gate threshold
+(its runs on the docstrings alone are docs/smollm2_sparsity.md's, measured on these sets in docs/smollm2_prose.md).
+scikit-learn's description is left out (its dataset descriptions are in the English held-out set), and so is every
+sentence of the three held-out sets. Which packages are installed decides the text: the doc counts its packages and
+sentences.
 """
 from __future__ import annotations
 
@@ -48,9 +50,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default="runs/smollm2/refit704-lr5e-4-0",
                         help="a conversion on the docstrings alone, whose settings the English runs take")
-    parser.add_argument("--runs", nargs="+", default=None, metavar="W:S",
+    parser.add_argument("--runs", nargs="+", default=None, metavar="W:S[:Z]",
                         help="the English runs, each written beside the baseline: W the times it names the English "
-                             "file in --text, S its seed (default 1:the baseline's seed)")
+                             "file in --text, S its seed, Z its --gate-zeros if any (default 1:the baseline's seed)")
     parser.add_argument("--output", default="docs/smollm2_english.md")
     args = parser.parse_args()
     if not (Path(args.baseline) / "reluize_report.json").is_file():
@@ -61,16 +63,20 @@ def main() -> None:
     lr, seed, steps, refit = settings["lr"], base["seed"], base["steps"], base["refit_sentences"]
     tag = f"{lr:.0e}".replace("e-0", "e-")  # 5e-4, as the other runs' directories name it
     specs = list(dict.fromkeys(args.runs or [f"1:{seed}"]))
-    if not all(re.fullmatch(r"[1-9]\d*:\d+", spec) for spec in specs):
-        parser.error(f"--runs takes W:S, W ≥ 1 the times the English file is named and S a seed: not {specs}")
-    pairs = [tuple(map(int, spec.split(":"))) for spec in specs]
-    weights = list(dict.fromkeys(w for w, _ in pairs))
-    runs = [(Path(args.baseline).parent / f"english{w if w > 1 else ''}-lr{tag}-{s}", s, w) for w, s in pairs]
+    if not all(re.fullmatch(r"[1-9]\d*:\d+(:0\.\d*[1-9])?", spec) for spec in specs):
+        parser.error(f"--runs takes W:S[:Z], W ≥ 1 the times the English file is named, S a seed and Z a share "
+                     f"of gate zeros between 0 and 1 (0.87): not {specs}")
+    runs = []  # (directory, seed, times named, gate zeros)
+    for spec in specs:
+        w, s, *z = spec.split(":")
+        name = f"english{w if int(w) > 1 else ''}{''.join(f'-zeros{v}' for v in z)}-lr{tag}-{s}"
+        runs.append((Path(args.baseline).parent / name, int(s), int(w), z[0] if z else None))
+    weights = list(dict.fromkeys(w for _, _, w, _ in runs))
 
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
     text = Path(args.baseline).parent / "english.txt"
-    for out, _, w in runs:  # a run measured again must have trained on this text, named as often
+    for out, _, w, _ in runs:  # a run measured again must have trained on this text, named as often
         if (out / "reluize_report.json").is_file():
             trained = json.loads((out / "reluize_report.json").read_text(encoding="utf-8"))["user_lines"]
             if trained != w * len(english):
@@ -81,10 +87,11 @@ def main() -> None:
         tmp = text.with_suffix(".tmp")
         tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
         os.replace(tmp, text)
-    for out, run_seed, w in missing:
+    for out, run_seed, w, zeros in missing:
         subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(out), "--seed", str(run_seed),
-                        "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}", "--text", *[str(text)] * w,
-                        "--quiet"], check=True)
+                        "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}",
+                        *(["--gate-zeros", zeros] if zeros else []), "--text", *[str(text)] * w, "--quiet"],
+                       check=True)
     words = sum(len(s.split()) for s in english)
     tokenizer = AutoTokenizer.from_pretrained(args.baseline)  # the checkpoint's, the original's own
 
@@ -96,19 +103,23 @@ def main() -> None:
                         *given(parser, args, "runs")])
     named = []
     for w in weights:
-        dirs = [f"`{out}`" for out, _, v in runs if v == w]
+        dirs = [f"`{out}`" for out, _, v, _ in runs if v == w]
         named.append(f"{', '.join(dirs)} name{'s' if len(dirs) == 1 else ''} it {'once' if w == 1 else f'{w} times'} "
                      f"({w * len(english)} of {w * len(english) + base['train_sentences']} training sentences)")
-    write([args.baseline, *(str(out) for out, _, _ in runs)], args.output, command, sets=sets,
+    write([args.baseline, *(str(out) for out, _, _, _ in runs)], args.output, command, sets=sets,
           preface=[f"The English text: {len(english)} prose sentences ({words} words) of the long descriptions of "
                    f"{packages} installed Python packages (their READMEs), written one a line to `{text}` and given "
                    f"as `--text` beside the docstrings: {'; '.join(named)}. `{args.baseline}` trains on the "
                    f"docstrings alone. All at {steps} steps, a refit over {refit} sentences, lr {lr:g}; the baseline "
                    f"at seed {seed}, each English run at the seed its name ends with. No sentence of the three "
-                   "held-out sets below is in the English text.", "",
+                   "held-out sets below is in the English text."
+                   + "".join(f" `{out.name}` also asks `--gate-zeros {z}`: one bias of every gate lowered until {z} of "
+                             "its outputs are exact zeros, reached over the first half of the steps (the same on the "
+                             "docstrings alone: [smollm2_prose.md](smollm2_prose.md)'s `zeros"
+                             f"{z}-lr{tag}`)." for out, _, _, z in runs if z), "",
                    "Minutes each conversion took (its report's, the measuring left out; made at different times, so "
                    "part of any difference may be the machine's): "
-                   + ", ".join(f"`{Path(d).name}` {minutes(d):.0f}" for d in [args.baseline, *(o for o, _, _ in runs)])
+                   + ", ".join(f"`{Path(d).name}` {minutes(d):.0f}" for d in [args.baseline, *(o for o, *_ in runs)])
                    + f". The English sentences are longer: {tokens(english):.1f} tokens on average (at most "
                    f"{base['max_tokens']}) against the docstrings' {tokens(docstrings):.1f}, so English makes a step "
                    "dearer, and a `--minutes` budget, which times a batch of the training text's mean length, plans "
