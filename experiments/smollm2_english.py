@@ -113,10 +113,12 @@ def main() -> None:
                    f"docstrings alone. All at {steps} steps, a refit over {refit} sentences, lr {lr:g}; the baseline "
                    f"at seed {seed}, each English run at the seed its name ends with. No sentence of the three "
                    "held-out sets below is in the English text."
-                   + "".join(f" `{out.name}` also asks `--gate-zeros {z}`: one bias of every gate lowered until {z} of "
-                             "its outputs are exact zeros, reached over the first half of the steps (the same on the "
-                             "docstrings alone: [smollm2_prose.md](smollm2_prose.md)'s `zeros"
-                             f"{z}-lr{tag}`)." for out, _, _, z in runs if z), "",
+                   + "".join(f" `{out.name}` also asks `--gate-zeros {z}`: every gate's bias lowered until "
+                             f"{float(z):.0%} of the gates' outputs are exact zeros, a share reached over the first "
+                             "half of the steps (the same on the docstrings alone: "
+                             f"[smollm2_prose.md](smollm2_prose.md)'s `zeros{z}-lr{tag}`)."
+                             for out, _, _, z in runs if z),
+                   "",
                    "Minutes each conversion took (its report's, the measuring left out; made at different times, so "
                    "part of any difference may be the machine's): "
                    + ", ".join(f"`{Path(d).name}` {minutes(d):.0f}" for d in [args.baseline, *(o for o, *_ in runs)])
