@@ -24,12 +24,21 @@ import re
 import statistics
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 from lambda_gelu.hf.text import prose_sentences, stdlib_sentences
 from transformers import AutoTokenizer
 from smollm2_prose import given, text_sets, write
 
 HELD_OUT_PACKAGES = {"scikit-learn"}  # its dataset descriptions are held out
+
+
+class Run(NamedTuple):
+    """An English run: where it is written, its seed, the times it names the English file, its --gate-zeros."""
+    out: Path
+    seed: int
+    times: int
+    zeros: str | None
 
 
 def package_prose(exclude: set[str]) -> tuple[list[str], int]:
@@ -55,10 +64,10 @@ def main() -> None:
                              "file in --text, S its seed, Z its --gate-zeros if any (default 1:the baseline's seed)")
     parser.add_argument("--output", default="docs/smollm2_english.md")
     args = parser.parse_args()
-    if not (Path(args.baseline) / "reluize_report.json").is_file():
+    if not done(args.baseline):
         parser.error(f"{args.baseline} is not a finished conversion: make the baseline first, by the command on "
                      "docs/smollm2_recipes_lr5e-4.md's third line, or give --baseline")
-    base = json.loads((Path(args.baseline) / "reluize_report.json").read_text(encoding="utf-8"))
+    base = report(args.baseline)
     settings = base["settings"]
     lr, seed, steps, refit = settings["lr"], base["seed"], base["steps"], base["refit_sentences"]
     tag = f"{lr:.0e}".replace("e-0", "e-")  # 5e-4, as the other runs' directories name it
@@ -66,32 +75,32 @@ def main() -> None:
     if not all(re.fullmatch(r"[1-9]\d*:\d+(:0\.\d*[1-9])?", spec) for spec in specs):
         parser.error(f"--runs takes W:S[:Z], W ≥ 1 the times the English file is named, S a seed and Z a share "
                      f"of gate zeros between 0 and 1 (0.87): not {specs}")
-    runs = []  # (directory, seed, times named, gate zeros)
+    runs = []
     for spec in specs:
         w, s, *z = spec.split(":")
         name = f"english{w if int(w) > 1 else ''}{''.join(f'-zeros{v}' for v in z)}-lr{tag}-{s}"
-        runs.append((Path(args.baseline).parent / name, int(s), int(w), z[0] if z else None))
-    weights = list(dict.fromkeys(w for _, _, w, _ in runs))
+        runs.append(Run(Path(args.baseline).parent / name, int(s), int(w), z[0] if z else None))
 
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
     text = Path(args.baseline).parent / "english.txt"
-    for out, _, w, _ in runs:  # a run measured again must have trained on this text, named as often
-        if (out / "reluize_report.json").is_file():
-            trained = json.loads((out / "reluize_report.json").read_text(encoding="utf-8"))["user_lines"]
-            if trained != w * len(english):
-                parser.error(f"{out} trained on {trained} lines of --text, the installed packages give "
-                             f"{w} × {len(english)} now: remove it to convert again")
-    missing = [run for run in runs if not (run[0] / "reluize_report.json").is_file()]
+    for run in runs:  # a run measured again must have trained on this text, named as often
+        if not done(run.out):
+            continue
+        trained = report(run.out)["user_lines"]
+        if trained != run.times * len(english):
+            parser.error(f"{run.out} trained on {trained} lines of --text, the installed packages give "
+                         f"{run.times} × {len(english)} now: remove it to convert again")
+    missing = [run for run in runs if not done(run.out)]
     if missing:
         tmp = text.with_suffix(".tmp")
         tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
         os.replace(tmp, text)
-    for out, run_seed, w, zeros in missing:
-        subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(out), "--seed", str(run_seed),
+    for run in missing:
+        subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(run.out), "--seed", str(run.seed),
                         "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}",
-                        *(["--gate-zeros", zeros] if zeros else []), "--text", *[str(text)] * w, "--quiet"],
-                       check=True)
+                        *(["--gate-zeros", run.zeros] if run.zeros else []), "--text", *[str(text)] * run.times,
+                        "--quiet"], check=True)
     words = sum(len(s.split()) for s in english)
     tokenizer = AutoTokenizer.from_pretrained(args.baseline)  # the checkpoint's, the original's own
 
@@ -102,35 +111,41 @@ def main() -> None:
     command = " ".join(["python experiments/smollm2_english.py", *(["--runs", *specs] if args.runs else []),
                         *given(parser, args, "runs")])
     named = []
-    for w in weights:
-        dirs = [f"`{out}`" for out, _, v, _ in runs if v == w]
+    for w in dict.fromkeys(run.times for run in runs):
+        dirs = [f"`{run.out}`" for run in runs if run.times == w]
         named.append(f"{', '.join(dirs)} name{'s' if len(dirs) == 1 else ''} it {'once' if w == 1 else f'{w} times'} "
                      f"({w * len(english)} of {w * len(english) + base['train_sentences']} training sentences)")
-    write([args.baseline, *(str(out) for out, _, _, _ in runs)], args.output, command, sets=sets,
+    write([args.baseline, *(str(run.out) for run in runs)], args.output, command, sets=sets,
           preface=[f"The English text: {len(english)} prose sentences ({words} words) of the long descriptions of "
                    f"{packages} installed Python packages (their READMEs), written one a line to `{text}` and given "
                    f"as `--text` beside the docstrings: {'; '.join(named)}. `{args.baseline}` trains on the "
                    f"docstrings alone. All at {steps} steps, a refit over {refit} sentences, lr {lr:g}; the baseline "
                    f"at seed {seed}, each English run at the seed its name ends with. No sentence of the three "
                    "held-out sets below is in the English text."
-                   + "".join(f" `{out.name}` also asks `--gate-zeros {z}`: every gate's bias lowered until "
-                             f"{float(z):.0%} of the gates' outputs are exact zeros, a share reached over the first "
-                             "half of the steps (the same on the docstrings alone: "
-                             f"[smollm2_prose.md](smollm2_prose.md)'s `zeros{z}-lr{tag}`)."
-                             for out, _, _, z in runs if z),
+                   + "".join(f" `{run.out.name}` also asks `--gate-zeros {run.zeros}`: every gate's bias lowered "
+                             f"until {float(run.zeros):.0%} of the gates' outputs are exact zeros, a share reached "
+                             "over the first half of the steps (the same on the docstrings alone: "
+                             f"[smollm2_prose.md](smollm2_prose.md)'s `zeros{run.zeros}-lr{tag}`)."
+                             for run in runs if run.zeros),
                    "",
                    "Minutes each conversion took (its report's, the measuring left out; made at different times, so "
                    "part of any difference may be the machine's): "
-                   + ", ".join(f"`{Path(d).name}` {minutes(d):.0f}" for d in [args.baseline, *(o for o, *_ in runs)])
+                   + ", ".join(f"`{Path(d).name}` {report(d)['seconds'] / 60:.0f}"
+                               for d in [args.baseline, *(run.out for run in runs)])
                    + f". The English sentences are longer: {tokens(english):.1f} tokens on average (at most "
                    f"{base['max_tokens']}) against the docstrings' {tokens(docstrings):.1f}, so English makes a step "
                    "dearer, and a `--minutes` budget, which times a batch of the training text's mean length, plans "
                    "fewer steps with it."])
 
 
-def minutes(run) -> float:
-    """The minutes a conversion took, by its report (the measuring left out)."""
-    return json.loads((Path(run) / "reluize_report.json").read_text(encoding="utf-8"))["seconds"] / 60
+def done(directory) -> bool:
+    """Whether the conversion written to ``directory`` has finished: its report is written last."""
+    return (Path(directory) / "reluize_report.json").is_file()
+
+
+def report(directory) -> dict:
+    """The report of the conversion written to ``directory``."""
+    return json.loads((Path(directory) / "reluize_report.json").read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":
