@@ -3,7 +3,7 @@ the CLI's default recipe with `--text`: the prose sentences of the installed Pyt
 READMEs on the package index), beside the same conversion on the standard library's docstrings alone, both measured on
 docs/smollm2_prose.md's three held-out sets. Writes docs/smollm2_english.md.
 
-    python experiments/smollm2_english.py --runs 1:0 1:1 3:0 3:0:0.87   # 1–1¼ hours a missing run on 2 cores
+    python experiments/smollm2_english.py --runs 1:0 1:1 3:0 3:0:0.87 3:0:0.75   # 1–1¼ hours a missing run, 2 cores
 
 The baseline is an existing conversion (by default smollm2_recipes.sh's refit run at lr 5e-4); the English runs take its
 steps, refit sentences and lr, and by default its seed, so that they differ from it only in the text. `--runs W:S`
@@ -124,8 +124,7 @@ def main() -> None:
                    "held-out sets below is in the English text."
                    + "".join(f" `{run.out.name}` also asks `--gate-zeros {run.zeros}`: every gate's bias lowered "
                              f"until {float(run.zeros):.0%} of the gates' outputs are exact zeros, a share reached "
-                             "over the first half of the steps (the same on the docstrings alone: "
-                             f"[smollm2_prose.md](smollm2_prose.md)'s `zeros{run.zeros}-lr{tag}`)."
+                             "over the first half of the steps" + counterpart(f"zeros{run.zeros}-lr{tag}") + "."
                              for run in runs if run.zeros),
                    "",
                    "Minutes each conversion took (its report's, the measuring left out; made at different times, so "
@@ -136,6 +135,13 @@ def main() -> None:
                    f"{base['max_tokens']}) against the docstrings' {tokens(docstrings):.1f}, so English makes a step "
                    "dearer, and a `--minutes` budget, which times a batch of the training text's mean length, plans "
                    "fewer steps with it."])
+
+
+def counterpart(name: str) -> str:
+    """Where the docstrings-only run ``name`` is measured on these sets, or that none is."""
+    if f"/{name}-" in Path(__file__).parents[1].joinpath("docs", "smollm2_prose.md").read_text(encoding="utf-8"):
+        return f" (the same on the docstrings alone: [smollm2_prose.md](smollm2_prose.md)'s `{name}`)"
+    return " (no run on the docstrings alone asks this share)"
 
 
 def done(directory) -> bool:
