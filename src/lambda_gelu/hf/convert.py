@@ -1,9 +1,9 @@
-"""A pretrained Hugging Face GELU model → a standard checkpoint of its exact-ReLU version, with a report of
+"""A pretrained Hugging Face GELU or SiLU model → a standard checkpoint of its exact-ReLU version, with a report of
 what the conversion kept (``lambda-gelu reluize MODEL --out DIR`` calls :func:`reluize_checkpoint`).
 
 The training text is English every machine has (the sentences of the standard library's docstrings), plus the
 user's ``texts``; the report measures on held-out docstring sentences from files never used in training, for the
-direct GELU→ReLU swap too and along the conversion (the curve of metric vs minutes), and once it ends on text of
+direct swap to ReLU too and along the conversion (the curve of metric vs minutes), and once it ends on text of
 other kinds: Python's reference documentation, and the user's ``eval_texts``. The checkpoint loads with plain
 transformers (and sentence-transformers, for such a directory) as the ReLU network.
 """

@@ -168,7 +168,7 @@ def markdown(r: dict) -> str:
                 f"(from {100 * min(r['zeros'].values()):.1f}% to {100 * max(r['zeros'].values()):.1f}%; "
                 "each layer's in the JSON report).", ""] if r.get("zeros") else []),
              f"| model | {head} |", f"|---|{rule}|",
-             f"| direct GELU→ReLU swap, no training | {cells(r['direct_swap'])} |",
+             f"| direct swap to ReLU, no training | {cells(r['direct_swap'])} |",
              f"| this checkpoint | {cells(r['reluized'])} |", "", *_other_text(r, metrics),
              "## Along the conversion", "", f"| step | minutes | λ | {head} |", f"|---|---|---|{rule}|"]
     for c in r["curve"]:
