@@ -3,13 +3,15 @@ the CLI's default recipe with `--text`: the prose sentences of the installed Pyt
 READMEs on the package index), beside the same conversion on the standard library's docstrings alone, both measured on
 docs/smollm2_prose.md's three held-out sets. Writes docs/smollm2_english.md.
 
-    python experiments/smollm2_english.py --runs 1:0 1:1 3:0 3:0:0.87 3:0:0.75   # 1–1¼ hours a missing run, 2 cores
+    python experiments/smollm2_english.py --runs 1:0 1:1 3:0 3:0:0.87 3:0:0.75 3:0@30 3:1@30   # ≤ 1¼ h a missing run
 
 The baseline is an existing conversion (by default smollm2_recipes.sh's refit run at lr 5e-4); the English runs take its
 steps, refit sentences and lr, and by default its seed, so that they differ from it only in the text. `--runs W:S`
 names the English runs: each at seed S, naming the English file W times in `--text`, so that W > 1 makes it a larger
 share of each step's sentences (the baseline stays one seed); `W:S:Z` also asks `--gate-zeros Z`, the gate threshold
-(its runs on the docstrings alone are docs/smollm2_sparsity.md's, measured on these sets in docs/smollm2_prose.md).
+(its runs on the docstrings alone are docs/smollm2_sparsity.md's, measured on these sets in docs/smollm2_prose.md);
+`W:S@M` takes a time budget of M minutes instead of the baseline's steps and refit, as a user's `--minutes M` would (30
+is the CLI's default for a causal LM), the steps and the refit planned to fit it on the machine that runs it.
 scikit-learn's description is left out (its dataset descriptions are in the English held-out set), and so is every
 sentence of the three held-out sets. Which packages are installed decides the text: the doc counts its packages and
 sentences.
@@ -26,19 +28,23 @@ import subprocess
 from pathlib import Path
 from typing import NamedTuple
 
+from lambda_gelu.hf.convert import ConversionConfig
 from lambda_gelu.hf.text import prose_sentences, stdlib_sentences
 from transformers import AutoTokenizer
 from smollm2_prose import given, text_sets, write
 
 HELD_OUT_PACKAGES = {"scikit-learn"}  # its dataset descriptions are held out
+DEFAULT_MINUTES = ConversionConfig.DEFAULT_MINUTES_CAUSAL
 
 
 class Run(NamedTuple):
-    """An English run: where it is written, its seed, the times it names the English file, its --gate-zeros."""
+    """An English run: where it is written, its seed, the times it names the English file, its --gate-zeros, and its
+    --minutes where it takes a time budget instead of the baseline's steps."""
     out: Path
     seed: int
     times: int
     zeros: str | None
+    minutes: int | None
 
 
 def package_prose(exclude: set[str]) -> tuple[list[str], int]:
@@ -59,9 +65,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default="runs/smollm2/refit704-lr5e-4-0",
                         help="a conversion on the docstrings alone, whose settings the English runs take")
-    parser.add_argument("--runs", nargs="+", default=None, metavar="W:S[:Z]",
+    parser.add_argument("--runs", nargs="+", default=None, metavar="W:S[:Z][@M]",
                         help="the English runs, each written beside the baseline: W the times it names the English "
-                             "file in --text, S its seed, Z its --gate-zeros if any (default 1:the baseline's seed)")
+                             "file in --text, S its seed, Z its --gate-zeros if any, M its --minutes if it takes a "
+                             "time budget instead of the baseline's steps (default 1:the baseline's seed)")
     parser.add_argument("--output", default="docs/smollm2_english.md")
     args = parser.parse_args()
     if not done(args.baseline):
@@ -72,14 +79,16 @@ def main() -> None:
     lr, seed, steps, refit = settings["lr"], base["seed"], base["steps"], base["refit_sentences"]
     tag = f"{lr:.0e}".replace("e-0", "e-")  # 5e-4, as the other runs' directories name it
     specs = list(dict.fromkeys(args.runs or [f"1:{seed}"]))
-    if not all(re.fullmatch(r"[1-9]\d*:\d+(:0\.\d*[1-9])?", spec) for spec in specs):
-        parser.error(f"--runs takes W:S[:Z], W ≥ 1 the times the English file is named, S a seed and Z a share "
-                     f"of gate zeros between 0 and 1 (0.87): not {specs}")
+    if not all(re.fullmatch(r"[1-9]\d*:\d+(:0\.\d*[1-9])?(@[1-9]\d*)?", spec) for spec in specs):
+        parser.error(f"--runs takes W:S[:Z][@M], W ≥ 1 the times the English file is named, S a seed, Z a share "
+                     f"of gate zeros between 0 and 1 (0.87) and M whole minutes (30): not {specs}")
     runs = []
     for spec in specs:
+        spec, _, m = spec.partition("@")
         w, s, *z = spec.split(":")
-        name = f"english{w if int(w) > 1 else ''}{''.join(f'-zeros{v}' for v in z)}-lr{tag}-{s}"
-        runs.append(Run(Path(args.baseline).parent / name, int(s), int(w), z[0] if z else None))
+        name = (f"english{w if int(w) > 1 else ''}{''.join(f'-zeros{v}' for v in z)}{f'-min{m}' if m else ''}"
+                f"-lr{tag}-{s}")
+        runs.append(Run(Path(args.baseline).parent / name, int(s), int(w), z[0] if z else None, int(m) if m else None))
 
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
@@ -97,8 +106,9 @@ def main() -> None:
         tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
         os.replace(tmp, text)
     for run in missing:
+        budget = ["--minutes", str(run.minutes)] if run.minutes else ["--steps", str(steps), "--refit", str(refit)]
         subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(run.out), "--seed", str(run.seed),
-                        "--steps", str(steps), "--refit", str(refit), "--lr", f"{lr:g}",
+                        *budget, "--lr", f"{lr:g}",
                         *(["--gate-zeros", run.zeros] if run.zeros else []), "--text", *[str(text)] * run.times,
                         "--quiet"], check=True)
     words = sum(len(s.split()) for s in english)
@@ -110,6 +120,7 @@ def main() -> None:
     docstrings = stdlib_sentences()[0]
     command = " ".join(["python experiments/smollm2_english.py", *(["--runs", *specs] if args.runs else []),
                         *given(parser, args, "runs")])
+    timed = [run for run in runs if run.minutes]
     named = []
     for w in dict.fromkeys(run.times for run in runs):
         dirs = [f"`{run.out}`" for run in runs if run.times == w]
@@ -119,9 +130,13 @@ def main() -> None:
           preface=[f"The English text: {len(english)} prose sentences ({words} words) of the long descriptions of "
                    f"{packages} installed Python packages (their READMEs), written one a line to `{text}` and given "
                    f"as `--text` beside the docstrings: {'; '.join(named)}. `{args.baseline}` trains on the "
-                   f"docstrings alone. All at {steps} steps, a refit over {refit} sentences, lr {lr:g}; the baseline "
-                   f"at seed {seed}, each English run at the seed its name ends with. No sentence of the three "
-                   "held-out sets below is in the English text."
+                   f"docstrings alone. All at lr {lr:g}"
+                   + (f" and, but for the time-budget runs below, {steps} steps and a refit over {refit} sentences"
+                      if timed else f", {steps} steps, a refit over {refit} sentences")
+                   + f"; the baseline at seed {seed}, each English run at the seed its name ends with. No sentence of "
+                   "the three held-out sets below is in the English text."
+                   + "".join(budgeted([run for run in timed if run.minutes == m], tag)
+                             for m in dict.fromkeys(run.minutes for run in timed))
                    + "".join(f" `{run.out.name}` also asks `--gate-zeros {run.zeros}`: every gate's bias lowered "
                              f"until {float(run.zeros):.0%} of the gates' outputs are exact zeros, a share reached "
                              "over the first half of the steps" + counterpart(f"zeros{run.zeros}-lr{tag}") + "."
@@ -137,11 +152,33 @@ def main() -> None:
                    "fewer steps with it."])
 
 
+def budgeted(runs: list[Run], tag: str) -> str:
+    """What the runs that take one time budget planned, and where the docstrings alone are measured in it."""
+    names, minutes = ", ".join(f"`{run.out.name}`" for run in runs), runs[0].minutes
+    planned = [report(run.out) for run in runs]
+    note = (f" {names} take{'s' if len(runs) == 1 else ''} a time budget instead, `--minutes {minutes}`"
+            + (" (the CLI's default for a causal LM)" if minutes == DEFAULT_MINUTES else "")
+            + f", as a user's command would; planned where {'it' if len(runs) == 1 else 'they'} ran: "
+            + " and ".join(str(r["steps"]) for r in planned) + " steps, a refit over "
+            + " and ".join(str(r["refit_sentences"]) for r in planned) + " sentences")
+    if minutes == DEFAULT_MINUTES and (where := measured(f"lr{tag}")):
+        note += (f" (the docstrings alone in this budget, run on another day: {where}, its steps in "
+                 "[smollm2_lr.md](smollm2_lr.md))")
+    return note + "."
+
+
 def counterpart(name: str) -> str:
     """Where the docstrings-only run ``name`` is measured on these sets, or that none is."""
+    where = measured(name)
+    return f" (the same on the docstrings alone: {where})" if where else \
+        " (no run on the docstrings alone asks this share)"
+
+
+def measured(name: str) -> str:
+    """A link to the docstrings-only runs ``name`` in docs/smollm2_prose.md, or "" where it measures none."""
     if f"/{name}-" in Path(__file__).parents[1].joinpath("docs", "smollm2_prose.md").read_text(encoding="utf-8"):
-        return f" (the same on the docstrings alone: [smollm2_prose.md](smollm2_prose.md)'s `{name}`)"
-    return " (no run on the docstrings alone asks this share)"
+        return f"[smollm2_prose.md](smollm2_prose.md)'s `{name}`"
+    return ""
 
 
 def done(directory) -> bool:
