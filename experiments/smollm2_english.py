@@ -155,14 +155,16 @@ def main() -> None:
 def budgeted(runs: list[Run], tag: str) -> str:
     """What the runs that take one time budget planned, and where the docstrings alone are measured in it."""
     names, minutes = ", ".join(f"`{run.out.name}`" for run in runs), runs[0].minutes
-    planned = [report(run.out) for run in runs]
+    made = [report(run.out) for run in runs]
     note = (f" {names} take{'s' if len(runs) == 1 else ''} a time budget instead, `--minutes {minutes}`"
             + (" (the CLI's default for a causal LM)" if minutes == DEFAULT_MINUTES else "")
-            + f", as a user's command would; planned where {'it' if len(runs) == 1 else 'they'} ran: "
-            + " and ".join(str(r["steps"]) for r in planned) + " steps, a refit over "
-            + " and ".join(str(r["refit_sentences"]) for r in planned) + " sentences")
+            + ", as a user's command would: on the machine that ran them the budget decided the refit, over "
+            + ", ".join(str(r["refit_sentences"]) for r in made) + " sentences (a refit takes at most a quarter "
+            "of the budget), and the steps: " + ", ".join(f"{r['steps']} of {r.get('planned_steps', r['steps'])}"
+                                                   for r in made)
+            + " planned (the steps end where the next would overrun the budget)")
     if minutes == DEFAULT_MINUTES and (where := measured(f"lr{tag}")):
-        note += (f" (the docstrings alone in this budget, run on another day: {where}, its steps in "
+        note += (f". The docstrings alone in this budget are {where}, run on another day (their steps in "
                  "[smollm2_lr.md](smollm2_lr.md))")
     return note + "."
 
