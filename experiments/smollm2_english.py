@@ -3,7 +3,8 @@ the CLI's default recipe with `--text`: the prose sentences of the installed Pyt
 READMEs on the package index), beside the same conversion on the standard library's docstrings alone, both measured on
 docs/smollm2_prose.md's three held-out sets. Writes docs/smollm2_english.md.
 
-    python experiments/smollm2_english.py --runs 1:0 1:1 3:0 3:0:0.87 3:0:0.75 3:0@30 3:1@30   # ≤ 1¼ h a missing run
+    python experiments/smollm2_english.py --runs 1:0 1:1 3:0 3:0:0.87 3:0:0.75 3:0@30 3:1@30 3:2@30
+    # ≤ 1¼ hours a missing run on 2 cores, then ~3 minutes measuring each checkpoint
 
 The baseline is an existing conversion (by default smollm2_recipes.sh's refit run at lr 5e-4); the English runs take its
 steps, refit sentences and lr, and by default its seed, so that they differ from it only in the text. `--runs W:S`
