@@ -34,9 +34,6 @@ __all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS"]
 
 BATCHINGS = ("length", "shuffled")
 CHECKPOINTS = 8
-# the refit of a batch, in the steps --minutes counts (MiniLM): 1.85 s against 1.5 s on shuffled batches; on length
-# batches, shorter, the refit's fixed work weighs more: 0.68-0.80 s against 0.46 s
-REFIT_STEP_COST = {"length": 1.75, "shuffled": 1.2}
 BUDGET_SHARE = 0.97  # of --minutes, what the step count is planned for: a step's time varied by ±3% between runs
 REFIT_SHARE = 0.25  # of --minutes, the most the refit may take (estimated from a timed forward and a timed solve)
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
@@ -171,6 +168,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         padded = [max(lengths[j] for j in b) for b in epoch]
         mean = sum(padded) / len(padded)
         typical = text.encode([train[j] for j in epoch[min(range(len(epoch)), key=lambda i: abs(padded[i] - mean))]])
+        refit_seconds = 0.0  # what the steps get is what the refit leaves, both estimated on this model
         if refit_batches:  # the refit gets at most REFIT_SHARE of the budget, whatever the model's size
             fixed, one = _refit_seconds(model, typical)
             fits = int((REFIT_SHARE * minutes * 60 - fixed) / one)
@@ -180,13 +178,10 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                               f"batch): refit over {max(fits, 0) * batch_size} sentences instead")
                 refit, refit_batches = max(fits, 0) * batch_size, max(fits, 0)
                 log(f"note: {refit_note}")
+            refit_seconds = fixed + one * refit_batches if refit_batches else 0.0
         repair = config.reluize.repair
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
-        steps = (_steps_for(model, typical, BUDGET_SHARE * minutes * 60 / step_cost)
-                 - round(refit / batch_size * REFIT_STEP_COST[config.batching]))
-        if steps < 1:
-            raise CheckpointError(f"--minutes {minutes:g} leaves no time for a step after the refit of {refit} "
-                                  "sentences: give more minutes or a smaller --refit")
+        steps = _steps_for(model, typical, (BUDGET_SHARE * minutes * 60 - refit_seconds) / step_cost)  # refit ≤ 25%
     batches = text.batches(steps)
     curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
     marks = {max(1, round(steps * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS + 1)} | ({0} if refit else set())
