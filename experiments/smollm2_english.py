@@ -161,7 +161,7 @@ def budgeted(runs: list[Run], tag: str) -> str:
             + (" (the CLI's default for a causal LM)" if minutes == DEFAULT_MINUTES else "")
             + ", as a user's command would: on the machine that ran them the budget decided the refit, over "
             + ", ".join(str(r["refit_sentences"]) for r in made) + " sentences (a refit takes at most a quarter "
-            "of the budget), and the steps: " + ", ".join(f"{r['steps']} of {r.get('planned_steps', r['steps'])}"
+            "of the budget), and the steps: " + ", ".join(f"{r['steps']} of {r['planned_steps']}"
                                                    for r in made)
             + " planned (the steps end where the next would overrun the budget)")
     if minutes == DEFAULT_MINUTES and (where := measured(f"lr{tag}")):
