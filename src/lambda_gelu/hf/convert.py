@@ -34,7 +34,8 @@ __all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS"]
 
 BATCHINGS = ("length", "shuffled")
 CHECKPOINTS = 8
-BUDGET_SHARE = 0.97  # of --minutes, what the step count is planned for: a step's time varied by ±3% between runs
+BUDGET_SHARE = 0.97  # of --minutes, what the refit and the steps are planned for: a MiniLM step's time varied by ±3%
+# between runs; SmolLM2's 30-minute plans came out cautious, 26-27 minutes used (docs/smollm2_budget.md)
 REFIT_SHARE = 0.25  # of --minutes, the most the refit may take (estimated from a timed forward and a timed solve)
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
 
