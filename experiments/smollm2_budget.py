@@ -54,7 +54,8 @@ def main() -> None:
                     f"{r['planned_steps']} | {r['steps']} | {end:.0%} | {r['seconds'] / 60:.1f} |")
     seeds = ["--seeds", *map(str, args.seeds)] if args.seeds != parser.get_default("seeds") else []
     command = " ".join(["python experiments/smollm2_budget.py", *seeds, *given(parser, args, "seeds")])
-    write([str(run) for run in runs], args.output, command, sets=sets, preface=[
+    write([str(run) for run in runs], args.output, command, sets=sets,
+          title="SmolLM2-135M → exact ReLU in the CLI's default 30 minutes, with English text", preface=[
         f"The CLI's default command for a causal LM, `lambda-gelu reluize {MODEL} --seed S --text E E E` (a "
         f"`--minutes 30` budget, lr {next(iter(made.values()))['settings']['lr']:g}), E the English text of "
         f"[smollm2_english.md](smollm2_english.md): {len(english)} prose sentences of {packages} installed packages' "

@@ -72,10 +72,11 @@ def given(parser: argparse.ArgumentParser, args: argparse.Namespace, *skip: str)
             if k not in skip and v != parser.get_default(k)]
 
 
-def write(checkpoints: list[str], output: str, command: str, preface: list[str] = (), sets: dict | None = None) -> None:
+def write(checkpoints: list[str], output: str, command: str, preface: list[str] = (), sets: dict | None = None,
+          title: str = "SmolLM2-135M → exact ReLU: perplexity outside the training text") -> None:
     """Measures ``checkpoints`` against the original on ``sets`` (default :func:`text_sets`) and writes the doc
-    ``output``, headed by the ``command`` that regenerates it and the ``preface`` lines (a checkpoint given ``--text``
-    lines must not have been given any of those sets' sentences)."""
+    ``output``, titled ``title``, headed by the ``command`` that regenerates it and the ``preface`` lines (a
+    checkpoint given ``--text`` lines must not have been given any of those sets' sentences)."""
     quiet_transformers()
     reports = {d: json.loads((Path(d) / "reluize_report.json").read_text(encoding="utf-8")) for d in checkpoints}
     first = next(iter(reports.values()))
@@ -104,7 +105,7 @@ def write(checkpoints: list[str], output: str, command: str, preface: list[str] 
         groups[re.sub(r"-\d+$", "", Path(d).name)].append(d)
 
     names = list(sets)
-    lines = ["# SmolLM2-135M → exact ReLU: perplexity outside the training text", "",
+    lines = [f"# {title}", "",
              f"`{command}`", "", *preface, *([""] if preface else []),
              "`lambda-gelu reluize` distils on the standard library's docstrings (and on the user's `--text` lines, "
              "where given) and reports perplexity on the "
