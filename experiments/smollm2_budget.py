@@ -12,11 +12,10 @@ planned 129-157 steps and ran 122-136, their lr cut at 5-22% of its peak.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 from pathlib import Path
 
-from smollm2_english import done, package_prose, report
+from smollm2_english import done, english_file, package_prose, report
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -31,15 +30,7 @@ def main() -> None:
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
     text, runs = Path(args.out) / "english.txt", [Path(args.out) / f"budget30-english3-{s}" for s in args.seeds]
-    for run in runs:  # a run measured again must have trained on this text
-        if done(run) and report(run)["user_lines"] != 3 * len(english):
-            parser.error(f"{run} trained on {report(run)['user_lines']} lines of --text, the installed packages give "
-                         f"3 × {len(english)} now: remove it to convert again")
-    if not all(done(run) for run in runs):
-        text.parent.mkdir(parents=True, exist_ok=True)
-        tmp = text.with_suffix(".tmp")
-        tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
-        os.replace(tmp, text)
+    english_file(parser, text, english, [(run, 3) for run in runs])
     for seed, run in zip(args.seeds, runs):
         if not done(run):
             subprocess.run(["lambda-gelu", "reluize", MODEL, "--out", str(run), "--seed", str(seed),
@@ -52,8 +43,7 @@ def main() -> None:
         end = 1 - r["steps"] / r["planned_steps"] if r["lr_schedule"] == "linear" else 1.0
         rows.append(f"| `{run.name}` | {r['budget_minutes']:g} | {r['refit_sentences']}, {refit:.1f} | "
                     f"{r['planned_steps']} | {r['steps']} | {end:.0%} | {r['seconds'] / 60:.1f} |")
-    seeds = ["--seeds", *map(str, args.seeds)] if args.seeds != parser.get_default("seeds") else []
-    command = " ".join(["python experiments/smollm2_budget.py", *seeds, *given(parser, args, "seeds")])
+    command = " ".join(["python experiments/smollm2_budget.py", *given(parser, args)])
     write([str(run) for run in runs], args.output, command, sets=sets,
           title="SmolLM2-135M → exact ReLU in the CLI's default 30 minutes, with English text", preface=[
         f"The CLI's default command for a causal LM, `lambda-gelu reluize {MODEL} --seed S --text E E E` (a "

@@ -94,19 +94,8 @@ def main() -> None:
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
     text = Path(args.baseline).parent / "english.txt"
-    for run in runs:  # a run measured again must have trained on this text, named as often
-        if not done(run.out):
-            continue
-        trained = report(run.out)["user_lines"]
-        if trained != run.times * len(english):
-            parser.error(f"{run.out} trained on {trained} lines of --text, the installed packages give "
-                         f"{run.times} × {len(english)} now: remove it to convert again")
-    missing = [run for run in runs if not done(run.out)]
-    if missing:
-        tmp = text.with_suffix(".tmp")
-        tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
-        os.replace(tmp, text)
-    for run in missing:
+    english_file(parser, text, english, [(run.out, run.times) for run in runs])
+    for run in [run for run in runs if not done(run.out)]:
         budget = ["--minutes", str(run.minutes)] if run.minutes else ["--steps", str(steps), "--refit", str(refit)]
         subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(run.out), "--seed", str(run.seed),
                         *budget, "--lr", f"{lr:g}",
@@ -151,6 +140,21 @@ def main() -> None:
                    f"{base['max_tokens']}) against the docstrings' {tokens(docstrings):.1f}, so English makes a step "
                    "dearer, and a `--minutes` budget, which times a batch of the training text's mean length, plans "
                    "fewer steps with it."])
+
+
+def english_file(parser: argparse.ArgumentParser, text: Path, english: list[str], runs: list[tuple[Path, int]]) -> None:
+    """Each finished run of ``runs`` (its directory, the times it names the English file) must have trained on
+    ``english`` named as often (a run measured again, on the text the installed packages give now); where any is yet
+    to run, ``english`` is written to ``text``, one sentence a line, whole or not at all."""
+    for out, times in runs:
+        if done(out) and report(out)["user_lines"] != times * len(english):
+            parser.error(f"{out} trained on {report(out)['user_lines']} lines of --text, the installed packages give "
+                         f"{times} × {len(english)} now: remove it to convert again")
+    if not all(done(out) for out, _ in runs):
+        text.parent.mkdir(parents=True, exist_ok=True)
+        tmp = text.with_suffix(".tmp")
+        tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
+        os.replace(tmp, text)
 
 
 def budgeted(runs: list[Run], tag: str) -> str:

@@ -66,10 +66,10 @@ def main() -> None:
 
 
 def given(parser: argparse.ArgumentParser, args: argparse.Namespace, *skip: str) -> list[str]:
-    """The options of ``args`` (less ``skip``) not at ``parser``'s defaults, as a command line names them: a doc's
-    command regenerates that doc, not the default one."""
-    return [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-            if k not in skip and v != parser.get_default(k)]
+    """The options of ``args`` (less ``skip``) not at ``parser``'s defaults, as a command line names them (a list
+    as its items): a doc's command regenerates that doc, not the default one."""
+    return [f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for k, v in vars(args).items() if k not in skip and v != parser.get_default(k)]
 
 
 def write(checkpoints: list[str], output: str, command: str, preface: list[str] = (), sets: dict | None = None,
