@@ -603,6 +603,26 @@ def test_a_callback_that_returns_true_at_step_0_leaves_the_refit_and_the_re_esti
     assert result.refit and not any(lg.is_gelu_like(m) for m in model.modules())
 
 
+@pytest.mark.parametrize("kwargs", [{"refit": 2}, {"schedule": "anneal"}, {"schedule": "blockwise"}])
+def test_steps_may_be_a_plan_made_from_the_seconds_the_work_before_them_took(kwargs):
+    """A time budget's steps, decided once the refit is done: the plan is called once, with the seconds the
+    conversion spent before its first step (the refit's time, logged as step 0; nothing before blockwise's
+    steps), and the steps are what it returns; a plan that returns no positive int is refused, the model
+    given back as it was."""
+    model, batches = _mlp(), [torch.randn(8, 12) for _ in range(3)]
+    given = []
+    result = reluize(model, batches, lambda spent: given.append(spent) or 5, **kwargs)
+    assert result.steps == 5 and result.log[-1]["step"] == 5 and not result.stopped and len(given) == 1
+    assert given[0] == (result.log[0]["seconds"] if kwargs.get("refit") else 0.0)
+    assert reluize(_mlp(), batches, 4).steps == 4
+    model = _mlp()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"the steps planned must be a positive int, got 0\.5"):
+        reluize(model, batches, lambda spent: 0.5, **kwargs)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert not any(isinstance(m, (nn.ReLU, AnnealedGELU)) for m in model.modules())
+
+
 def test_training_low_precision_weights_with_the_default_optimizer_is_warned_about():
     model = _mlp().to(torch.bfloat16)
     with pytest.warns(UserWarning, match=r"trains the model's bfloat16 weights as they are, where AdamW's steps of "

@@ -34,8 +34,8 @@ __all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS"]
 
 BATCHINGS = ("length", "shuffled")
 CHECKPOINTS = 8
-BUDGET_SHARE = 0.97  # of --minutes, what the refit and the steps are planned for: a MiniLM step's time varied by ±3%
-# between runs; SmolLM2's 30-minute plans came out cautious, 26-27 minutes used (docs/smollm2_budget.md)
+BUDGET_SHARE = 0.97  # of --minutes, what the refit and the steps are planned for (the steps once the refit is done,
+# for what it really left): a MiniLM step's time varied by ±3% between runs
 REFIT_SHARE = 0.25  # of --minutes, the most the refit may take (estimated from a timed forward and a timed solve)
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
 
@@ -164,12 +164,17 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
 
     torch.manual_seed(seed)
     steps, refit_batches, refit_note = config.steps, -(-refit // batch_size), None
+    marks = {0} if refit else set()  # where the curve is measured: after the refit, at every eighth of the steps
+
+    def at_eighths(n: int) -> int:  # the last point is measured after the steps, on the ReLU model
+        marks.update(m for m in (max(1, round(n * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS)) if m < n)
+        return n
+
     if steps is None:  # timed on a batch of the mean padded length of a pass: time varies with it, by batch
         epoch = list(itertools.islice(text.order(), -(-len(train) // batch_size)))
         padded = [max(lengths[j] for j in b) for b in epoch]
         mean = sum(padded) / len(padded)
         typical = text.encode([train[j] for j in epoch[min(range(len(epoch)), key=lambda i: abs(padded[i] - mean))]])
-        refit_seconds = 0.0  # what the steps get is what the refit leaves, both estimated on this model
         if refit_batches:  # the refit gets at most REFIT_SHARE of the budget, whatever the model's size
             fixed, one = _refit_seconds(model, typical)
             fits = int((REFIT_SHARE * minutes * 60 - fixed) / one)
@@ -179,13 +184,16 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                               f"batch): refit over {max(fits, 0) * batch_size} sentences instead")
                 refit, refit_batches = max(fits, 0) * batch_size, max(fits, 0)
                 log(f"note: {refit_note}")
-            refit_seconds = fixed + one * refit_batches if refit_batches else 0.0
         repair = config.reluize.repair
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
-        steps = _steps_for(model, typical, (BUDGET_SHARE * minutes * 60 - refit_seconds) / step_cost)  # refit ≤ 25%
-    batches = text.batches(steps)
+        step_seconds = _step_seconds(model, typical) * step_cost
+        budget = BUDGET_SHARE * minutes * 60
+
+        def plan(spent: float) -> int:  # called after the refit: the steps get what it really left of the budget
+            return at_eighths(max(1, int((budget - spent) / step_seconds)))
+    else:
+        at_eighths(steps)
     curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
-    marks = {max(1, round(steps * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS + 1)} | ({0} if refit else set())
     clock = {"last": 0.0, "longest": 0.0}  # conversion seconds at the last step, and the longest step so far
 
     def measure(entry):  # True ends the conversion: when the plan ran long, before a step would overrun --minutes
@@ -194,7 +202,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         clock["last"] = spent
         if minutes is not None and spent + clock["longest"] > minutes * 60:
             return True
-        if entry["step"] in marks and entry["step"] < steps:  # the final point is measured on the ReLU model
+        if entry["step"] in marks:
             t = time.perf_counter()
             lam = entry["lam"] if entry["lam"] != float("inf") else None  # None: exact ReLU already
             curve.append({"step": entry["step"], "minutes": (entry["seconds"] - measuring[0]) / 60, "lam": lam,
@@ -204,10 +212,11 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         return False
 
     settings = config.reluize.replace(refit=refit_batches, lr=lr)  # the lr it ran at
-    result = reluize(model, batches, steps, settings, teacher=original, progress=progress, callback=measure)
+    result = reluize(model, text.batches(steps), steps if steps is not None else plan, settings, teacher=original,
+                     progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
     model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was
-    taken = result.log[-1]["step"] if result.stopped else steps
+    taken = result.log[-1]["step"] if result.stopped else result.steps
     final = scores(evaluate(model, held_batches, causal), reference)
     zeros = relu_zeros(model, held_batches)
     curve.append({"step": taken, "minutes": seconds / 60, "lam": None, **final})
@@ -219,9 +228,10 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                          "zeros": relu_zeros(model, batches)}
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": config.reluize.repair,
-              "seed": seed, "dtype": str(loaded.dtype).removeprefix("torch."), "steps": taken, "planned_steps": steps,
-              "budget_minutes": minutes, "refit_sentences": refit, "refit": result.refit, "batch_size": batch_size,
-              "batching": config.batching, "lr_schedule": config.reluize.lr_schedule, "loss": result.loss,
+              "seed": seed, "dtype": str(loaded.dtype).removeprefix("torch."), "steps": taken,
+              "planned_steps": result.steps, "budget_minutes": minutes, "refit_sentences": refit,
+              "refit": result.refit, "batch_size": batch_size, "batching": config.batching,
+              "lr_schedule": config.reluize.lr_schedule, "loss": result.loss,
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
               "held_out_sentences": len(text.held), "seconds": seconds, "replaced": result.replaced,
               "direct_swap": swap_scores, "reluized": final, "curve": curve,
@@ -275,10 +285,10 @@ def _refit_seconds(model, batch) -> tuple[float, float]:
     return len(layers) * solve, per_batch + gram_seconds
 
 
-def _steps_for(model, batch, seconds: float) -> int:
-    """How many conversion steps fit in ``seconds``: one step (student forward and backward, teacher
-    forward, optimizer) is timed as ~1.5× a forward and backward of the model, measured twice; the
-    gradients are dropped again, the weights are not touched."""
+def _step_seconds(model, batch) -> float:
+    """What one conversion step (student forward and backward, teacher forward, optimizer) takes on ``batch``:
+    ~1.5× a forward and backward of the model, measured twice; the gradients are dropped again, the weights are
+    not touched."""
     times = []
     for _ in range(2):
         t = time.perf_counter()
@@ -287,4 +297,4 @@ def _steps_for(model, batch, seconds: float) -> int:
         (h if h is not None else out.last_hidden_state).float().mean().backward()
         times.append(time.perf_counter() - t)
     model.zero_grad(set_to_none=True)
-    return max(1, int(seconds / (1.5 * min(times))))
+    return 1.5 * min(times)

@@ -26,9 +26,9 @@ from .training import adamw
 
 __all__ = ["reluize"]
 
-def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConfig | None = None, *,
-            teacher: nn.Module | None = None, loss: str | Callable | None = None,
-            optimizer: torch.optim.Optimizer | None = None, progress: bool = False,
+def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float], int],
+            config: ReluizeConfig | None = None, *, teacher: nn.Module | None = None,
+            loss: str | Callable | None = None, optimizer: torch.optim.Optimizer | None = None, progress: bool = False,
             callback: Callable[[dict], bool | None] | None = None, **settings) -> ReluizeResult:
     """Turn ``model``'s GELU-like activations into exact ``nn.ReLU``, in place, training it for ``steps``
     optimizer steps to keep what its frozen original (the teacher) computes.
@@ -41,7 +41,9 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConf
             arguments, as a tokenizer returns them); see :func:`lambda_gelu.batches.run_batch`. A list or
             DataLoader is iterated again when it runs out; a single tensor is one batch used at every step.
             No targets are needed: they are the teacher's outputs.
-        steps: optimizer steps in all.
+        steps: optimizer steps in all; or a function that returns them, given the seconds the conversion spent
+            before its first step (the refit, the BatchNorm re-estimation; 0 with ``schedule="blockwise"``) and
+            called then: a time budget's plan, made from what that work really took.
         config: a :class:`ReluizeConfig` (default: its defaults); ``**settings`` change single fields of it,
             as in ``reluize(model, batches, 300, schedule="anneal", lr=1e-4)``.
         teacher: the network to match; default: a frozen copy of ``model`` before conversion.
@@ -59,8 +61,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int, config: ReluizeConf
     before it propagates, and says so in a note on the exception.
     """
     config = configured(config, settings, loss)
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if not callable(steps):
+        _check_steps(steps)
     stream = batch_stream(batches)
     first = next(stream)
     stream_with_first = _prepend(first, stream)
@@ -124,6 +126,7 @@ def _prepend(first, stream):
 def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, optimizer, recalibrate, consumers,
              progress, callback) -> ReluizeResult:
     if config.schedule == "blockwise":
+        steps = _planned(steps, 0.0)
         blocks_steps = steps - round(config.repair * steps)
         result = blockwise(model, teacher, stream, blocks_steps, first, config.learning_rate, config.weight_decay,
                            config.lr_schedule, progress, callback)
@@ -131,6 +134,7 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
             repair = Reluizer.converted(model, teacher, steps - blocks_steps, config, loss, [], sparsity=False)
             distill(repair, stream, range(blocks_steps, steps), optimizer or adamw(model, config.learning_rate,
                     config.weight_decay), config.lr_schedule, result, progress, callback)
+        result.steps = steps
         return result
     t0 = time.perf_counter()
     if config.refit:
@@ -149,11 +153,25 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
         result.log.append({"step": 0, "lam": float("inf"), "loss": float("nan"), "seconds": result.seconds})
         result.stopped = callback is not None and bool(callback(result.log[-1]))
     if not result.stopped:  # the callback may end it at step 0, after the refit or the re-estimation
+        result.steps = steps = _planned(steps, result.seconds)
         reluizer = Reluizer.converted(model, teacher, steps, config, loss, replaced)
         distill(reluizer, stream, range(steps), optimizer or adamw(model, config.learning_rate, config.weight_decay),
                 config.lr_schedule, result, progress, callback,
                 recalibrate=recalibrate if config.schedule == "anneal" else 0)
     return result
+
+
+def _planned(steps, spent: float) -> int:
+    """``steps``, or what the plan ``steps`` returns for the ``spent`` seconds."""
+    if callable(steps):
+        steps = steps(spent)
+        _check_steps(steps, "the steps planned")
+    return steps
+
+
+def _check_steps(steps, what: str = "steps") -> None:
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"{what} must be a positive int, got {steps!r}")
 
 
 class _Snapshot:
