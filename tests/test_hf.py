@@ -126,6 +126,21 @@ def test_minutes_is_a_budget_the_conversion_ends_within_when_the_plan_runs_long(
         out / "reluize_report.md").read_text()
 
 
+def test_a_budget_the_refit_used_up_ends_the_conversion_there_and_says_so(tiny_bert, tmp_path, monkeypatch):
+    """The steps are planned after the refit; where the refit took the whole budget (its estimate said it would
+    fit), no step runs, the refit network is written, and the report says the budget ended it there."""
+    monkeypatch.setattr(hf_convert, "_refit_seconds", lambda model, batch: (0.0, 1e-9))
+    out = tmp_path / "relu"
+    assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "1e-7", "--batch-size", "8",
+                 "--refit", "16", "--quiet"]) == 0
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert report["steps"] == 0 and report["refit_sentences"] == 16 and report["curve"][-1]["lam"] is None
+    assert "(the --minutes budget ended it after the refit, before a step was planned)" in (
+        out / "reluize_report.md").read_text()
+    loaded = transformers.AutoModel.from_pretrained(out)
+    assert sum(isinstance(m, torch.nn.ReLU) for m in loaded.modules()) == 2
+
+
 def test_a_sentence_transformers_model_keeps_its_pipeline(tiny_bert, tmp_path):
     """A sentence-transformers directory (a module list, mean pooling, normalisation): the checkpoint carries those
     files as they were, so SentenceTransformer(DIR) loads the ReLU network in the same pipeline, and encodes

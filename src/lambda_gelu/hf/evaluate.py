@@ -154,7 +154,9 @@ def markdown(r: dict) -> str:
                 if settings.get("gate_zeros") else "")
              + f" in {r['seconds'] / 60:.1f} min"
              + (f" (the --minutes budget ended it; {r['planned_steps']} steps were planned)"
-                if r["steps"] < r.get("planned_steps", r["steps"]) else "")
+                if r["steps"] < r.get("planned_steps", r["steps"]) else
+                " (the --minutes budget ended it after the refit, before a step was planned)"
+                if r["steps"] == 0 and r.get("budget_minutes") and r.get("refit_sentences") else "")
              + f"; {len(r['replaced'])} activations replaced by `nn.ReLU`"
              + (f"; trained in float32, written in {r['dtype']} as the original was" if r.get("dtype", "float32")
                 != "float32" else "") + ". "
