@@ -18,7 +18,7 @@ from .distill import distill
 from .losses import get_loss
 from .probes import functional_gelu_calls
 from .refit import refit_consumers, swap_and_refit
-from .reluizer import AnnealedGELU, Reluizer
+from .reluizer import AnnealedGELU, Reluizer, check_steps
 from .result import ReluizeResult
 from .stream import batch_stream, take_and_keep
 from .threshold import gate_zeros_problem
@@ -62,7 +62,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float], 
     """
     config = configured(config, settings, loss)
     if not callable(steps):
-        _check_steps(steps)
+        check_steps(steps)
     stream = batch_stream(batches)
     first = next(stream)
     stream_with_first = _prepend(first, stream)
@@ -165,13 +165,8 @@ def _planned(steps, spent: float) -> int:
     """``steps``, or what the plan ``steps`` returns for the ``spent`` seconds."""
     if callable(steps):
         steps = steps(spent)
-        _check_steps(steps, "the steps planned")
+        check_steps(steps, "the steps planned")
     return steps
-
-
-def _check_steps(steps, what: str = "steps") -> None:
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"{what} must be a positive int, got {steps!r}")
 
 
 class _Snapshot:

@@ -86,7 +86,7 @@ class Reluizer:
             raise ValueError(f"{', '.join(given) or 'schedule=blockwise'}: needs batches before the first step, "
                              "which only reluize(model, batches, steps) has; the step-wise Reluizer runs the swap "
                              "and the anneal")
-        _check_steps(total_steps)
+        check_steps(total_steps)
         if not any(is_reluizable(m) for m in model.modules()):
             raise ValueError("Reluizer found no GELU module to replace, nor a SiLU one (looked for: "
                              + ", ".join(GELU_LIKE + SILU_LIKE) + ")")
@@ -107,7 +107,7 @@ class Reluizer:
         return self
 
     def _start(self, model, teacher, total_steps, config, loss_fn, replaced, sparsity) -> None:
-        _check_steps(total_steps)
+        check_steps(total_steps)
         self.model, self.teacher, self.total_steps, self.config = model, teacher, total_steps, config
         self.loss_fn, self.replaced = loss_fn, list(replaced)
         self.step_count = 0
@@ -195,6 +195,7 @@ class Reluizer:
         return True
 
 
-def _check_steps(total_steps) -> None:
-    if not isinstance(total_steps, int) or isinstance(total_steps, bool) or total_steps < 1:
-        raise ValueError(f"steps must be a positive int, got {total_steps!r}")
+def check_steps(steps, what: str = "steps") -> None:
+    """``steps`` (what the error calls ``what``) must be a positive int: reluize's and the Reluizer's."""
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"{what} must be a positive int, got {steps!r}")
