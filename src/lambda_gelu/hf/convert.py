@@ -21,8 +21,10 @@ from pathlib import Path
 
 import torch
 
+from ..batches import run_batch
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
+from ..reluize.losses import get_loss
 from ..reluize.threshold import gate_zeros_problem
 from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
@@ -163,7 +165,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     del direct
 
     torch.manual_seed(seed)
-    steps, refit_batches, refit_note = config.steps, -(-refit // batch_size), None
+    steps, refit_batches, refit_note, step_seconds = config.steps, -(-refit // batch_size), None, None
     marks = {0} if refit else set()  # where the curve is measured: after the refit, at every eighth of the steps
 
     def at_eighths(n: int) -> int:  # the last point is measured after the steps, on the ReLU model
@@ -186,7 +188,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                 log(f"note: {refit_note}")
         repair = config.reluize.repair
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
-        step_seconds = _step_seconds(model, typical) * step_cost
+        step_seconds = _step_seconds(model, original, typical, config.reluize.loss) * step_cost
         budget = BUDGET_SHARE * minutes * 60
 
         def plan(spent: float) -> int:  # called after the refit: the steps get what it really left of the budget
@@ -229,7 +231,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": config.reluize.repair,
               "seed": seed, "dtype": str(loaded.dtype).removeprefix("torch."), "steps": taken,
-              "planned_steps": result.steps, "budget_minutes": minutes, "refit_sentences": refit,
+              "planned_steps": result.steps, "planned_step_seconds": step_seconds, "budget_minutes": minutes,
+              "refit_sentences": refit,
               "refit": result.refit, "batch_size": batch_size, "batching": config.batching,
               "lr_schedule": config.reluize.lr_schedule, "loss": result.loss,
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
@@ -285,16 +288,40 @@ def _refit_seconds(model, batch) -> tuple[float, float]:
     return len(layers) * solve, per_batch + gram_seconds
 
 
-def _step_seconds(model, batch) -> float:
-    """What one conversion step (student forward and backward, teacher forward, optimizer) takes on ``batch``:
-    ~1.5× a forward and backward of the model, measured twice; the gradients are dropped again, the weights are
-    not touched."""
-    times = []
-    for _ in range(2):
+def _step_seconds(model, teacher, batch, loss) -> float:
+    """What one conversion step takes on ``batch``, timed in its parts: the teacher's forward, the student's forward,
+    ``loss`` and backward (the best of three), and AdamW's update of the trainable weights (:func:`_update_seconds`).
+    The gradients are dropped again; the weights are not touched."""
+    loss_fn, times = get_loss(loss), []
+    for _ in range(3):
         t = time.perf_counter()
-        out = model(**batch)
-        h = getattr(out, "logits", None)
-        (h if h is not None else out.last_hidden_state).float().mean().backward()
+        with torch.no_grad():
+            target = run_batch(teacher, batch, hidden_states=True)
+        loss_fn(run_batch(model, batch, hidden_states=True), target, batch).backward()
         times.append(time.perf_counter() - t)
     model.zero_grad(set_to_none=True)
-    return 1.5 * min(times)
+    return min(times) + _update_seconds([p for p in model.parameters() if p.requires_grad])
+
+
+def _update_seconds(params, sample: int = 2 ** 24) -> float:
+    """AdamW's step over ``params``, timed on tensors of its own shaped as the first of them (those of up to 2^22
+    elements, up to ``sample`` in all; a first step makes the state, the better of two more counts) and scaled to
+    their number of elements: an update reads and writes each element's four values once."""
+    total, shapes, n = sum(p.numel() for p in params), [], 0
+    for p in params:
+        if p.numel() <= 2 ** 22 and n < sample:
+            shapes.append(p.shape)
+            n += p.numel()
+    if total == 0:
+        return 0.0
+    if n == 0:  # every tensor is larger: one flat slice of them
+        shapes, n = [(min(total, sample),)], min(total, sample)
+    weights = [torch.zeros(shape, requires_grad=True) for shape in shapes]
+    for w in weights:
+        w.grad = torch.ones_like(w)
+    optimizer, times = torch.optim.AdamW(weights), []
+    for _ in range(3):
+        t = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - t)
+    return min(times[1:]) * total / n
