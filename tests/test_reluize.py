@@ -605,22 +605,48 @@ def test_a_callback_that_returns_true_at_step_0_leaves_the_refit_and_the_re_esti
 
 @pytest.mark.parametrize("kwargs", [{"refit": 2}, {"schedule": "anneal"}, {"schedule": "blockwise"}])
 def test_steps_may_be_a_plan_made_from_the_seconds_the_work_before_them_took(kwargs):
-    """A time budget's steps, decided once the refit is done: the plan is called once, with the seconds the
-    conversion spent before its first step (the refit's time, logged as step 0; nothing before blockwise's
-    steps), and the steps are what it returns; a plan that returns no positive int is refused, the model
-    given back as it was."""
+    """A time budget's steps, decided once the refit is done: the plan is asked with the seconds the conversion
+    spent before its first step (the refit's time, logged as step 0; nothing before blockwise's steps) and 0 steps
+    taken, and again after each eighth of the steps it gave (blockwise: asked once); a plan that returns no
+    positive int is refused, the model given back as it was."""
     model, batches = _mlp(), [torch.randn(8, 12) for _ in range(3)]
     given = []
-    result = reluize(model, batches, lambda spent: given.append(spent) or 5, **kwargs)
-    assert result.steps == 5 and result.log[-1]["step"] == 5 and not result.stopped and len(given) == 1
-    assert given[0] == (result.log[0]["seconds"] if kwargs.get("refit") else 0.0)
+    result = reluize(model, batches, lambda spent, taken: given.append((spent, taken)) or 5, **kwargs)
+    assert result.steps == 5 and result.log[-1]["step"] == 5 and not result.stopped
+    assert given[0] == (result.log[0]["seconds"] if kwargs.get("refit") else 0.0, 0)
+    asked = [1, 2, 3, 4] if kwargs.get("schedule") != "blockwise" else []  # round(5k/8), k = 1..7
+    assert [taken for _, taken in given[1:]] == asked
+    logged = {e["step"]: e["seconds"] for e in result.log}
+    assert all(logged[taken] <= spent <= result.seconds for spent, taken in given[1:])  # the seconds until then
     assert reluize(_mlp(), batches, 4).steps == 4
     model = _mlp()
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(ValueError, match=r"the steps planned must be a positive int, got 0\.5"):
-        reluize(model, batches, lambda spent: 0.5, **kwargs)
+        reluize(model, batches, lambda spent, taken: 0.5, **kwargs)
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
     assert not any(isinstance(m, (nn.ReLU, AnnealedGELU)) for m in model.modules())
+
+
+@pytest.mark.parametrize("schedule", ["swap", "anneal"])
+def test_a_plan_asked_again_moves_the_end_and_the_lr_falls_to_0_there(schedule):
+    """A plan corrects its total at each eighth of the steps it first gave (the steps ran faster or slower than
+    it thought): the steps go on to the new total, the linear lr reaches 0 at it and the anneal ends by it; a
+    total at or below the steps taken ends them there; a bad answer mid-way is refused, the model given back."""
+    batches = [torch.randn(8, 12) for _ in range(3)]
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    result = reluize(model, batches, lambda spent, taken: 8 if taken < 2 else 20, schedule=schedule,
+                     optimizer=optimizer)
+    assert result.steps == 20 and result.log[-1]["step"] == 20 and not result.stopped
+    assert optimizer.param_groups[0]["lr"] == 0.0 and result.log[-1]["lam"] == float("inf")
+    assert sum(isinstance(m, nn.ReLU) for m in model.modules()) == 2
+    result = reluize(_mlp(), batches, lambda spent, taken: 8 if taken < 3 else 1, schedule=schedule)
+    assert result.steps == 3 and result.log[-1]["step"] == 3
+    model = _mlp()
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"the steps planned must be a positive int, got -1"):
+        reluize(model, batches, lambda spent, taken: 8 if taken < 2 else -1, schedule=schedule)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
 
 
 def test_training_low_precision_weights_with_the_default_optimizer_is_warned_about():

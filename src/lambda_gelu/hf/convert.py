@@ -165,11 +165,12 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     del direct
 
     torch.manual_seed(seed)
-    steps, refit_batches, refit_note, step_seconds = config.steps, -(-refit // batch_size), None, None
+    steps, refit_batches, refit_note, plans = config.steps, -(-refit // batch_size), None, []
     marks = {0} if refit else set()  # where the curve is measured: after the refit, at every eighth of the steps
 
-    def at_eighths(n: int) -> int:  # the last point is measured after the steps, on the ReLU model
-        marks.update(m for m in (max(1, round(n * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS)) if m < n)
+    def at_eighths(n: int, taken: int = 0) -> int:  # the points still to come: the last is measured after the steps
+        marks.difference_update([m for m in marks if m > taken])
+        marks.update(m for m in (max(1, round(n * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS)) if taken < m < n)
         return n
 
     if steps is None:  # timed on a batch of the mean padded length of a pass: time varies with it, by batch
@@ -191,8 +192,16 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         step_seconds = _step_seconds(model, original, typical, config.reluize.loss) * step_cost
         budget = BUDGET_SHARE * minutes * 60
 
-        def plan(spent: float) -> int:  # called after the refit: the steps get what it really left of the budget
-            return at_eighths(max(1, int((budget - spent) / step_seconds)))
+        def plan(spent: float, taken: int) -> int:  # asked after the refit, then at each eighth of its steps
+            spent -= measuring[0]  # conversion seconds: the measuring left out
+            if not taken:  # the steps get what the refit really left of the budget, a step as timed
+                n = at_eighths(max(1, int((budget - spent) / step_seconds)))
+            else:  # and what is left then, a step as long as the steps have taken so far
+                pace = max(spent - plans[0]["seconds"], 1e-9) / taken
+                n = at_eighths(max(taken, taken + int((budget - spent) / pace)), taken)
+            plans.append({"step": taken, "seconds": spent, "steps": n,
+                          "step_seconds": step_seconds if not taken else pace})
+            return n
     else:
         at_eighths(steps)
     curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
@@ -231,7 +240,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
 
     report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": config.reluize.repair,
               "seed": seed, "dtype": str(loaded.dtype).removeprefix("torch."), "steps": taken,
-              "planned_steps": result.steps, "planned_step_seconds": step_seconds, "budget_minutes": minutes,
+              "planned_steps": result.steps, "plans": plans, "budget_minutes": minutes,
               "refit_sentences": refit,
               "refit": result.refit, "batch_size": batch_size, "batching": config.batching,
               "lr_schedule": config.reluize.lr_schedule, "loss": result.loss,

@@ -26,7 +26,7 @@ from .training import adamw
 
 __all__ = ["reluize"]
 
-def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float], int],
+def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, int], int],
             config: ReluizeConfig | None = None, *, teacher: nn.Module | None = None,
             loss: str | Callable | None = None, optimizer: torch.optim.Optimizer | None = None, progress: bool = False,
             callback: Callable[[dict], bool | None] | None = None, **settings) -> ReluizeResult:
@@ -41,9 +41,12 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float], 
             arguments, as a tokenizer returns them); see :func:`lambda_gelu.batches.run_batch`. A list or
             DataLoader is iterated again when it runs out; a single tensor is one batch used at every step.
             No targets are needed: they are the teacher's outputs.
-        steps: optimizer steps in all; or a function that returns them, given the seconds the conversion spent
-            before its first step (the refit, the BatchNorm re-estimation; 0 with ``schedule="blockwise"``) and
-            called then: a time budget's plan, made from what that work really took.
+        steps: optimizer steps in all; or a plan, ``plan(seconds, taken) -> steps in all``: a time budget's.
+            It is asked before the first step, given the seconds the conversion spent before it (the refit, the
+            BatchNorm re-estimation; 0 with ``schedule="blockwise"``) and 0, and again at each eighth of the
+            steps it last gave, with the seconds spent and the steps taken: its answer is the new total (at or
+            below the steps taken, they end there), so the plan corrects itself from the steps' real pace; the
+            lr's fall, the anneal, the penalty and the threshold follow the total (blockwise: asked once).
         config: a :class:`ReluizeConfig` (default: its defaults); ``**settings`` change single fields of it,
             as in ``reluize(model, batches, 300, schedule="anneal", lr=1e-4)``.
         teacher: the network to match; default: a frozen copy of ``model`` before conversion.
@@ -153,18 +156,19 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
         result.log.append({"step": 0, "lam": float("inf"), "loss": float("nan"), "seconds": result.seconds})
         result.stopped = callback is not None and bool(callback(result.log[-1]))
     if not result.stopped:  # the callback may end it at step 0, after the refit or the re-estimation
-        result.steps = steps = _planned(steps, result.seconds)
-        reluizer = Reluizer.converted(model, teacher, steps, config, loss, replaced)
-        distill(reluizer, stream, range(steps), optimizer or adamw(model, config.learning_rate, config.weight_decay),
-                config.lr_schedule, result, progress, callback,
-                recalibrate=recalibrate if config.schedule == "anneal" else 0)
+        plan, result.steps = steps, _planned(steps, result.seconds)
+        reluizer = Reluizer.converted(model, teacher, result.steps, config, loss, replaced)
+        distill(reluizer, stream, range(result.steps), optimizer or adamw(model, config.learning_rate,
+                config.weight_decay), config.lr_schedule, result, progress, callback,
+                recalibrate=recalibrate if config.schedule == "anneal" else 0,
+                replan=plan if callable(plan) else None)
     return result
 
 
 def _planned(steps, spent: float) -> int:
-    """``steps``, or what the plan ``steps`` returns for the ``spent`` seconds."""
+    """``steps``, or what the plan ``steps`` returns before the first step, ``spent`` seconds in."""
     if callable(steps):
-        steps = steps(spent)
+        steps = steps(spent, 0)
         check_steps(steps, "the steps planned")
     return steps
 

@@ -4,9 +4,10 @@ progress bar, the caller's callback, and the BatchNorms re-estimated when an ann
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from .batchnorm import recalibrate_batchnorm_
-from .reluizer import Reluizer
+from .reluizer import Reluizer, check_steps
 from .result import ReluizeResult
 from .stream import take_and_keep
 from .training import lr_decay, progress_bar
@@ -15,16 +16,21 @@ __all__ = ["distill"]
 
 
 def distill(reluizer: Reluizer, stream, steps: range, optimizer, lr_schedule: str, result: ReluizeResult,
-            progress, callback, *, recalibrate: int = 0) -> None:
+            progress, callback, *, recalibrate: int = 0, replan: Callable[[float, int], int] | None = None) -> None:
     """Train the whole model of ``reluizer`` to match its teacher for ``steps`` (numbered from their start): the
     :class:`Reluizer`'s steps in a loop of reluize's own; when annealed gates become ReLU, the BatchNorms are
-    re-estimated over the next ``recalibrate`` batches."""
-    decay = lr_decay(optimizer, len(steps), lr_schedule)
+    re-estimated over the next ``recalibrate`` batches. ``replan(seconds, taken)``, where given, is asked again
+    at each eighth of the steps planned (as last planned) for the total, given the seconds spent so far and the
+    steps taken: a time budget that corrects its plan from the steps' real pace (the lr's fall and the anneal
+    follow)."""
+    first = steps.start
+    decay = lr_decay(optimizer, lambda: reluizer.total_steps, lr_schedule)
     reluizer.model.eval()
     bar = progress_bar(len(steps), progress)
+    check = _eighth_after(len(steps), 0) if replan is not None else None
     t0 = time.perf_counter() - result.seconds
     try:
-        for step in steps:
+        while reluizer.step_count < reluizer.total_steps:
             value = reluizer.loss(next(stream))
             optimizer.zero_grad(set_to_none=True)
             value.backward()
@@ -32,7 +38,7 @@ def distill(reluizer: Reluizer, stream, steps: range, optimizer, lr_schedule: st
             if decay is not None:
                 decay.step()
             last = reluizer.last
-            entry = {"step": step + 1, "lam": last["lam"], "loss": last["loss"].item(),
+            entry = {"step": first + reluizer.step_count + 1, "lam": last["lam"], "loss": last["loss"].item(),
                      "seconds": time.perf_counter() - t0}
             if "penalty" in last:
                 entry["penalty"] = last["penalty"].item()
@@ -40,12 +46,30 @@ def distill(reluizer: Reluizer, stream, steps: range, optimizer, lr_schedule: st
                 stream = _recalibrate(reluizer, stream, recalibrate, result)
             if result.record(entry, bar, f"λ {entry['lam']:.3g} loss {entry['loss']:.4g}", callback):
                 break
+            if reluizer.step_count == check:
+                _replan(reluizer, replan(time.perf_counter() - t0, reluizer.step_count), result, bar)
+                check = _eighth_after(reluizer.total_steps, reluizer.step_count)
         if reluizer.finish() and recalibrate:
             _recalibrate(reluizer, stream, recalibrate, result)
     finally:
         reluizer.close()
         bar.close()
     result.seconds = time.perf_counter() - t0
+
+
+def _eighth_after(total: int, taken: int) -> int | None:
+    """The first of ``total``'s eighths (1/8 to 7/8 of its steps) past ``taken``: when a plan is asked again."""
+    return next((m for m in (max(1, round(total * k / 8)) for k in range(1, 8)) if m > taken), None)
+
+
+def _replan(reluizer: Reluizer, total, result: ReluizeResult, bar) -> None:
+    """The plan's new total; at or below the steps taken, the steps end here."""
+    check_steps(total, "the steps planned")
+    total = max(total, reluizer.step_count)
+    reluizer.replan(total)
+    result.steps = total
+    bar.total = total
+    bar.refresh()
 
 
 def _recalibrate(reluizer: Reluizer, stream, batches: int, result: ReluizeResult):

@@ -173,6 +173,17 @@ class Reluizer:
             self.threshold.remove()
             self.threshold = None
 
+    def replan(self, total_steps: int) -> None:
+        """Make the run ``total_steps`` long from here on (a time budget re-planned from the steps' own pace): the
+        anneal, the penalty and the threshold go on from the step taken, at the pace of the new total; what is past
+        stays. A total at or below the steps taken ends an anneal at the next :meth:`step`."""
+        check_steps(total_steps, "the steps planned")
+        self.total_steps = total_steps
+        self.anneal_steps = max(1, round(self.config.anneal * total_steps))
+        for schedule in (self.regularizer, self.threshold):
+            if schedule is not None:
+                schedule.total_steps = total_steps
+
     def state_dict(self) -> dict:
         return {"step": self.step_count, **({"threshold": self.threshold.state_dict()} if self.threshold else {})}
 
