@@ -7,14 +7,17 @@ smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
     python experiments/smollm2_budget.py --before runs/smollm2/budget30-ratio-english3-{0,1,2}
 
 The steps are planned once the refit is done, for what it really left of the budget, a step timed in its parts
-(the teacher's forward; the student's forward, loss and backward; AdamW's update). Before, a step was planned as 1.5x a
-timed forward and backward (MiniLM's ratio), 13-15% above SmolLM2's real steps: 26 of the 30 minutes used (runs
-`budget30-ratio-english3-*`); before that, the steps were planned before the refit for what its estimate would leave
-(`budget30-estimated-english3-*`, 26-27 minutes used); before that, a refit batch counted as 1.75 steps, which on
-SmolLM2 left its refit less than half its time: smollm2_english.md's `min30` runs planned 129-157 steps and ran
-122-136, their lr cut at 5-22% of its peak. `--before` measures finished runs of an earlier planner beside these.
-The plan rests on seconds of timing: run beside another job on the machine, a seed planned 8.2 s a step that then took
-5.3 s and used 20 of the 30 minutes; run these with the machine to itself.
+(the teacher's forward; the student's forward, loss and backward; AdamW's update), then planned again at each eighth
+of them from the pace they really kept. Before, they were planned once, a step as 1.5x a timed forward and backward
+(MiniLM's ratio), 13-18% above SmolLM2's real steps: 26 of the 30 minutes used (runs `budget30-ratio-english3-*`;
+a step timed in its parts came out 21% above on one run); before that, the steps were planned before the refit for
+what its estimate would leave (`budget30-estimated-english3-*`, 26-27 minutes used); before that, a refit batch
+counted as 1.75 steps, which on SmolLM2 left its refit less than half its time: smollm2_english.md's `min30` runs
+planned 129-157 steps and ran 122-136, their lr cut at 5-22% of its peak. `--before` measures finished runs of an
+earlier planner beside these.
+A plan made once rested on seconds of timing: run beside another job on the machine, a seed planned 8.2 s a step that
+then took 5.3 s and used 20 of the 30 minutes. Run these with the machine to itself all the same: a step slowed by
+other work is a step fewer.
 """
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
 PLANNERS = {  # the --before runs this doc has shown, by name: how their steps were planned
-    "budget30-ratio-english3": "when a step was planned as 1.5× a timed forward and backward (MiniLM's ratio), "
-                               "after the refit",
+    "budget30-ratio-english3": "when the steps were planned once, after the refit, a step as 1.5× a timed "
+                               "forward and backward (MiniLM's ratio)",
     "budget30-estimated-english3": "when the steps were planned before the refit, for what its estimate would leave",
 }
 
@@ -51,16 +54,17 @@ def main() -> None:
             subprocess.run(["lambda-gelu", "reluize", MODEL, "--out", str(run), "--seed", str(seed),
                             "--text", *[str(text)] * 3, "--quiet"], check=True)
     made = {run: report(run) for run in runs + before}
-    rows = ["| run | budget | refit: sentences, minutes | a step planned, run (s) | steps planned | steps run | "
-            "lr at the end, of its peak | minutes |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | budget | refit: sentences, minutes | a step timed, run (s) | steps planned: first, last | "
+            "steps run | lr at the end, of its peak | minutes |", "|---|---|---|---|---|---|---|---|"]
     for run, r in made.items():
         refit = next((p["minutes"] for p in r["curve"] if p["step"] == 0), 0.0)
         end = 1 - r["steps"] / r["planned_steps"] if r["lr_schedule"] == "linear" else 1.0
         step = (r["seconds"] - 60 * refit) / r["steps"]
-        planned = r.get("planned_step_seconds")  # reports of the planners before it did not keep it
-        rows.append(f"| `{run.name}` | {r['budget_minutes']:g} | {r['refit_sentences']}, {refit:.1f} | "
-                    f"{f'{planned:.2f}' if planned else '—'}, {step:.2f} | {r['planned_steps']} | {r['steps']} | "
-                    f"{end:.0%} | {r['seconds'] / 60:.1f} |")
+        plans = r.get("plans")  # the reports of the planners before did not keep their plans
+        timed, first = (f"{plans[0]['step_seconds']:.2f}", plans[0]["steps"]) if plans else ("—", r["planned_steps"])
+        rows.append(f"| `{run.name}` | {r['budget_minutes']:g} | {r['refit_sentences']}, {refit:.1f} | {timed}, "
+                    f"{step:.2f} | {first}, {r['planned_steps']} | {r['steps']} | {end:.0%} | "
+                    f"{r['seconds'] / 60:.1f} |")
     earlier = {}  # the runs of each earlier planner, by the name they share
     for run in before:
         earlier.setdefault(run.name.rsplit("-", 1)[0], []).append(run)
@@ -72,8 +76,9 @@ def main() -> None:
         f"[smollm2_english.md](smollm2_english.md): {len(english)} prose sentences of {packages} installed packages' "
         "READMEs, none in the held-out sets below. The budget sizes the refit from an estimate (at most a quarter "
         "of it) and, once the refit is done, plans the steps for what it really left, a step timed in its parts (the "
-        "teacher's forward; the student's forward, loss and backward; AdamW's update); a linear lr decays to 0 over "
-        "the planned steps, and the steps end early only where the next would overrun the budget. Minutes are the "
+        "teacher's forward; the student's forward, loss and backward; AdamW's update), then plans again at each "
+        "eighth of the steps from the pace they really kept; a linear lr decays to 0 over the steps last planned, "
+        "and the steps end early only where the next would overrun the budget. Minutes are the "
         "report's, the measuring left out (it measures the held-out docstrings at eight points).", "", *rows, "",
         *(f"{', '.join(f'`{d.name}`' for d in group)}: the same command {PLANNERS.get(name, 'planned earlier')}, "
           "on an earlier day (part of any difference may be the machine's)." for name, group in earlier.items()),

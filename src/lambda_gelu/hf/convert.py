@@ -59,7 +59,8 @@ class ConversionConfig:
     steps: int | None = field(default=None, metadata=_help("conversion steps (default: what fits --minutes)"))
     minutes: float | None = field(default=None, metadata=_help(
         "time budget in minutes (default when --steps is not given: 15, or 30 for a causal language model): the "
-        "steps are planned to fit it, and end before they would overrun it"))
+        "steps are planned to fit it after the refit, planned again at each eighth from their own pace, and end "
+        "before they would overrun it"))
     refit: int | None = field(default=None, metadata=_help(
         "with the swap: training sentences over which the layer after each activation is solved by least squares "
         "before the first step (default 1024 with the swap; 0: none)"))
@@ -168,9 +169,10 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     steps, refit_batches, refit_note, plans = config.steps, -(-refit // batch_size), None, []
     marks = {0} if refit else set()  # where the curve is measured: after the refit, at every eighth of the steps
 
-    def at_eighths(n: int, taken: int = 0) -> int:  # the points still to come: the last is measured after the steps
-        marks.difference_update([m for m in marks if m > taken])
-        marks.update(m for m in (max(1, round(n * k / CHECKPOINTS)) for k in range(1, CHECKPOINTS)) if taken < m < n)
+    def at_eighths(n: int, taken: int = 0, first: int = 1) -> int:  # the points to come, from the first-th eighth
+        marks.difference_update([m for m in marks if m > taken])  # on; the last is measured after the steps
+        marks.update(m for m in (max(1, round(n * k / CHECKPOINTS)) for k in range(first, CHECKPOINTS))
+                     if taken < m < n)
         return n
 
     if steps is None:  # timed on a batch of the mean padded length of a pass: time varies with it, by batch
@@ -198,7 +200,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                 n = at_eighths(max(1, int((budget - spent) / step_seconds)))
             else:  # and what is left then, a step as long as the steps have taken so far
                 pace = max(spent - plans[0]["seconds"], 1e-9) / taken
-                n = at_eighths(max(taken, taken + int((budget - spent) / pace)), taken)
+                n = at_eighths(max(taken, taken + int((budget - spent) / pace)), taken, len(plans) + 1)
             plans.append({"step": taken, "seconds": spent, "steps": n,
                           "step_seconds": step_seconds if not taken else pace})
             return n

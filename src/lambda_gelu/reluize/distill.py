@@ -20,14 +20,14 @@ def distill(reluizer: Reluizer, stream, steps: range, optimizer, lr_schedule: st
     """Train the whole model of ``reluizer`` to match its teacher for ``steps`` (numbered from their start): the
     :class:`Reluizer`'s steps in a loop of reluize's own; when annealed gates become ReLU, the BatchNorms are
     re-estimated over the next ``recalibrate`` batches. ``replan(seconds, taken)``, where given, is asked again
-    at each eighth of the steps planned (as last planned) for the total, given the seconds spent so far and the
-    steps taken: a time budget that corrects its plan from the steps' real pace (the lr's fall and the anneal
-    follow)."""
+    at each eighth of the steps planned, 1/8 to 7/8 of its last answer, for the total, given the seconds spent so
+    far and the steps taken: a time budget that corrects its plan from the steps' real pace (the lr's fall and the
+    anneal follow)."""
     first = steps.start
     decay = lr_decay(optimizer, lambda: reluizer.total_steps, lr_schedule)
     reluizer.model.eval()
     bar = progress_bar(len(steps), progress)
-    check = _eighth_after(len(steps), 0) if replan is not None else None
+    eighth, check = _eighth(len(steps), 1, 0) if replan is not None else (8, None)
     t0 = time.perf_counter() - result.seconds
     try:
         while reluizer.step_count < reluizer.total_steps:
@@ -48,7 +48,7 @@ def distill(reluizer: Reluizer, stream, steps: range, optimizer, lr_schedule: st
                 break
             if reluizer.step_count == check:
                 _replan(reluizer, replan(time.perf_counter() - t0, reluizer.step_count), result, bar)
-                check = _eighth_after(reluizer.total_steps, reluizer.step_count)
+                eighth, check = _eighth(reluizer.total_steps, eighth + 1, reluizer.step_count)
         if reluizer.finish() and recalibrate:
             _recalibrate(reluizer, stream, recalibrate, result)
     finally:
@@ -57,9 +57,14 @@ def distill(reluizer: Reluizer, stream, steps: range, optimizer, lr_schedule: st
     result.seconds = time.perf_counter() - t0
 
 
-def _eighth_after(total: int, taken: int) -> int | None:
-    """The first of ``total``'s eighths (1/8 to 7/8 of its steps) past ``taken``: when a plan is asked again."""
-    return next((m for m in (max(1, round(total * k / 8)) for k in range(1, 8)) if m > taken), None)
+def _eighth(total: int, k: int, taken: int) -> tuple[int, int | None]:
+    """The first of ``total``'s eighths from its ``k``-th (k/8 of its steps; 7 at most) that lies past ``taken``,
+    and where: when the plan is asked next. A plan is asked at most seven times after its first answer."""
+    for j in range(k, 8):
+        step = max(1, round(total * j / 8))
+        if step > taken:
+            return j, step
+    return 8, None
 
 
 def _replan(reluizer: Reluizer, total, result: ReluizeResult, bar) -> None:
