@@ -10,7 +10,7 @@ __all__ = ["ReluizeResult"]
 class ReluizeResult:
     """What :func:`reluize` did: the modules it replaced, the layers it refit, the BatchNorms it
     re-estimated, one log entry per step (with ``refit`` or ``recalibrate`` on the swap, a first one for
-    step 0: that work, no loss), the time it took, the steps it was to take (planned, where ``steps`` was a
+    step 0: that work, no loss), the time it took, the steps it was to take (as last planned, where ``steps`` was a
     plan), and whether the callback ended it before them."""
     replaced: list[str]
     log: list[dict] = field(default_factory=list)  # {"step", "lam", "loss", "seconds"[, "penalty"]}
