@@ -42,8 +42,8 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--out", default="runs/smollm2", help="where the runs and the English text are written")
     parser.add_argument("--output", default="docs/smollm2_budget.md")
-    parser.add_argument("--before", nargs="+", default=[], help="finished runs of the same command with an earlier "
-                        "planner (the steps planned from the refit's estimate), measured beside these")
+    parser.add_argument("--before", nargs="+", default=[], help="finished runs of the same command by an earlier "
+                        "planner (PLANNERS names those this doc has shown), measured beside these")
     args = parser.parse_args()
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
