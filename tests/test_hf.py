@@ -5,6 +5,7 @@ import json
 import os
 import re
 import shutil
+import time
 
 import pytest
 import torch
@@ -101,6 +102,7 @@ def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, 
     assert not any(type(m).__name__.startswith("GELU") for m in loaded.modules())
     report = json.loads((out / "reluize_report.json").read_text())
     assert report["steps"] == 4 and len(report["replaced"]) == 2 and report["curve"][-1]["lam"] is None
+    assert report["planning_seconds"] == 0  # --steps: nothing timed to plan them
     assert report["curve"][0]["cosine"] > 0.99  # after one step at λ = 1, still the original function
     assert "| this checkpoint |" in (out / "reluize_report.md").read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
@@ -526,12 +528,15 @@ def test_the_steps_get_the_budget_the_refit_really_left_and_follow_their_own_pac
     the refit's real seconds, the next ones what is left at the steps' own pace, and the steps run to the last
     plan's end (the lr's fall with it: tests/test_reluize.py) unless a step held up would overrun the budget."""
     monkeypatch.setattr(hf_convert, "_refit_seconds", lambda model, batch: (0.1, 0.1))
-    monkeypatch.setattr(hf_convert, "_step_seconds", lambda model, teacher, batch, loss: 1.0)
+    monkeypatch.setattr(hf_convert, "_step_seconds", lambda model, teacher, batch, loss: time.sleep(0.2) or 1.0)
     out = tmp_path / "relu"
     assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.1", "--batch-size", "8", "--refit",
                  "16", "--quiet"]) == 0
     report = json.loads((out / "reluize_report.json").read_text())
     budget, plans = hf_convert.BUDGET_SHARE * 6, report["plans"]
+    assert report["planning_seconds"] >= 0.2  # timing the step, before the clock: said, not counted in the budget
+    assert f"(and {report['planning_seconds']:.1f} s before it, timing a step and the refit to plan them)" in (
+        out / "reluize_report.md").read_text()
     assert report["curve"][0]["step"] == 0 and report["refit_sentences"] == 16
     first = plans[0]["steps"]
     assert plans[0]["step"] == 0 and plans[0]["seconds"] / 60 == report["curve"][0]["minutes"]  # the refit's seconds

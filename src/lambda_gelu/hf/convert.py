@@ -176,6 +176,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         return n
 
     if steps is None:  # timed on a batch of the mean padded length of a pass: time varies with it, by batch
+        planning = time.perf_counter()  # timing the refit and a step, before the conversion's clock starts
         epoch = list(itertools.islice(text.order(), -(-len(train) // batch_size)))
         padded = [max(lengths[j] for j in b) for b in epoch]
         mean = sum(padded) / len(padded)
@@ -192,6 +193,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         repair = config.reluize.repair
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
         step_seconds = _step_seconds(model, original, typical, config.reluize.loss) * step_cost
+        planning = time.perf_counter() - planning
         budget = BUDGET_SHARE * minutes * 60
 
         def plan(spent: float, taken: int) -> int:  # asked after the refit, then at each eighth of its steps
@@ -205,6 +207,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                           "step_seconds": step_seconds if not taken else pace})
             return n
     else:
+        planning = 0.0
         at_eighths(steps)
     curve, measuring = [], [0.0]  # the time spent measuring is not conversion time
     clock = {"last": 0.0, "longest": 0.0}  # conversion seconds at the last step, and the longest step so far
@@ -247,7 +250,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "refit": result.refit, "batch_size": batch_size, "batching": config.batching,
               "lr_schedule": config.reluize.lr_schedule, "loss": result.loss,
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
-              "held_out_sentences": len(text.held), "seconds": seconds, "replaced": result.replaced,
+              "held_out_sentences": len(text.held), "seconds": seconds, "planning_seconds": planning,
+              "replaced": result.replaced,
               "direct_swap": swap_scores, "reluized": final, "curve": curve,
               "settings": dataclasses.asdict(settings), "refit_note": refit_note,
               "zeros": zeros, "held_out_sets": further}
