@@ -17,8 +17,9 @@ planned 129-157 steps and ran 122-136, their lr cut at 5-22% of its peak. `--bef
 earlier planner beside these.
 A plan made once rested on seconds of timing: run beside another job on the machine, a seed planned 8.2 s a step that
 then took 5.3 s and used 20 of the 30 minutes. Run these with the machine to itself all the same: a step slowed by
-other work is a step fewer. docs/smollm2_budget.md's seed 1 shared the cores with two minutes of tests while its
-refit and first step were timed and its refit began (the refit then ran at the 16 s a batch its estimate said).
+other work is a step fewer. The machine's own speed moves too, from day to day and within a day: the steps ran at
+4.7-5.8 s on the days the runs planned once were made, 5.9-6.2 s on the day of docs/smollm2_budget.md's re-planned
+runs (whose refit the estimate cut to 512-640 sentences): a slow day's 30 minutes hold fewer steps and a smaller refit.
 """
 from __future__ import annotations
 
