@@ -535,7 +535,7 @@ def test_the_steps_get_the_budget_the_refit_really_left_and_follow_their_own_pac
     report = json.loads((out / "reluize_report.json").read_text())
     budget, plans = hf_convert.BUDGET_SHARE * 6, report["plans"]
     assert report["planning_seconds"] >= 0.2  # timing the step, before the clock: said, not counted in the budget
-    assert f"(and {report['planning_seconds']:.1f} s before it, timing a step and the refit to plan them)" in (
+    assert f"(and {report['planning_seconds']:.1f} s before it, timed to plan the steps)" in (
         out / "reluize_report.md").read_text()
     assert report["curve"][0]["step"] == 0 and report["refit_sentences"] == 16
     first = plans[0]["steps"]

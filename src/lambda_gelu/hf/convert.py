@@ -176,7 +176,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         return n
 
     if steps is None:  # timed on a batch of the mean padded length of a pass: time varies with it, by batch
-        planning = time.perf_counter()  # timing the refit and a step, before the conversion's clock starts
+        started = time.perf_counter()  # timing the refit and a step, before the conversion's clock starts
         epoch = list(itertools.islice(text.order(), -(-len(train) // batch_size)))
         padded = [max(lengths[j] for j in b) for b in epoch]
         mean = sum(padded) / len(padded)
@@ -193,7 +193,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         repair = config.reluize.repair
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
         step_seconds = _step_seconds(model, original, typical, config.reluize.loss) * step_cost
-        planning = time.perf_counter() - planning
+        planning = time.perf_counter() - started
         budget = BUDGET_SHARE * minutes * 60
 
         def plan(spent: float, taken: int) -> int:  # asked after the refit, then at each eighth of its steps

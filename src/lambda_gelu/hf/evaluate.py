@@ -153,7 +153,7 @@ def markdown(r: dict) -> str:
              + (f", the gates' threshold lowered towards {settings['gate_zeros']:.0%} exact zeros"
                 if settings.get("gate_zeros") else "")
              + f" in {r['seconds'] / 60:.1f} min"
-             + (f" (and {r['planning_seconds']:.1f} s before it, timing a step and the refit to plan them)"
+             + (f" (and {r['planning_seconds']:.1f} s before it, timed to plan the steps)"
                 if r.get("planning_seconds") else "")
              + (f" (the --minutes budget ended it; {r['planned_steps']} steps were planned)"
                 if r["steps"] < r.get("planned_steps", r["steps"]) else
