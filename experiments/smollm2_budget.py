@@ -84,10 +84,6 @@ def main() -> None:
         "eighth of the steps from the pace they really kept; a linear lr decays to 0 over the steps last planned, "
         "and the steps end early only where the next would overrun the budget. Minutes are the "
         "report's, the measuring left out (it measures the held-out docstrings at eight points).", "", *rows, "",
-        *(["Runs with more than 7 plans made again ran when the plan was asked at the first eighth of its last "
-           "answer past the step taken, so two or three times in a row where a new total moved its eighths past "
-           "the step; it is now asked at the next of its eighths, at most seven times."]
-          if any(len(r.get("plans", [])) > 8 for r in made.values()) else []),
         *(f"{', '.join(f'`{d.name}`' for d in group)}: the same command {PLANNERS.get(name, 'planned earlier')}, "
           "made earlier (part of any difference may be the machine's)." for name, group in earlier.items()),
         "The same command when a refit batch counted as 1.75 steps (MiniLM's ratio) and the steps overran their "
