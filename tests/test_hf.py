@@ -103,6 +103,7 @@ def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, 
     report = json.loads((out / "reluize_report.json").read_text())
     assert report["steps"] == 4 and len(report["replaced"]) == 2 and report["curve"][-1]["lam"] is None
     assert report["planning_seconds"] == 0  # --steps: nothing timed to plan them
+    assert report["precision"] == report["settings"]["precision"] == "float32"  # an encoder's default
     assert report["curve"][0]["cosine"] > 0.99  # after one step at λ = 1, still the original function
     assert "| this checkpoint |" in (out / "reluize_report.md").read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
@@ -376,6 +377,10 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(tiny_bert), "--out", out, "--refit", "-1"], "--refit is a number of sentences ≥ 0, got -1"),
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "anneal", "--refit", "8"],
          "--refit is for --schedule swap"),
+        (["reluize", str(tiny_bert), "--out", out, "--precision", "float16"], "invalid choice: 'float16'"),
+        (["reluize", str(tiny_bert), "--out", out, "--schedule", "blockwise", "--precision", "bfloat16"],
+         r"precision='bfloat16': used by schedule='swap' or 'anneal' only \(blockwise reconstructs each block in "
+         r"float32\); leave it out"),
     ]
 
 

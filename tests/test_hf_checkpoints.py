@@ -15,6 +15,7 @@ import torch
 import lambda_gelu as lg
 
 from lambda_gelu.hf.save import prepare_out
+from lambda_gelu.reluize.precision import native_bfloat16
 from lambda_gelu_lab.cli import main
 from small_vocab import VOCAB, save_small_tokenizer
 
@@ -216,8 +217,9 @@ def _tiny_llama(path: Path, family: str = "llama") -> Path:
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate_zeros(family, tmp_path):
     source, out = _tiny_llama(tmp_path / "model", family), tmp_path / "relu"
+    precision = [] if family == "llama" else ["--precision", "bfloat16"]  # the default: auto
     assert main(["reluize", str(source), "--out", str(out), "--steps", "3", "--refit", "8", "--batch-size", "4",
-                 "--quiet"]) == 0
+                 "--quiet", *precision]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     field = "hidden_act" if family == "llama" else "hidden_activation"
     assert getattr(model.config, field) == "relu"
@@ -230,6 +232,10 @@ def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate
     text = (out / "reluize_report.md").read_text()
     assert "Exact zeros of the ReLU activations" in text and "| direct swap to ReLU, no training |" in text
     assert family != "llama" or "GELU" not in text  # Llama's gates were SiLU: the report names no GELU
+    bfloat16 = family != "llama" or native_bfloat16(torch.device("cpu"))  # auto: where the CPU multiplies it
+    assert report["precision"] == ("bfloat16" if bfloat16 else "float32")
+    assert report["settings"]["precision"] == ("auto" if family == "llama" else "bfloat16")
+    assert ("the matrix products in bfloat16" in text) == bfloat16
 
 
 def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_family_that_would_lose_them(

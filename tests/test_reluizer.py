@@ -73,6 +73,49 @@ def test_what_needs_batches_before_the_first_step_is_left_to_reluize(settings, m
         Reluizer(nn.Sequential(nn.Linear(2, 2)), STEPS)
 
 
+def test_bfloat16_multiplies_in_bfloat16_and_keeps_the_weights_the_gradients_and_the_loss_in_float32():
+    """precision="bfloat16": the teacher's and the student's layers run under a bfloat16 autocast (the loss is the
+    one computed from such forwards by hand, bit for bit), while the weights, their gradients and the loss stay
+    float32; "float32" multiplies in float32."""
+    from lambda_gelu.batches import run_batch
+    from lambda_gelu.reluize.losses import distillation_loss
+    seen = []
+    for precision, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        model, batch = _llama(), {"input_ids": torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))}
+        reluizer = Reluizer(model, STEPS, precision=precision)
+        hooks = [m.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+                 for net in (model, reluizer.teacher) for m in net.modules() if isinstance(m, nn.Linear)]
+        loss = reluizer.loss(batch)
+        for h in hooks:
+            h.remove()
+        assert set(seen) == {dtype} and len(seen) == 2 * sum(isinstance(m, nn.Linear) for m in model.modules())
+        seen.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            with torch.no_grad():
+                target = run_batch(reluizer.teacher, batch, hidden_states=True)
+            output = run_batch(model, batch, hidden_states=True)
+        assert loss.dtype == torch.float32 and torch.equal(loss, distillation_loss(output, target, batch))
+        loss.backward()
+        assert all(p.dtype == p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
+
+
+def test_auto_precision_is_bfloat16_where_the_cpu_multiplies_it_natively():
+    from lambda_gelu.reluize.precision import autocast_dtype, native_bfloat16
+    cpu = torch.device("cpu")
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        pytest.skip("no /proc/cpuinfo flags to compare with")
+    assert native_bfloat16(cpu) == bool({"amx_tile", "avx512_bf16"} & set(flags))
+    assert Reluizer(_mlp(), STEPS, precision="auto").autocast == autocast_dtype("auto", cpu) == (
+        torch.bfloat16 if native_bfloat16(cpu) else None)
+    assert Reluizer(_mlp(), STEPS).autocast is None  # the library's default: float32
+    with pytest.raises(ValueError, match="precision must be one of float32, bfloat16, auto, got 'half'"):
+        Reluizer(_mlp(), STEPS, precision="half")
+    with pytest.raises(ValueError, match="precision='auto': used by schedule='swap' or 'anneal' only"):
+        lg.ReluizeConfig(schedule="blockwise", precision="auto")
+
+
 # --- under the Hugging Face Trainer -------------------------------------------------------------------------------
 
 BATCH, WORLD = 4, 2

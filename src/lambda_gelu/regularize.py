@@ -115,7 +115,7 @@ class SparsityRegularizer:
 
     def _collect(self, module: nn.Module, args, output: Tensor) -> None:
         if torch.is_grad_enabled() and output.requires_grad and self.factor > 0:
-            self._outputs.append(output.abs().mean())
+            self._outputs.append(output.abs().mean(dtype=torch.float32))  # also under a bfloat16 autocast
 
     def penalty(self) -> Tensor:
         """``factor · mean over layers of mean |output|`` for the forward passes since the last call

@@ -25,6 +25,7 @@ from ..batches import run_batch
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
 from ..reluize.losses import get_loss
+from ..reluize.precision import autocast_dtype, precision_context
 from ..reluize.threshold import gate_zeros_problem
 from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
@@ -153,6 +154,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     if causal and config.steps is None and config.minutes is None:
         minutes = config.DEFAULT_MINUTES_CAUSAL
     lr = CAUSAL_LR if causal and config.reluize.lr is None else config.reluize.learning_rate
+    precision = config.reluize.precision or ("auto" if causal and schedule != "blockwise" else "float32")
+    autocast = autocast_dtype(precision, next(model.parameters()).device)  # None: float32
 
     text = corpus(tokenizer, seed=seed, batch_size=batch_size, max_tokens=config.max_tokens,
                   batching=config.batching, extra=extra)
@@ -192,7 +195,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                 log(f"note: {refit_note}")
         repair = config.reluize.repair
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
-        step_seconds = _step_seconds(model, original, typical, config.reluize.loss) * step_cost
+        step_seconds = _step_seconds(model, original, typical, config.reluize.loss, autocast) * step_cost
         planning = time.perf_counter() - started
         budget = BUDGET_SHARE * minutes * 60
 
@@ -227,7 +230,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                 measuring[0] += time.perf_counter() - t
         return False
 
-    settings = config.reluize.replace(refit=refit_batches, lr=lr)  # the lr it ran at
+    settings = config.reluize.replace(refit=refit_batches, lr=lr, precision=precision)  # the lr it ran at
     result = reluize(model, text.batches(steps), steps if steps is not None else plan, settings, teacher=original,
                      progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
@@ -249,6 +252,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "refit_sentences": refit,
               "refit": result.refit, "batch_size": batch_size, "batching": config.batching,
               "lr_schedule": config.reluize.lr_schedule, "loss": result.loss,
+              "precision": str(autocast or torch.float32).removeprefix("torch."),
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
               "held_out_sentences": len(text.held), "seconds": seconds, "planning_seconds": planning,
               "replaced": result.replaced,
@@ -303,16 +307,18 @@ def _refit_seconds(model, batch) -> tuple[float, float]:
     return len(layers) * solve, per_batch + gram_seconds
 
 
-def _step_seconds(model, teacher, batch, loss) -> float:
-    """What one conversion step takes on ``batch``, timed in its parts: the teacher's forward, the student's forward,
-    ``loss`` and backward (the best of three), and AdamW's update of the trainable weights (:func:`_update_seconds`).
-    The gradients are dropped again; the weights are not touched."""
-    loss_fn, times = get_loss(loss), []
+def _step_seconds(model, teacher, batch, loss, autocast: torch.dtype | None = None) -> float:
+    """What one conversion step takes on ``batch``, timed in its parts: the teacher's forward, the student's forward
+    (both under an ``autocast`` to that dtype, if given), ``loss`` and backward (the best of three), and AdamW's update
+    of the trainable weights (:func:`_update_seconds`). The gradients are dropped again; the weights are not touched."""
+    loss_fn, times, device = get_loss(loss), [], next(model.parameters()).device
     for _ in range(3):
         t = time.perf_counter()
-        with torch.no_grad():
-            target = run_batch(teacher, batch, hidden_states=True)
-        loss_fn(run_batch(model, batch, hidden_states=True), target, batch).backward()
+        with precision_context(autocast, device):
+            with torch.no_grad():
+                target = run_batch(teacher, batch, hidden_states=True)
+            output = run_batch(model, batch, hidden_states=True)
+        loss_fn(output, target, batch).backward()
         times.append(time.perf_counter() - t)
     model.zero_grad(set_to_none=True)
     return min(times) + _update_seconds([p for p in model.parameters() if p.requires_grad])

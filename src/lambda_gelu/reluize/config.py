@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ..config import DEFAULTS
 from ..functional import lambda_target
 from .losses import LOSSES
+from .precision import PRECISIONS
 
 __all__ = ["ReluizeConfig", "SCHEDULES", "LR_SCHEDULES", "LR", "GATE_ZEROS_LR", "CAUSAL_LR", "RIDGE", "RECALIBRATE",
            "configured"]
@@ -62,6 +63,12 @@ class ReluizeConfig:
     lr_schedule: str = field(default="linear", metadata=_help(
         "linear: the learning rate falls linearly to 0 over the steps; constant: it stays at lr",
         choices=LR_SCHEDULES))
+    precision: str | None = field(default=None, metadata=_help(
+        "the matrix products of the swap's and the anneal's steps (teacher and student): float32; bfloat16 under "
+        "torch.autocast (the weights, the optimizer, the normalisations and the loss stay float32); auto: bfloat16 "
+        "where the device multiplies it natively (CPUs with AMX or AVX512-BF16, CUDA), float32 elsewhere "
+        "(default float32; auto for a causal language model's swap or anneal in `lambda-gelu reluize`)",
+        choices=PRECISIONS))
     sparsity: float = field(default=0.0, metadata=_help(
         "the final factor of an L1 penalty on the converted activations' outputs, rising over the anneal "
         "fraction of the steps (0: none)"))
@@ -103,6 +110,10 @@ class ReluizeConfig:
         lambda_target(self.epsilon)  # "epsilon must be in (0, 0.7979) ..."
         need(self.lr is None or number("lr"), f"lr is a finite number ≥ 0, got {self.lr!r}")
         need(number("weight_decay"), f"weight_decay is a finite number ≥ 0, got {self.weight_decay!r}")
+        need(self.precision is None or self.precision in PRECISIONS,
+             f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        need(self.precision in (None, "float32") or schedule != "blockwise", f"precision={self.precision!r}: used "
+             "by schedule='swap' or 'anneal' only (blockwise reconstructs each block in float32); leave it out")
         need(number("sparsity"),
              f"sparsity is the activation penalty's final factor, a finite number ≥ 0; got {self.sparsity!r}")
         need(number("gate_zeros", 0.0, 1.0),

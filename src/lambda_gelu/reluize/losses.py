@@ -43,8 +43,8 @@ class SentenceCosine:
 
     def __call__(self, student, teacher, batch=None) -> torch.Tensor:
         mask = attention_mask(batch)
-        value = 1.0 - F.cosine_similarity(_field(student, "sentence_embedding"), _field(teacher, "sentence_embedding"),
-                                          dim=-1).mean()
+        value = 1.0 - F.cosine_similarity(_field(student, "sentence_embedding").float(),
+                                          _field(teacher, "sentence_embedding").float(), dim=-1).mean()
         tokens = _field(student, "token_embeddings")
         if tokens is not None:
             value = value + relative_error(tokens, _field(teacher, "token_embeddings"),

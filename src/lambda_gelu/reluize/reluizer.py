@@ -40,6 +40,7 @@ from ..convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizabl
 from ..regularize import SparsityRegularizer
 from .config import ReluizeConfig, configured
 from .losses import get_loss
+from .precision import autocast_dtype, precision_context
 from .threshold import GateThreshold
 
 __all__ = ["Reluizer", "AnnealedGELU", "paced_lambda"]
@@ -111,6 +112,8 @@ class Reluizer:
         self.model, self.teacher, self.total_steps, self.config = model, teacher, total_steps, config
         self.loss_fn, self.replaced = loss_fn, list(replaced)
         self.step_count = 0
+        self.device = next(iter(model.parameters()), torch.zeros(())).device
+        self.autocast = autocast_dtype(config.precision, self.device)  # None: float32
         self._annealed = [m for m in model.modules() if isinstance(m, AnnealedGELU)]
         self.anneal_steps = max(1, round(config.anneal * total_steps))
         converted = set(replaced)  # the same names hold the annealed GELUs, then their ReLUs
@@ -136,10 +139,11 @@ class Reluizer:
         lam = self.lam
         for m in self._annealed:
             m.lam = lam
-        with torch.no_grad():
-            target = run_batch(self.teacher, batch, hidden_states=True)
-        value = self.loss_fn(run_batch(model if model is not None else self.model, batch, hidden_states=True),
-                             target, batch)
+        with precision_context(self.autocast, self.device):
+            with torch.no_grad():
+                target = run_batch(self.teacher, batch, hidden_states=True)
+            output = run_batch(model if model is not None else self.model, batch, hidden_states=True)
+        value = self.loss_fn(output, target, batch)  # out of the autocast: the losses compute in float32
         penalty = self.regularizer.penalty() if self.regularizer is not None else None
         self.last = {"lam": lam, "loss": value.detach(), **({"penalty": penalty.detach()} if penalty is not None
                                                            else {})}
