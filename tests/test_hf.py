@@ -117,7 +117,7 @@ def test_minutes_is_a_budget_the_conversion_ends_within_when_the_plan_runs_long(
     """--minutes plans its steps from a timed step; should the steps run slower than planned (here: a
     microsecond a step, millions planned), the conversion ends before a step would overrun the budget, and is exact
     ReLU all the same."""
-    monkeypatch.setattr(hf_convert, "_step_seconds", lambda model, teacher, batch, loss: 1e-6)
+    monkeypatch.setattr(hf_convert, "_step_seconds", lambda model, teacher, batch, loss, autocast: 1e-6)
     out = tmp_path / "relu"
     assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.05", "--batch-size", "8",
                  "--refit", "16", "--quiet"]) == 0
@@ -514,7 +514,7 @@ def test_the_refit_is_held_to_a_share_of_the_budget_on_a_model_where_it_is_slow(
     --minutes, estimated from a timed forward and a timed solve (here: 0.5 s of solves and 1 s a batch against a
     quarter of a 0.1-minute budget: one batch fits)."""
     monkeypatch.setattr(hf_convert, "_refit_seconds", lambda model, batch: (0.5, 1.0))
-    monkeypatch.setattr(hf_convert, "_step_seconds", lambda model, teacher, batch, loss: 2.0)
+    monkeypatch.setattr(hf_convert, "_step_seconds", lambda model, teacher, batch, loss, autocast: 2.0)
     out = tmp_path / "relu"
     assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.1", "--batch-size", "8", "--quiet"]) == 0
     report = json.loads((out / "reluize_report.json").read_text())
@@ -533,7 +533,8 @@ def test_the_steps_get_the_budget_the_refit_really_left_and_follow_their_own_pac
     the refit's real seconds, the next ones what is left at the steps' own pace, and the steps run to the last
     plan's end (the lr's fall with it: tests/test_reluize.py) unless a step held up would overrun the budget."""
     monkeypatch.setattr(hf_convert, "_refit_seconds", lambda model, batch: (0.1, 0.1))
-    monkeypatch.setattr(hf_convert, "_step_seconds", lambda model, teacher, batch, loss: time.sleep(0.2) or 1.0)
+    monkeypatch.setattr(hf_convert, "_step_seconds",
+                        lambda model, teacher, batch, loss, autocast: time.sleep(0.2) or 1.0)
     out = tmp_path / "relu"
     assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.1", "--batch-size", "8", "--refit",
                  "16", "--quiet"]) == 0
@@ -575,6 +576,7 @@ def test_a_step_is_timed_in_its_parts_without_touching_the_model():
     teacher, before = copy.deepcopy(model), copy.deepcopy(model.state_dict())
     batch = {"input_ids": torch.randint(0, 100, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
     assert hf_convert._step_seconds(model, teacher, batch, "auto") > 0
+    assert hf_convert._step_seconds(model, teacher, batch, "auto", torch.bfloat16) > 0  # timed as a bfloat16 step runs
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert all(p.grad is None for p in model.parameters())
     big = [torch.nn.Parameter(torch.ones(2 ** 22 + 1))]
