@@ -4,12 +4,14 @@ English kept would give; each run's refit, planned and run steps and where its l
 smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
 
     python experiments/smollm2_budget.py   # seeds 0 1 2: ~30 minutes a missing run on 2 cores, ~3 measuring each
-    python experiments/smollm2_budget.py --before runs/smollm2/budget30-ratio-english3-{0,1,2}
+    python experiments/smollm2_budget.py --before runs/smollm2/budget30-float32-english3-{0,1,2}
 
-The steps are planned once the refit is done, for what it really left of the budget, a step timed in its parts
-(the teacher's forward; the student's forward, loss and backward; AdamW's update), then planned again at each eighth
-of them from the pace they really kept. Before, they were planned once, a step as 1.5x a timed forward and backward
-(MiniLM's ratio), 15-18% above SmolLM2's real steps: 26 of the 30 minutes used (runs `budget30-ratio-english3-*`;
+The steps multiply in bfloat16 where the CPU does so natively (`precision` auto, a causal LM's default; the
+`budget30-float32-english3-*` runs multiplied in float32, on another day). They are planned once the refit is done,
+for what it really left of the budget, a step timed in its parts (the teacher's forward; the student's forward, loss
+and backward; AdamW's update), then planned again at each eighth of them from the pace they really kept. Before,
+they were planned once, a step as 1.5x a timed forward and backward (MiniLM's ratio), 15-18% above SmolLM2's real
+steps: 26 of the 30 minutes used (runs `budget30-ratio-english3-*`;
 a step timed in its parts came out 21% above on one run); before that, the steps were planned before the refit for
 what its estimate would leave (`budget30-estimated-english3-*`, 26-27 minutes used); before that, a refit batch
 counted as 1.75 steps, which on SmolLM2 left its refit less than half its time: smollm2_english.md's `min30` runs
@@ -18,8 +20,9 @@ earlier planner beside these.
 A plan made once rested on seconds of timing: run beside another job on the machine, a seed planned 8.2 s a step that
 then took 5.3 s and used 20 of the 30 minutes. Run these with the machine to itself all the same: a step slowed by
 other work is a step fewer. The machine's own speed moves too, from day to day and within a day: the steps ran at
-4.7-5.8 s on the days the runs planned once were made, 5.9-6.2 s on the day of docs/smollm2_budget.md's re-planned
-runs (whose refit the estimate cut to 512-640 sentences): a slow day's 30 minutes hold fewer steps and a smaller refit.
+4.7-5.8 s on the days the runs planned once were made, 5.9-6.2 s on the day of the float32 re-planned runs (whose
+refit the estimate cut to 512-640 sentences), 4.8-5.2 s in bfloat16 (refit 544-768 sentences): a slow day's 30
+minutes hold fewer steps and a smaller refit. benchmarks/bench_distill.py times the two precisions side by side.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
 PLANNERS = {  # the --before runs this doc has shown, by name: how their steps were planned
+    "budget30-float32-english3": "when its steps multiplied in float32, planned as here",
     "budget30-ratio-english3": "when the steps were planned once, after the refit, a step as 1.5× a timed "
                                "forward and backward (MiniLM's ratio)",
     "budget30-estimated-english3": "when the steps were planned before the refit, for what its estimate would leave",
@@ -56,16 +60,17 @@ def main() -> None:
             subprocess.run(["lambda-gelu", "reluize", MODEL, "--out", str(run), "--seed", str(seed),
                             "--text", *[str(text)] * 3, "--quiet"], check=True)
     made = {run: report(run) for run in runs + before}
-    rows = ["| run | budget | refit: sentences, minutes | a step timed, run (s) | steps planned: first, last | "
-            "plans made again | steps run | lr at the end, of its peak | minutes |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | precision | budget | refit: sentences, minutes | a step timed, run (s) | steps planned: first, "
+            "last | plans made again | steps run | lr at the end, of its peak | minutes |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for run, r in made.items():
         refit = next((p["minutes"] for p in r["curve"] if p["step"] == 0), 0.0)
         end = 1 - r["steps"] / r["planned_steps"] if r["lr_schedule"] == "linear" else 1.0
         step = (r["seconds"] - 60 * refit) / r["steps"]
         plans = r.get("plans")  # the reports of the planners before did not keep their plans
         timed, first = (f"{plans[0]['step_seconds']:.2f}", plans[0]["steps"]) if plans else ("—", r["planned_steps"])
-        rows.append(f"| `{run.name}` | {r['budget_minutes']:g} | {r['refit_sentences']}, {refit:.1f} | {timed}, "
+        rows.append(f"| `{run.name}` | {r.get('precision', 'float32')} | {r['budget_minutes']:g} | "
+                    f"{r['refit_sentences']}, {refit:.1f} | {timed}, "
                     f"{step:.2f} | {first}, {r['planned_steps']} | {len(plans) - 1 if plans else '—'} | "
                     f"{r['steps']} | {end:.0%} | "
                     f"{r['seconds'] / 60:.1f} |")
