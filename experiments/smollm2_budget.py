@@ -11,12 +11,11 @@ The steps multiply in bfloat16 where the CPU does so natively (`precision` auto,
 for what it really left of the budget, a step timed in its parts (the teacher's forward; the student's forward, loss
 and backward; AdamW's update), then planned again at each eighth of them from the pace they really kept. Before,
 they were planned once, a step as 1.5x a timed forward and backward (MiniLM's ratio), 15-18% above SmolLM2's real
-steps: 26 of the 30 minutes used (runs `budget30-ratio-english3-*`;
-a step timed in its parts came out 21% above on one run); before that, the steps were planned before the refit for
-what its estimate would leave (`budget30-estimated-english3-*`, 26-27 minutes used); before that, a refit batch
-counted as 1.75 steps, which on SmolLM2 left its refit less than half its time: smollm2_english.md's `min30` runs
-planned 129-157 steps and ran 122-136, their lr cut at 5-22% of its peak. `--before` measures finished runs of an
-earlier planner beside these.
+steps: 26 of the 30 minutes used (runs `budget30-ratio-english3-*`; a step timed in its parts came out 21% above on
+one run); before that, the steps were planned before the refit for what its estimate would leave
+(`budget30-estimated-english3-*`, 26-27 minutes used); before that, a refit batch counted as 1.75 steps, which on
+SmolLM2 left its refit less than half its time: smollm2_english.md's `min30` runs planned 129-157 steps and ran
+122-136, their lr cut at 5-22% of its peak. `--before` measures finished runs of an earlier planner beside these.
 A plan made once rested on seconds of timing: run beside another job on the machine, a seed planned 8.2 s a step that
 then took 5.3 s and used 20 of the 30 minutes. Run these with the machine to itself all the same: a step slowed by
 other work is a step fewer. The machine's own speed moves too, from day to day and within a day: the steps ran at

@@ -13,7 +13,7 @@ import contextlib
 
 import torch
 
-__all__ = ["PRECISIONS", "autocast_dtype", "precision_context"]
+__all__ = ["PRECISIONS", "native_bfloat16", "autocast_dtype", "precision_context"]
 
 PRECISIONS = ("float32", "bfloat16", "auto")
 
