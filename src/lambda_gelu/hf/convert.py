@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from ..batches import run_batch
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
 from ..reluize.losses import get_loss
-from ..reluize.precision import autocast_dtype, precision_context
+from ..reluize.precision import autocast_dtype
+from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
 from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
@@ -314,11 +314,7 @@ def _step_seconds(model, teacher, batch, loss, autocast: torch.dtype | None = No
     loss_fn, times, device = get_loss(loss), [], next(model.parameters()).device
     for _ in range(3):
         t = time.perf_counter()
-        with precision_context(autocast, device):
-            with torch.no_grad():
-                target = run_batch(teacher, batch, hidden_states=True)
-            output = run_batch(model, batch, hidden_states=True)
-        loss_fn(output, target, batch).backward()
+        teacher_student_loss(model, teacher, batch, loss_fn, autocast, device).backward()
         times.append(time.perf_counter() - t)
     model.zero_grad(set_to_none=True)
     return min(times) + _update_seconds([p for p in model.parameters() if p.requires_grad])

@@ -139,11 +139,8 @@ class Reluizer:
         lam = self.lam
         for m in self._annealed:
             m.lam = lam
-        with precision_context(self.autocast, self.device):
-            with torch.no_grad():
-                target = run_batch(self.teacher, batch, hidden_states=True)
-            output = run_batch(model if model is not None else self.model, batch, hidden_states=True)
-        value = self.loss_fn(output, target, batch)  # out of the autocast: the losses compute in float32
+        value = teacher_student_loss(model if model is not None else self.model, self.teacher, batch, self.loss_fn,
+                                     self.autocast, self.device)
         penalty = self.regularizer.penalty() if self.regularizer is not None else None
         self.last = {"lam": lam, "loss": value.detach(), **({"penalty": penalty.detach()} if penalty is not None
                                                            else {})}
@@ -208,6 +205,18 @@ class Reluizer:
         if self.regularizer is not None:
             self.regularizer.refresh()
         return True
+
+
+def teacher_student_loss(model: nn.Module, teacher: nn.Module, batch, loss_fn, autocast: torch.dtype | None,
+                         device: torch.device) -> torch.Tensor:
+    """``loss_fn`` of ``model``'s output on ``batch`` against the frozen ``teacher``'s, both run under an ``autocast``
+    to that dtype on ``device`` (None: as they are): a step's forward passes and loss, which the plan of a time
+    budget also times (lambda_gelu.hf.convert)."""
+    with precision_context(autocast, device):
+        with torch.no_grad():
+            target = run_batch(teacher, batch, hidden_states=True)
+        output = run_batch(model, batch, hidden_states=True)
+    return loss_fn(output, target, batch)  # out of the autocast: the losses compute in float32
 
 
 def check_steps(steps, what: str = "steps") -> None:
