@@ -104,6 +104,7 @@ def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, 
     assert report["steps"] == 4 and len(report["replaced"]) == 2 and report["curve"][-1]["lam"] is None
     assert report["planning_seconds"] == 0  # --steps: nothing timed to plan them
     assert report["precision"] == report["settings"]["precision"] == "float32"  # an encoder's default
+    assert report["embeddings"] == "train"  # the default
     assert report["curve"][0]["cosine"] > 0.99  # after one step at λ = 1, still the original function
     assert "| this checkpoint |" in (out / "reluize_report.md").read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
@@ -162,7 +163,8 @@ def test_a_sentence_transformers_model_keeps_its_pipeline(tiny_bert, tmp_path):
     (source / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
                                                                   "pooling_mode_mean_tokens": True}))
     (source / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
-    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet"]) == 0
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet",
+                 "--embeddings", "freeze"]) == 0
     assert (out / "1_Pooling" / "config.json").read_text() == (source / "1_Pooling" / "config.json").read_text()
     model = st.SentenceTransformer(str(out), device="cpu")
     assert [type(m).__name__ for m in model] == ["Transformer", "Pooling", "Normalize"]
@@ -175,6 +177,8 @@ def test_a_sentence_transformers_model_keeps_its_pipeline(tiny_bert, tmp_path):
         expected = torch.nn.functional.normalize(mean_pool(encoder(**batch).last_hidden_state,
                                                            batch["attention_mask"]), dim=-1)
     torch.testing.assert_close(model.encode(sentences, convert_to_tensor=True), expected, rtol=1e-5, atol=1e-6)
+    words = [transformers.AutoModel.from_pretrained(d).get_input_embeddings().weight for d in (source, out)]
+    assert torch.equal(*words)  # --embeddings freeze: the token embeddings are the original's, bit for bit
 
 
 def _held_out(source):
@@ -378,6 +382,7 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "anneal", "--refit", "8"],
          "--refit is for --schedule swap"),
         (["reluize", str(tiny_bert), "--out", out, "--precision", "float16"], "invalid choice: 'float16'"),
+        (["reluize", str(tiny_bert), "--out", out, "--embeddings", "fixed"], "invalid choice: 'fixed'"),
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "blockwise", "--precision", "bfloat16"],
          r"precision='bfloat16': used by schedule='swap' or 'anneal' only \(blockwise reconstructs each block in "
          r"float32\); leave it out"),

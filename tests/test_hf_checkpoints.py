@@ -217,9 +217,9 @@ def _tiny_llama(path: Path, family: str = "llama") -> Path:
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate_zeros(family, tmp_path):
     source, out = _tiny_llama(tmp_path / "model", family), tmp_path / "relu"
-    precision = [] if family == "llama" else ["--precision", "bfloat16"]  # the default: auto
+    given = [] if family == "llama" else ["--precision", "bfloat16", "--embeddings", "freeze"]  # default: auto, train
     assert main(["reluize", str(source), "--out", str(out), "--steps", "3", "--refit", "8", "--batch-size", "4",
-                 "--quiet", *precision]) == 0
+                 "--quiet", *given]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     field = "hidden_act" if family == "llama" else "hidden_activation"
     assert getattr(model.config, field) == "relu"
@@ -236,6 +236,11 @@ def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate
     assert report["precision"] == ("bfloat16" if bfloat16 else "float32")
     assert report["settings"]["precision"] == ("auto" if family == "llama" else "bfloat16")
     assert ("the matrix products in bfloat16" in text) == bfloat16
+    frozen, before = family != "llama", transformers.AutoModelForCausalLM.from_pretrained(source)
+    assert report["embeddings"] == ("freeze" if frozen else "train")
+    assert ("the output layer left as the original's" in text) == frozen
+    for layer in ("get_input_embeddings", "get_output_embeddings"):  # frozen: bit for bit the original's
+        assert torch.equal(getattr(model, layer)().weight, getattr(before, layer)().weight) == frozen
 
 
 def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_family_that_would_lose_them(

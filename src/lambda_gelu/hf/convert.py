@@ -33,9 +33,10 @@ from .load import load, model_directory, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
 from .text import corpus, held_out_sets, read_texts
 
-__all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS"]
+__all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS", "EMBEDDINGS"]
 
 BATCHINGS = ("length", "shuffled")
+EMBEDDINGS = ("train", "freeze")
 CHECKPOINTS = 8
 BUDGET_SHARE = 0.97  # of --minutes, what the refit and the steps are planned for (the steps once the refit is done,
 # for what it really left): a MiniLM step's time varied by ±3% between runs
@@ -77,6 +78,11 @@ class ConversionConfig:
     eval_texts: tuple[str, ...] = field(default=(), metadata=_help(
         "your own held-out text files, one sentence a line, never trained on (a line that is also training text is "
         "left out): the report measures the checkpoint on them against the original"))
+    embeddings: str = field(default="train", metadata=_help(
+        "train: the steps update the token embeddings and a language model's output layer (its vocabulary's "
+        "logits) too; freeze: they stay the original's and the steps update the rest (attention, MLPs, norms): a "
+        "causal LM's step is cheaper, but SmolLM2 kept less in 30 minutes (docs/smollm2_budget_frozen.md)",
+        choices=EMBEDDINGS))
     reluize: ReluizeConfig = field(default_factory=ReluizeConfig)
 
     DEFAULT_MINUTES = 15.0
@@ -99,6 +105,8 @@ class ConversionConfig:
         need(not self.refit or self.reluize.schedule == "swap", f"--refit is for --schedule swap (--schedule "
              f"{self.reluize.schedule} has no ReLU to refit for before its first step); leave it out")
         need(whole(self.batch_size, 1), f"--batch-size must be ≥ 1, got {self.batch_size!r}")
+        need(self.embeddings in EMBEDDINGS, f"--embeddings must be one of {', '.join(EMBEDDINGS)}, got "
+             f"{self.embeddings!r}")
         need(self.batching in BATCHINGS, f"--batching must be one of {', '.join(BATCHINGS)}, got {self.batching!r}")
         need(whole(self.max_tokens, 2), f"--max-tokens must be ≥ 2, got {self.max_tokens!r}")
         need(whole(self.seed, 0), f"--seed must be a whole number from 0 to 2^31, got {self.seed!r}")
@@ -162,6 +170,9 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     train, lengths, held_batches = text.train, text.lengths, text.held_batches()
     others = held_out_sets(train, eval_lines, config.eval_texts)
     original = copy.deepcopy(model)
+    if config.embeddings == "freeze":  # before the step is timed: a frozen output layer has no gradient to compute
+        for layer in _embeddings(model):
+            layer.requires_grad_(False)
     reference = evaluate(original, held_batches, causal)
     direct = copy.deepcopy(model)
     lg.to_relu_(direct, include_gelu=True)
@@ -251,7 +262,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "planned_steps": result.steps, "plans": plans, "budget_minutes": minutes,
               "refit_sentences": refit,
               "refit": result.refit, "batch_size": batch_size, "batching": config.batching,
-              "lr_schedule": config.reluize.lr_schedule, "loss": result.loss,
+              "lr_schedule": config.reluize.lr_schedule, "loss": result.loss, "embeddings": config.embeddings,
               "precision": str(autocast or torch.float32).removeprefix("torch."),
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
               "held_out_sentences": len(text.held), "seconds": seconds, "planning_seconds": planning,
@@ -272,6 +283,17 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
 
     write_atomically(target, fill)
     return target
+
+
+def _embeddings(model) -> list[torch.nn.Module]:
+    """The token embeddings and a language model's output layer of a Hugging Face model (of the first such module
+    inside a sentence-transformers one): what ``embeddings="freeze"`` leaves as the original's."""
+    inner = next((m for m in model.modules() if hasattr(m, "get_input_embeddings")), None)
+    if inner is None:
+        raise CheckpointError(f"--embeddings freeze: {type(model).__name__} has no token embeddings to find; "
+                              "leave it out")
+    return [m for m in (inner.get_input_embeddings(), getattr(inner, "get_output_embeddings", lambda: None)())
+            if m is not None]
 
 
 def _copy(src: Path, dst: Path) -> None:
