@@ -5,9 +5,12 @@ smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
 
     python experiments/smollm2_budget.py   # seeds 0 1 2: ~30 minutes a missing run on 2 cores, ~3 measuring each
     python experiments/smollm2_budget.py --before runs/smollm2/budget30-float32-english3-{0,1,2}
+    python experiments/smollm2_budget.py --output docs/smollm2_budget_frozen.md --embeddings freeze
 
 The steps multiply in bfloat16 where the CPU does so natively (`precision` auto, a causal LM's default; the
-`budget30-float32-english3-*` runs multiplied in float32, on another day). They are planned once the refit is done,
+`budget30-float32-english3-*` runs multiplied in float32, on another day) and leave the token embeddings and the output
+layer as the original's with `--embeddings freeze` (runs `budget30-frozen-english3-*`; write them to their own
+`--output`), where the default trains them. They are planned once the refit is done,
 for what it really left of the budget, a step timed in its parts (the teacher's forward; the student's forward, loss
 and backward; AdamW's update), then planned again at each eighth of them from the pace they really kept. Before,
 they were planned once, a step as 1.5x a timed forward and backward (MiniLM's ratio), 15-18% above SmolLM2's real
@@ -33,6 +36,8 @@ from smollm2_english import done, english_file, package_prose, report
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
+EMBEDDINGS = {"freeze": "the token embeddings and the output layer left as the original's",
+              "train": "the token embeddings and the output layer trained too"}
 PLANNERS = {  # the --before runs this doc has shown, by name: how their steps were planned
     "budget30-float32-english3": "when its steps multiplied in float32, planned as here",
     "budget30-ratio-english3": "when the steps were planned once, after the refit, a step as 1.5× a timed "
@@ -48,27 +53,31 @@ def main() -> None:
     parser.add_argument("--output", default="docs/smollm2_budget.md")
     parser.add_argument("--before", nargs="+", default=[], help="finished runs of the same command by an earlier "
                         "planner (PLANNERS names those this doc has shown), measured beside these")
+    parser.add_argument("--embeddings", choices=("train", "freeze"), default="train", help="the conversions' "
+                        "--embeddings: freeze leaves the token embeddings and the output layer as the original's")
     args = parser.parse_args()
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
-    text, runs = Path(args.out) / "english.txt", [Path(args.out) / f"budget30-english3-{s}" for s in args.seeds]
+    kind = "frozen-" if args.embeddings == "freeze" else ""
+    text, runs = Path(args.out) / "english.txt", [Path(args.out) / f"budget30-{kind}english3-{s}" for s in args.seeds]
     before = [Path(d) for d in args.before]
     english_file(parser, text, english, [(run, 3) for run in runs + before])
     for seed, run in zip(args.seeds, runs):
         if not done(run):
             subprocess.run(["lambda-gelu", "reluize", MODEL, "--out", str(run), "--seed", str(seed),
-                            "--text", *[str(text)] * 3, "--quiet"], check=True)
+                            "--text", *[str(text)] * 3, "--embeddings", args.embeddings, "--quiet"], check=True)
     made = {run: report(run) for run in runs + before}
-    rows = ["| run | precision | budget | refit: sentences, minutes | a step timed, run (s) | steps planned: first, "
-            "last | plans made again | steps run | lr at the end, of its peak | minutes |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | precision | embeddings | budget | refit: sentences, minutes | a step timed, run (s) | steps "
+            "planned: first, last | plans made again | steps run | lr at the end, of its peak | minutes |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for run, r in made.items():
         refit = next((p["minutes"] for p in r["curve"] if p["step"] == 0), 0.0)
         end = 1 - r["steps"] / r["planned_steps"] if r["lr_schedule"] == "linear" else 1.0
         step = (r["seconds"] - 60 * refit) / r["steps"]
         plans = r.get("plans")  # the reports of the planners before did not keep their plans
         timed, first = (f"{plans[0]['step_seconds']:.2f}", plans[0]["steps"]) if plans else ("—", r["planned_steps"])
-        rows.append(f"| `{run.name}` | {r.get('precision', 'float32')} | {r['budget_minutes']:g} | "
+        rows.append(f"| `{run.name}` | {r.get('precision', 'float32')} | {r.get('embeddings', 'train')} | "
+                    f"{r['budget_minutes']:g} | "
                     f"{r['refit_sentences']}, {refit:.1f} | {timed}, "
                     f"{step:.2f} | {first}, {r['planned_steps']} | {len(plans) - 1 if plans else '—'} | "
                     f"{r['steps']} | {end:.0%} | "
@@ -78,9 +87,12 @@ def main() -> None:
         earlier.setdefault(run.name.rsplit("-", 1)[0], []).append(run)
     command = " ".join(["python experiments/smollm2_budget.py", *given(parser, args)])
     write([str(run) for run in runs + before], args.output, command, sets=sets,
-          title="SmolLM2-135M → exact ReLU in the CLI's default 30 minutes, with English text", preface=[
-        f"The CLI's default command for a causal LM, `lambda-gelu reluize {MODEL} --seed S --text E E E` (a "
-        f"`--minutes 30` budget, lr {next(iter(made.values()))['settings']['lr']:g}), E the English text of "
+          title="SmolLM2-135M → exact ReLU in the CLI's default 30 minutes, with English text"
+          + (", the embeddings frozen" if kind else ""), preface=[
+        f"The CLI's default command for a causal LM{', the embeddings frozen' if kind else ''}, `lambda-gelu reluize "
+        f"{MODEL} --seed S --text E E E{' --embeddings freeze' if kind else ''}` (a "
+        f"`--minutes 30` budget, lr {next(iter(made.values()))['settings']['lr']:g}, "
+        f"{EMBEDDINGS[next(iter(made.values())).get('embeddings', 'train')]}), E the English text of "
         f"[smollm2_english.md](smollm2_english.md): {len(english)} prose sentences of {packages} installed packages' "
         "READMEs, none in the held-out sets below. The budget sizes the refit from an estimate (at most a quarter "
         "of it) and, once the refit is done, plans the steps for what it really left, a step timed in its parts (the "
@@ -90,6 +102,8 @@ def main() -> None:
         "report's, the measuring left out (it measures the held-out docstrings at eight points).", "", *rows, "",
         *(f"{', '.join(f'`{d.name}`' for d in group)}: the same command {PLANNERS.get(name, 'planned earlier')}, "
           "made earlier (part of any difference may be the machine's)." for name, group in earlier.items()),
+        *(["The same command with the embeddings trained (the default): [smollm2_budget.md](smollm2_budget.md), "
+           "made earlier on another CPU."] if kind else []),
         "The same command when a refit batch counted as 1.75 steps (MiniLM's ratio) and the steps overran their "
         "plan: [smollm2_english.md](smollm2_english.md)'s `english3-min30-lr5e-4` runs, on another day."])
 
