@@ -39,6 +39,7 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     from lambda_gelu.hf import ConversionConfig
+    from lambda_gelu.hf.convert import freeze_embeddings_
     from lambda_gelu.hf.load import load, model_directory, quiet_transformers
     from lambda_gelu.hf.text import corpus
     from lambda_gelu.reluize import Reluizer
@@ -61,8 +62,7 @@ def main():
     for name, precision, frozen in VARIANTS:
         model = copy.deepcopy(loaded.model)
         if frozen:
-            for layer in (model.get_input_embeddings(), model.get_output_embeddings()):
-                layer.requires_grad_(False)
+            freeze_embeddings_(model)  # as `--embeddings freeze` does
         reluizer = Reluizer(model, 10 ** 6, teacher=teacher, precision=precision)
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=0.0)
         model.eval()

@@ -32,11 +32,12 @@ import argparse
 import subprocess
 from pathlib import Path
 
+from lambda_gelu.hf.convert import EMBEDDINGS
 from smollm2_english import done, english_file, package_prose, report
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
-EMBEDDINGS = {"freeze": "the token embeddings and the output layer left as the original's",
+EMBEDDING_NOTES = {"freeze": "the token embeddings and the output layer left as the original's",
               "train": "the token embeddings and the output layer trained too"}
 PLANNERS = {  # the --before runs this doc has shown, by name: how their steps were planned
     "budget30-float32-english3": "when its steps multiplied in float32, planned as here",
@@ -53,7 +54,7 @@ def main() -> None:
     parser.add_argument("--output", default="docs/smollm2_budget.md")
     parser.add_argument("--before", nargs="+", default=[], help="finished runs of the same command by an earlier "
                         "planner (PLANNERS names those this doc has shown), measured beside these")
-    parser.add_argument("--embeddings", choices=("train", "freeze"), default="train", help="the conversions' "
+    parser.add_argument("--embeddings", choices=EMBEDDINGS, default="train", help="the conversions' "
                         "--embeddings: freeze leaves the token embeddings and the output layer as the original's")
     args = parser.parse_args()
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
@@ -92,7 +93,7 @@ def main() -> None:
         f"The CLI's default command for a causal LM{', the embeddings frozen' if kind else ''}, `lambda-gelu reluize "
         f"{MODEL} --seed S --text E E E{' --embeddings freeze' if kind else ''}` (a "
         f"`--minutes 30` budget, lr {next(iter(made.values()))['settings']['lr']:g}, "
-        f"{EMBEDDINGS[next(iter(made.values())).get('embeddings', 'train')]}), E the English text of "
+        f"{EMBEDDING_NOTES[next(iter(made.values())).get('embeddings', 'train')]}), E the English text of "
         f"[smollm2_english.md](smollm2_english.md): {len(english)} prose sentences of {packages} installed packages' "
         "READMEs, none in the held-out sets below. The budget sizes the refit from an estimate (at most a quarter "
         "of it) and, once the refit is done, plans the steps for what it really left, a step timed in its parts (the "

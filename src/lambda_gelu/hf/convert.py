@@ -157,6 +157,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     thresholded = gate_zeros_problem(model) if config.reluize.gate_zeros else None
     if thresholded:
         raise CheckpointError(f"--gate-zeros: {model_name}: {thresholded}")
+    if config.embeddings == "freeze":  # before the step is timed: a frozen output layer has no gradient to compute
+        freeze_embeddings_(model)
     schedule, seed, batch_size = config.reluize.schedule, config.seed, config.batch_size
     minutes, refit = config.budget_minutes, config.refit_sentences
     if causal and config.steps is None and config.minutes is None:
@@ -170,9 +172,6 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     train, lengths, held_batches = text.train, text.lengths, text.held_batches()
     others = held_out_sets(train, eval_lines, config.eval_texts)
     original = copy.deepcopy(model)
-    if config.embeddings == "freeze":  # before the step is timed: a frozen output layer has no gradient to compute
-        for layer in _embeddings(model):
-            layer.requires_grad_(False)
     reference = evaluate(original, held_batches, causal)
     direct = copy.deepcopy(model)
     lg.to_relu_(direct, include_gelu=True)
@@ -285,15 +284,16 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     return target
 
 
-def _embeddings(model) -> list[torch.nn.Module]:
-    """The token embeddings and a language model's output layer of a Hugging Face model (of the first such module
-    inside a sentence-transformers one): what ``embeddings="freeze"`` leaves as the original's."""
+def freeze_embeddings_(model) -> None:
+    """Leaves the token embeddings and a language model's output layer of a Hugging Face model (of the first such
+    module inside a sentence-transformers one) out of training: what ``embeddings="freeze"`` does."""
     inner = next((m for m in model.modules() if hasattr(m, "get_input_embeddings")), None)
     if inner is None:
         raise CheckpointError(f"--embeddings freeze: {type(model).__name__} has no token embeddings to find; "
                               "leave it out")
-    return [m for m in (inner.get_input_embeddings(), getattr(inner, "get_output_embeddings", lambda: None)())
-            if m is not None]
+    for layer in (inner.get_input_embeddings(), getattr(inner, "get_output_embeddings", lambda: None)()):
+        if layer is not None:
+            layer.requires_grad_(False)
 
 
 def _copy(src: Path, dst: Path) -> None:
