@@ -22,20 +22,24 @@ import torch
 import torch.nn.functional as F
 
 from ..batches import attention_mask
+from .kl import kl_divergence
 
 __all__ = ["LOSSES", "AutoLoss", "LogitsKL", "SentenceCosine", "PooledCosine", "RelativeError", "distillation_loss",
            "get_loss", "mean_pool", "relative_error"]
 
 
 class LogitsKL:
+    """``kl``: the chunked :func:`~lambda_gelu.reluize.kl.kl_divergence`, or its reference ``kl_reference``."""
     name = "logits-kl"
+
+    def __init__(self, kl=kl_divergence):
+        self.kl = kl
 
     def __call__(self, student, teacher, batch=None) -> torch.Tensor:
         mask = attention_mask(batch)
-        log_p_s = F.log_softmax(_field(student, "logits").float(), -1)
-        log_p_t = F.log_softmax(_field(teacher, "logits").float(), -1)
-        kl = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1)
-        return _plus_hidden_states(_masked_mean(kl, mask), student, teacher, mask)
+        logits = _field(student, "logits")
+        kl = self.kl(logits, _field(teacher, "logits"), _mean_weights(logits.shape[:-1], mask, logits.device))
+        return _plus_hidden_states(kl, student, teacher, mask)
 
 
 class SentenceCosine:
@@ -127,11 +131,12 @@ def _field(output, name: str):
     return getattr(output, name, None)
 
 
-def _masked_mean(v: torch.Tensor, mask) -> torch.Tensor:
-    if mask is None or mask.shape != v.shape:
-        return v.mean()
-    mask = mask.to(v.dtype)
-    return (v * mask).sum() / mask.sum().clamp(min=1)
+def _mean_weights(shape: torch.Size, mask, device: torch.device) -> torch.Tensor:
+    """The weights of a mean over positions of ``shape``: the ``mask``'s (if it fits) over its sum, else uniform."""
+    if mask is None or mask.shape != shape:
+        return torch.full(shape, 1.0 / max(shape.numel(), 1), device=device)
+    mask = mask.to(device, torch.float32)
+    return mask / mask.sum().clamp(min=1)
 
 
 def mean_pool(h: torch.Tensor, mask) -> torch.Tensor:
