@@ -236,11 +236,34 @@ def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate
     assert report["precision"] == ("bfloat16" if bfloat16 else "float32")
     assert report["settings"]["precision"] == ("auto" if family == "llama" else "bfloat16")
     assert ("the matrix products in bfloat16" in text) == bfloat16
+    assert report["training_attention"] == ("eager" if bfloat16 else "sdpa")  # eager: under bfloat16 on a CPU
+    assert ("and eager attention" in text) == bfloat16
+    assert model.config._attn_implementation == "sdpa"
     frozen, before = family != "llama", transformers.AutoModelForCausalLM.from_pretrained(source)
     assert report["embeddings"] == ("freeze" if frozen else "train")
     assert ("the output layer left as the original's" in text) == frozen
     for layer in ("get_input_embeddings", "get_output_embeddings"):  # frozen: bit for bit the original's
         assert torch.equal(getattr(model, layer)().weight, getattr(before, layer)().weight) == frozen
+
+
+def test_the_student_trains_with_eager_attention_only_under_bfloat16_on_a_cpu_and_gets_its_own_back(tmp_path):
+    from lambda_gelu.hf.attention import attention_of, set_attention_, training_attention_
+    model = transformers.AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path / "model")).eval()
+    cpu, ids = torch.device("cpu"), torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding: the masks of both implementations are at work
+    with torch.no_grad():
+        sdpa = model(input_ids=ids, attention_mask=mask).logits
+    assert training_attention_(model, None, cpu) is None and training_attention_(torch.nn.Linear(2, 2), None, cpu) \
+        is None and attention_of(model) == "sdpa"  # float32: as loaded
+    assert training_attention_(model, torch.bfloat16, torch.device("meta")) is None  # not a CPU
+    loaded = training_attention_(model, torch.bfloat16, cpu)
+    assert loaded == "sdpa" and attention_of(model) == "eager"
+    assert all(layer.self_attn.config._attn_implementation == "eager" for layer in model.model.layers)
+    with torch.no_grad():  # the same attention, rounded otherwise
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).logits[mask.bool()], sdpa[mask.bool()])
+    set_attention_(model, loaded)
+    assert attention_of(model) == "sdpa" and model.model.layers[0].self_attn.config._attn_implementation == "sdpa"
 
 
 def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_family_that_would_lose_them(

@@ -27,6 +27,7 @@ from ..reluize.losses import get_loss
 from ..reluize.precision import autocast_dtype
 from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
+from .attention import attention_of, set_attention_, training_attention_
 from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
 from .load import load, model_directory, quiet_transformers
@@ -177,6 +178,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     lg.to_relu_(direct, include_gelu=True)
     swap_scores = scores(evaluate(direct, held_batches, causal), reference)
     del direct
+    loaded_attention = training_attention_(model, autocast, next(model.parameters()).device)  # before it is timed
+    training_attention = attention_of(model)
 
     torch.manual_seed(seed)
     steps, refit_batches, refit_note, plans = config.steps, -(-refit // batch_size), None, []
@@ -244,6 +247,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     result = reluize(model, text.batches(steps), steps if steps is not None else plan, settings, teacher=original,
                      progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
+    set_attention_(model, loaded_attention)  # measured and saved as it was loaded
     model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was
     taken = result.log[-1]["step"] if result.stopped else result.steps
     final = scores(evaluate(model, held_batches, causal), reference)
@@ -263,6 +267,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "refit": result.refit, "batch_size": batch_size, "batching": config.batching,
               "lr_schedule": config.reluize.lr_schedule, "loss": result.loss, "embeddings": config.embeddings,
               "precision": str(autocast or torch.float32).removeprefix("torch."),
+              "training_attention": training_attention,
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
               "held_out_sentences": len(text.held), "seconds": seconds, "planning_seconds": planning,
               "replaced": result.replaced,

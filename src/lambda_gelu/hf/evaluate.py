@@ -150,6 +150,7 @@ def markdown(r: dict) -> str:
              + (" falling linearly to 0" if r.get("lr_schedule") == "linear" else "")
              + (", the matrix products in bfloat16 (autocast; weights and loss in float32)"
                 if r.get("precision") == "bfloat16" else "")
+             + (f" and {r['training_attention']} attention" if r.get("training_attention") == "eager" else "")
              + (", the token embeddings and the output layer left as the original's" if r.get("embeddings") == "freeze"
                 else "")
              + (f", an L1 penalty on the activations rising to {settings['sparsity']:g}" if settings.get("sparsity")

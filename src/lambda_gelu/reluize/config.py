@@ -67,7 +67,8 @@ class ReluizeConfig:
         "the matrix products of the swap's and the anneal's steps (teacher and student): float32; bfloat16 under "
         "torch.autocast (the weights, the optimizer, the normalisations and the loss stay float32); auto: bfloat16 "
         "where the device multiplies it natively (CPUs with AMX or AVX512-BF16, CUDA), float32 elsewhere "
-        "(default float32; auto for a causal language model's swap or anneal in `lambda-gelu reluize`)",
+        "(default float32; auto for a causal language model's swap or anneal in `lambda-gelu reluize`, whose "
+        "student trains with eager attention under bfloat16 on a CPU: lambda_gelu.hf.attention)",
         choices=PRECISIONS))
     sparsity: float = field(default=0.0, metadata=_help(
         "the final factor of an L1 penalty on the converted activations' outputs, rising over the anneal "
