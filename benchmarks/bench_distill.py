@@ -1,17 +1,18 @@
-"""A conversion step of `lambda-gelu reluize` on a causal LM, float32 against bfloat16 (``precision``), and bfloat16
-with the token embeddings and the output layer frozen (``--embeddings freeze``): the teacher's forward, the student's
-forward, the KL and its backward, AdamW's update, timed in rounds interleaved over the variants on the same batches of
-the CLI's training text (those of the first pass of its default seed nearest the pass's mean padded length, as the
-CLI's plan times its step).
+"""A conversion step of `lambda-gelu reluize` on a causal LM, float32 against bfloat16 (``precision``), and under
+bfloat16 what the CLI does beside what it did: the chunked KL against the plain formula, eager attention against
+SDPA, and the token embeddings and the output layer frozen (``--embeddings freeze``). The teacher's forward, the
+student's forward, the KL and its backward, AdamW's update, timed in rounds interleaved over the variants on the same
+batches of the CLI's training text (those of the first pass of its default seed nearest the pass's mean padded
+length, as the CLI's plan times its step).
 
     python benchmarks/bench_distill.py                        # SmolLM2-135M-Instruct, the offline LLM
     python benchmarks/bench_distill.py --model DIR --steps 4
 
 Reports each variant's median seconds a step and its ratio to float32, whether this CPU multiplies bfloat16 natively
 (what ``precision="auto"`` asks), and how far the losses of a step lie apart: bfloat16 rounds each product's inputs to
-8 significant bits, so the losses differ by rounding, not by a different computation; freezing changes no loss, only
-which gradients are computed. AdamW runs at lr 0 (the same work, the weights left as they are): every round times the
-same model on the same batches.
+8 significant bits, so the losses differ by rounding, not by a different computation, as do the two KLs' summation
+orders and the two attentions'; freezing changes no loss, only which gradients are computed. AdamW runs at lr 0 (the
+same work, the weights left as they are): every round times the same model on the same batches.
 """
 from __future__ import annotations
 
@@ -24,8 +25,12 @@ import torch
 
 from _common import header, interleaved, print_table, save
 
-VARIANTS = (("float32", "float32", False), ("bfloat16", "bfloat16", False),
-            ("bfloat16, embeddings frozen", "bfloat16", True))  # name, precision, embeddings frozen
+# name, precision, attention (None: the CLI's), plain KL, embeddings frozen
+VARIANTS = (("float32", "float32", None, False, False),
+            ("bfloat16, SDPA attention, plain KL", "bfloat16", "sdpa", True, False),
+            ("bfloat16, SDPA attention", "bfloat16", "sdpa", False, False),
+            ("bfloat16", "bfloat16", None, False, False),
+            ("bfloat16, embeddings frozen", "bfloat16", None, False, True))
 
 
 def main():
@@ -43,7 +48,10 @@ def main():
     from lambda_gelu.hf.load import load, model_directory, quiet_transformers
     from lambda_gelu.hf.text import corpus
     from lambda_gelu.reluize import Reluizer
-    from lambda_gelu.reluize.precision import native_bfloat16
+    from lambda_gelu.hf.attention import attention_of, training_attention_
+    from lambda_gelu.reluize.kl import kl_reference
+    from lambda_gelu.reluize.losses import LogitsKL
+    from lambda_gelu.reluize.precision import autocast_dtype, native_bfloat16
 
     quiet_transformers()
     loaded = load(model_directory(args.model), args.model)
@@ -59,11 +67,18 @@ def main():
     batches = [text.encode([text.train[j] for j in epoch[i]]) for i in typical]
     teacher = copy.deepcopy(loaded.model).eval().requires_grad_(False)
     steps = {}
-    for name, precision, frozen in VARIANTS:
+    attention = {}
+    for name, precision, given, plain, frozen in VARIANTS:
         model = copy.deepcopy(loaded.model)
         if frozen:
             freeze_embeddings_(model)  # as `--embeddings freeze` does
-        reluizer = Reluizer(model, 10 ** 6, teacher=teacher, precision=precision)
+        if given is None:  # as the CLI: eager under bfloat16 on a CPU
+            training_attention_(model, autocast_dtype(precision, torch.device("cpu")), torch.device("cpu"))
+        else:
+            model.set_attn_implementation(given)
+        attention[name] = attention_of(model)
+        reluizer = Reluizer(model, 10 ** 6, teacher=teacher, precision=precision,
+                            loss=LogitsKL(kl_reference) if plain else "logits-kl")
         optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=0.0)
         model.eval()
         steps[name] = (reluizer, optimizer)
@@ -85,19 +100,24 @@ def main():
     tokens = sum(int(b["attention_mask"].sum()) for b in batches) / len(batches)
     padded = sum(b["input_ids"].numel() for b in batches) / len(batches)
     first = {k: v[:len(batches)] for k, v in losses.items()}
-    gap = max(abs(a - b) / abs(a) for a, b in zip(first["float32"], first["bfloat16"]))
-    frozen_gap = max(abs(a - b) / abs(a) for a, b in zip(first["bfloat16"], first[VARIANTS[-1][0]]))
+
+    def gap(a, b):  # the largest relative difference of two variants' losses on the same batches
+        return max(abs(x - y) / abs(x) for x, y in zip(first[a], first[b]))
+
+    names = [v[0] for v in VARIANTS]
     d = {"header": header(), "model": args.model, "steps": args.steps, "rounds": args.rounds,
          "batch_size": defaults.batch_size, "tokens": tokens, "padded_tokens": padded,
-         "native_bfloat16": native_bfloat16(torch.device("cpu")), "seconds": seconds,
-         "speedup": seconds["float32"] / seconds["bfloat16"], "loss_gap": gap, "frozen_loss_gap": frozen_gap,
-         "mean_padded_length": mean}
+         "native_bfloat16": native_bfloat16(torch.device("cpu")), "seconds": seconds, "attention": attention,
+         "speedup": seconds["float32"] / seconds["bfloat16"], "loss_gap": gap("float32", "bfloat16"),
+         "kl_loss_gap": gap(names[1], names[2]), "attention_loss_gap": gap(names[2], names[3]),
+         "frozen_loss_gap": gap("bfloat16", names[-1]), "mean_padded_length": mean}
     print_table(f"a conversion step of {args.model}: {defaults.batch_size} sentences, {tokens:.0f} tokens "
                 f"({padded:.0f} padded)", d["header"],
-                [[k, f"{v:.2f}", f"{seconds['float32'] / v:.2f}"] for k, v in seconds.items()],
-                ["variant", "s a step", "× float32"])
-    print(f"native bfloat16: {d['native_bfloat16']}; the losses of a step differ by at most {gap:.2%} between the "
-          f"precisions, {frozen_gap:.2%} with the embeddings frozen")
+                [[k, attention[k], f"{v:.2f}", f"{seconds['float32'] / v:.2f}"] for k, v in seconds.items()],
+                ["variant", "attention", "s a step", "× float32"])
+    print(f"native bfloat16: {d['native_bfloat16']}; the losses of a step differ by at most {d['loss_gap']:.2%} "
+          f"between the precisions, {d['kl_loss_gap']:.4%} between the KLs, {d['attention_loss_gap']:.2%} between "
+          f"the attentions, {d['frozen_loss_gap']:.2%} with the embeddings frozen")
     print(f"saved {save('distill', d)}")
 
 

@@ -147,20 +147,24 @@ def main():
         d = json.loads(distill.read_text())
         h, s = d["header"], d["seconds"]
         native = "multiplies bfloat16 natively" if d["native_bfloat16"] else "emulates bfloat16"
-        lines += ["## A conversion step: float32, bfloat16, the embeddings frozen", "",
+        lines += ["## A conversion step: float32, bfloat16, and what the CLI does under bfloat16", "",
                   f"`python benchmarks/bench_distill.py --steps {d['steps']} --rounds {d['rounds']}` — a step of "
                   f"`lambda-gelu reluize` on {d['model']} (the teacher's forward, the student's, the KL and its "
                   f"backward, AdamW's update) over {d['steps']} batches of the CLI's training text, those of its "
                   f"first pass nearest the pass's mean padded length ({d['mean_padded_length']:.1f} tokens), as the "
                   f"CLI's plan times a step: {d['batch_size']} sentences, {d['tokens']:.0f} tokens "
                   f"({d['padded_tokens']:.0f} with padding). {h['threads']} threads, {h['machine']}, which {native} "
-                  "(what `precision=\"auto\"` asks). *Embeddings frozen* (`--embeddings freeze`) leaves the token "
+                  "(what `precision=\"auto\"` asks). *bfloat16* is the CLI's step under bfloat16: the student's "
+                  "attention eager (`lambda_gelu.hf.attention`), the KL chunked with its gradient "
+                  "(`lambda_gelu.reluize.kl`); the variants above it put back what it did before, SDPA attention "
+                  "and the plain KL. *Embeddings frozen* (`--embeddings freeze`) leaves the token "
                   "embeddings and the output layer (tied in SmolLM2) as the original's: no gradient of the output "
                   "layer's weights, and AdamW over a fifth fewer weights.", "",
-                  "| variant | s a step | × float32 |", "|---|---|---|",
-                  *[f"| {k} | {v:.2f} | {s['float32'] / v:.2f} |" for k, v in s.items()], "",
-                  f"The losses of a step in the two precisions differ by at most {d['loss_gap']:.2%} (rounding); "
-                  f"freezing changes them by {d['frozen_loss_gap']:.2%}.", ""]
+                  "| variant | student's attention | s a step | × float32 |", "|---|---|---|---|",
+                  *[f"| {k} | {d['attention'][k]} | {v:.2f} | {s['float32'] / v:.2f} |" for k, v in s.items()], "",
+                  f"The losses of a step in the two precisions differ by at most {d['loss_gap']:.2%} (rounding), "
+                  f"between the KLs by {d['kl_loss_gap']:.4%}, between the attentions by "
+                  f"{d['attention_loss_gap']:.2%}; freezing changes them by {d['frozen_loss_gap']:.2%}.", ""]
     for decode in _decodes():
         lines += _decode_section(json.loads(decode.read_text()))
     lines += goals()
