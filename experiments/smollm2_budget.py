@@ -24,7 +24,9 @@ then took 5.3 s and used 20 of the 30 minutes. Run these with the machine to its
 other work is a step fewer. The machine's own speed moves too, from day to day and within a day: the steps ran at
 4.7-5.8 s on the days the runs planned once were made, 5.9-6.2 s on the day of the float32 re-planned runs (whose
 refit the estimate cut to 512-640 sentences), 4.8-5.2 s in bfloat16 (refit 544-768 sentences): a slow day's 30
-minutes hold fewer steps and a smaller refit. benchmarks/bench_distill.py times the two precisions side by side.
+minutes hold fewer steps and a smaller refit. benchmarks/bench_distill.py times the two precisions side by side, and
+under bfloat16 the step as it is (eager attention, the KL in chunks) beside the step these runs' predecessors took
+(SDPA attention, the plain KL: 1.70x slower on an AMD CPU); the frozen runs took that slower step.
 """
 from __future__ import annotations
 
@@ -104,7 +106,8 @@ def main() -> None:
         *(f"{', '.join(f'`{d.name}`' for d in group)}: the same command {PLANNERS.get(name, 'planned earlier')}, "
           "made earlier (part of any difference may be the machine's)." for name, group in earlier.items()),
         *(["The same command with the embeddings trained (the default): [smollm2_budget.md](smollm2_budget.md), "
-           "made earlier on another CPU."] if kind else []),
+           "made later on the same CPU, whose step is faster (eager attention and the KL in chunks under bfloat16, "
+           "[performance.md](performance.md)): these runs' steps were as slow as before that."] if kind else []),
         "The same command when a refit batch counted as 1.75 steps (MiniLM's ratio) and the steps overran their "
         "plan: [smollm2_english.md](smollm2_english.md)'s `english3-min30-lr5e-4` runs, on another day."])
 

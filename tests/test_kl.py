@@ -60,6 +60,14 @@ def test_float32_and_bfloat16_logits_agree_with_the_plain_formula_within_their_r
         assert ((grad_fast.double() - grad_ref.double()).abs() <= bound).all()
 
 
+def test_an_enclosing_autocast_leaves_the_kl_in_float32():
+    s, t, w = _logits(2, 3, 300, dtype=torch.float32), _logits(2, 3, 300, dtype=torch.float32, seed=2), \
+        torch.full((2, 3), 1 / 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = kl_divergence(s, t, w)
+    assert torch.equal(inside, kl_divergence(s, t, w))
+
+
 def test_identical_logits_give_zero_and_no_gradient_for_the_teacher():
     s = _logits(2, 3, 50).requires_grad_(True)
     t = s.detach().clone().requires_grad_(True)

@@ -46,18 +46,10 @@ class _ChunkedKL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, student, teacher, weights, rows):
         dtype = _compute_dtype(student)
-        want_grad = ctx.needs_input_grad[0]
-        grad = torch.empty_like(student, memory_format=torch.contiguous_format) if want_grad else None
+        grad = torch.empty_like(student, memory_format=torch.contiguous_format) if ctx.needs_input_grad[0] else None
         total = torch.zeros((), dtype=dtype, device=student.device)
-        for i in range(0, len(student), rows):
-            w = weights[i:i + rows].to(dtype)
-            log_p_s = torch.log_softmax(student[i:i + rows].to(dtype), -1)
-            log_p_t = torch.log_softmax(teacher[i:i + rows].to(dtype), -1)
-            p_t = log_p_t.exp()
-            kl = torch.bmm(p_t.unsqueeze(1), log_p_t.sub_(log_p_s).unsqueeze(2)).view(-1)  # Σ_v p_t·(log p_t − log p_s)
-            total += (kl * w).sum()
-            if want_grad:
-                grad[i:i + rows] = log_p_s.exp_().sub_(p_t).mul_(w.unsqueeze(1))
+        with torch.autocast(student.device.type, enabled=False):  # called inside one too, the KL stays float32
+            _chunks(student, teacher, weights, rows, dtype, grad, total)
         ctx.save_for_backward(grad)
         return total
 
@@ -66,3 +58,17 @@ class _ChunkedKL(torch.autograd.Function):
     def backward(ctx, incoming):
         grad, = ctx.saved_tensors
         return (grad * incoming.to(grad.dtype) if grad is not None else None), None, None, None
+
+
+def _chunks(student, teacher, weights, rows: int, dtype: torch.dtype, grad: torch.Tensor | None,
+            total: torch.Tensor) -> None:
+    """Adds each chunk of ``rows`` positions' weighted KL to ``total`` and writes its gradient into ``grad``."""
+    for i in range(0, len(student), rows):
+        w = weights[i:i + rows].to(dtype)
+        log_p_s = torch.log_softmax(student[i:i + rows].to(dtype), -1)
+        log_p_t = torch.log_softmax(teacher[i:i + rows].to(dtype), -1)
+        p_t = log_p_t.exp()
+        kl = torch.bmm(p_t.unsqueeze(1), log_p_t.sub_(log_p_s).unsqueeze(2)).view(-1)  # Σ_v p_t·(log p_t − log p_s)
+        total += (kl * w).sum()
+        if grad is not None:
+            grad[i:i + rows] = log_p_s.exp_().sub_(p_t).mul_(w.unsqueeze(1))
