@@ -310,28 +310,40 @@ def _copy(src: Path, dst: Path) -> None:
 def _refit_seconds(model, batch) -> tuple[float, float]:
     """What the refit will cost on ``model``: (seconds to solve its layers, seconds per batch), estimated from
     one forward of ``batch`` and one solve of the largest layer, both timed, without running the refit. Per
-    batch, each activation's layers are reached by a forward up to it (together about half a forward per
-    activation), a gated FFN's block is run twice more, and each layer's Gram matrix is formed in float64."""
+    batch, the activations are reached by one forward paused at each (lambda_gelu.reluize.capture), a gated FFN's
+    block is run twice more, and each layer's Gram matrix is formed in float64."""
     from ..reluize import refit_consumers
+    from ..reluize.refit import ridge_solve
     consumers = refit_consumers(model, batch)
     with torch.no_grad():
         t = time.perf_counter()
         model(**batch)
         forward = time.perf_counter() - t
     layers = [model.get_submodule(n) for names in consumers.values() for n in names]
-    width = max(getattr(layer, "in_features", None) or layer.weight.shape[0] for layer in layers) + 1
+    inputs, outputs = max(_sides(layer) for layer in layers)
+    width = inputs + 1
     gram = torch.randn(width, width, dtype=torch.float64)
-    gram = gram @ gram.T
+    gram = gram @ gram.T + width * torch.eye(width, dtype=torch.float64)  # a Gram matrix and its ridge
     t = time.perf_counter()
-    torch.linalg.lstsq(gram, gram[:, :8], driver="gelsd")
+    ridge_solve(gram, gram[:, :outputs])
     solve = time.perf_counter() - t
     rows = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
     x = torch.randn(rows, width, dtype=torch.float64)
     t = time.perf_counter()
     x.T @ x  # one layer's Gram matrix over the batch, timed: the machine's float64 speed, not a guess
     gram_seconds = len(layers) * (time.perf_counter() - t)
-    per_batch = forward * (len(consumers) + 1) / 2 + 2 * forward * len(consumers.gated) / max(len(consumers), 1)
+    per_batch = forward + 2 * forward * len(consumers.gated) / max(len(consumers), 1)
     return len(layers) * solve, per_batch + gram_seconds
+
+
+def _sides(layer) -> tuple[int, int]:
+    """A refit layer's (inputs, outputs) as its least squares sees them: nn.Linear's features, Hugging Face Conv1D's
+    (in, out) weight, a convolution's patch size and its channels out."""
+    if hasattr(layer, "in_features"):
+        return layer.in_features, layer.out_features
+    if hasattr(layer, "out_channels"):
+        return layer.weight[0].numel(), layer.out_channels
+    return tuple(layer.weight.shape)
 
 
 def _step_seconds(model, teacher, batch, loss, autocast: torch.dtype | None = None) -> float:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..batches import attention_mask, run_batch
 from ..convert import _is_conv1d, _name_relu_in_configs_, eval_mode, is_reluizable, replace_modules_
-from .capture import Stop, run_to_hook
+from .capture import PausedForwards
 from .config import RIDGE
 
 __all__ = ["refit_after_swap_", "refit_consumers"]
@@ -40,14 +40,19 @@ def refit_after_swap_(model: nn.Module, batches: Iterable, *, ridge: float = RID
     return replaced
 
 
-def swap_and_refit(model: nn.Module, batches: list, ridge: float, consumers: dict[str, list[str]]) -> list[str]:
+def swap_and_refit(model: nn.Module, batches: list, ridge: float, consumers: dict[str, list[str]],
+                   forwards=PausedForwards) -> list[str]:
+    """Swaps and refits (see :func:`refit_after_swap_`), reaching each activation's input by ``forwards``: each
+    batch's forward paused at one activation and resumed to the next once its layers are solved (every batch run
+    once), or :class:`~lambda_gelu.reluize.capture.RestartedForwards`, the reference, which runs each batch again from
+    the start for every activation. Both solve the same equations."""
     originals = dict(model.named_modules())
     replaced = replace_modules_(model, lambda m, fqn: is_reluizable(m), lambda old: nn.ReLU(), "GELU")
     gated = getattr(consumers, "gated", set())
-    with eval_mode(model):
+    with eval_mode(model), forwards(model, batches) as walk:
         for act, layers in consumers.items():
             refit = _refit_gated if act in gated else _refit
-            refit(model, act, originals[act], [model.get_submodule(n) for n in layers], batches, ridge)
+            refit(model, act, originals[act], [model.get_submodule(n) for n in layers], walk, ridge)
     return replaced
 
 
@@ -146,22 +151,20 @@ def _rows(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
+def _reached(walk, module: nn.Module, name: str) -> list[tuple]:
+    """Each batch's ``(args, kwargs)`` at ``module`` (named ``name``), reached by ``walk``."""
+    seen = walk.reach(module)
+    if any(s is None for s in seen):
+        raise RuntimeError(f"refit: {name} was not reached by the forward")
+    return seen
+
+
 @torch.no_grad()
-def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Module], batches: list,
-           ridge: float) -> None:
+def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Module], walk, ridge: float) -> None:
     relu = model.get_submodule(act)
     sums = [None] * len(layers)
-    for batch in batches:
-        seen = {}
-
-        def grab(mod, args):
-            seen["h"] = args[0]
-            raise Stop
-
-        run_to_hook(model, batch, relu.register_forward_pre_hook(grab))
-        if "h" not in seen:
-            raise RuntimeError(f"refit: {act} was not reached by the forward")
-        h, mask = seen["h"], attention_mask(batch)
+    for batch, (args, kwargs) in zip(walk.batches, _reached(walk, relu, act)):
+        h, mask = args[0], attention_mask(batch)
         if mask is not None and mask.shape == h.shape[:-1]:  # positions: only the attended ones
             h = h[mask.bool()]
         relu_h = torch.relu(h) if h.dtype in (torch.float32, torch.float64) else torch.relu(h).float()  # no half Gram
@@ -178,13 +181,23 @@ def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Modu
     _solve(layers, sums, ridge)
 
 
+def ridge_solve(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """X with ``matrix`` X = ``rhs`` for a symmetric positive semi-definite ``matrix`` (a Gram matrix plus its ridge):
+    by Cholesky where it is positive definite (SmolLM2's 1537² matrix with 576 right-hand sides: a few hundredths of
+    a second, against over a second for an SVD), else by an SVD least squares (gelsd), rank-deficient too."""
+    factor, info = torch.linalg.cholesky_ex(matrix)
+    if info.item() == 0:
+        return torch.cholesky_solve(rhs, factor)
+    return torch.linalg.lstsq(matrix, rhs, driver="gelsd").solution
+
+
 def _solve(layers: list[nn.Module], sums: list, ridge: float) -> None:
     """Each layer's weights from its summed Gram matrix and right-hand side: ridge least squares."""
     for layer, (gram, rhs) in zip(layers, sums):
         n_in = len(gram) - (layer.bias is not None)
         penalty = torch.zeros(len(gram), dtype=gram.dtype)
         penalty[:n_in] = ridge * gram.diagonal()[:n_in].mean()  # the bias, if any, is not shrunk
-        solution = torch.linalg.lstsq(gram + torch.diag(penalty), rhs, driver="gelsd").solution  # rank-deficient too
+        solution = ridge_solve(gram + torch.diag(penalty), rhs)
         # Conv1D stores (in, out); nn.Linear (out, in); nn.Conv2d (out, in, kh, kw), in unfold's order
         weight = solution[:n_in] if _is_conv1d(layer) else solution[:n_in].T.reshape(layer.weight.shape)
         layer.weight.copy_(weight.to(layer.weight.dtype))
@@ -193,7 +206,7 @@ def _solve(layers: list[nn.Module], sums: list, ridge: float) -> None:
 
 
 @torch.no_grad()
-def _refit_gated(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Module], batches: list,
+def _refit_gated(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Module], walk,
                  ridge: float) -> None:
     """The refit of a gated FFN's output projection: over the FFN's inputs as the (converted) network upstream
     gives them, W' is to give from what it reads with the ReLU gate what W gave from what it read with the
@@ -202,17 +215,7 @@ def _refit_gated(model: nn.Module, act: str, original: nn.Module, layers: list[n
     parent, (layer,) = model.get_submodule(parent_name), layers
     relu = getattr(parent, leaf)
     sums = [None]
-    for batch in batches:
-        seen = {}
-
-        def grab(mod, args, kwargs):
-            seen["in"] = (args, kwargs)
-            raise Stop
-
-        run_to_hook(model, batch, parent.register_forward_pre_hook(grab, with_kwargs=True))
-        if "in" not in seen:
-            raise RuntimeError(f"refit: {parent_name} was not reached by the forward")
-        args, kwargs = seen["in"]
+    for batch, (args, kwargs) in zip(walk.batches, _reached(walk, parent, parent_name)):
         a = _seen_by(layer, parent, args, kwargs, output=False)
         setattr(parent, leaf, original)
         try:
