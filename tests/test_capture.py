@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from lambda_gelu.reluize.capture import PausedForwards, RestartedForwards
 from lambda_gelu.reluize.refit import refit_consumers, swap_and_refit
+from test_reluize import _batches
 
 
 def _transformers_models():
@@ -24,17 +25,6 @@ def _transformers_models():
     }
 
 
-def _token_batches(n=3):
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for _ in range(n):
-        ids = torch.randint(3, 100, (4, 12), generator=g)
-        mask = torch.ones_like(ids)
-        mask[0, 8:] = 0  # some padding
-        out.append({"input_ids": ids, "attention_mask": mask})
-    return out
-
-
 def _models_and_batches():
     from lambda_gelu_lab.models import ResNet
     g = torch.Generator().manual_seed(0)
@@ -43,7 +33,7 @@ def _models_and_batches():
     yield "resnet", lambda: ResNet(1, 5, nn.GELU, widths=(4, 8, 8)), [torch.randn(4, 1, 8, 8, generator=g)
                                                                       for _ in range(3)]
     for name, make in _transformers_models().items():
-        yield name, make, _token_batches()
+        yield name, make, _batches(3)
 
 
 @pytest.mark.parametrize("name", ["mlp", "resnet", "bert", "gpt2", "llama", "gemma3"])
