@@ -24,9 +24,11 @@ then took 5.3 s and used 20 of the 30 minutes. Run these with the machine to its
 other work is a step fewer. The machine's own speed moves too, from day to day and within a day: the steps ran at
 4.7-5.8 s on the days the runs planned once were made, 5.9-6.2 s on the day of the float32 re-planned runs (whose
 refit the estimate cut to 512-640 sentences), 4.8-5.2 s in bfloat16 (refit 544-768 sentences): a slow day's 30
-minutes hold fewer steps and a smaller refit. benchmarks/bench_distill.py times the two precisions side by side, and
+minutes hold fewer steps and a smaller refit. With the faster step and refit: 4.0-4.4 s, refits of 1024 sentences
+in 2 minutes. benchmarks/bench_distill.py times the two precisions side by side, and
 under bfloat16 the step as it is (eager attention, the KL in chunks) beside the step these runs' predecessors took
-(SDPA attention, the plain KL: 1.70x slower on an AMD CPU); the frozen runs took that slower step.
+(SDPA attention, the plain KL: 1.70x slower on an AMD CPU, 1.49x on the Intel CPU with AMX the default's runs
+were made on); the frozen runs took that slower step.
 """
 from __future__ import annotations
 
@@ -106,8 +108,13 @@ def main() -> None:
         *(f"{', '.join(f'`{d.name}`' for d in group)}: the same command {PLANNERS.get(name, 'planned earlier')}, "
           "made earlier (part of any difference may be the machine's)." for name, group in earlier.items()),
         *(["The same command with the embeddings trained (the default): [smollm2_budget.md](smollm2_budget.md), "
-           "made later on the same CPU, whose step is faster (eager attention and the KL in chunks under bfloat16, "
-           "[performance.md](performance.md)): these runs' steps were as slow as before that."] if kind else []),
+           "made later on an Intel CPU with AMX, with a faster step (eager attention and the KL in chunks under "
+           "bfloat16, [performance.md](performance.md)) and refit: these runs took the slower ones."] if kind else
+          ["Before the step was made faster (eager attention and the KL in chunks under bfloat16, "
+           "[performance.md](performance.md)) and the refit too (each batch's forward paused at each activation, "
+           "the layers solved by Cholesky), the same command on an Intel CPU with AMX ran 243-305 steps after "
+           "refits of 544-768 sentences: English outside Python ×1.256 ± 0.019, the docstrings ×0.990 ± 0.007 "
+           "(the runs are gone; [guide.md](guide.md) keeps their numbers)."]),
         "The same command when a refit batch counted as 1.75 steps (MiniLM's ratio) and the steps overran their "
         "plan: [smollm2_english.md](smollm2_english.md)'s `english3-min30-lr5e-4` runs, on another day."])
 
