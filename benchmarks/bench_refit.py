@@ -32,7 +32,7 @@ def main():
     from lambda_gelu.hf.load import load, model_directory, quiet_transformers
     from lambda_gelu.hf.text import corpus
     from lambda_gelu.reluize.capture import PausedForwards, RestartedForwards
-    from lambda_gelu.reluize.refit import ridge_solve, refit_consumers, swap_and_refit
+    from lambda_gelu.reluize.refit import layer_sides, ridge_solve, refit_consumers, swap_and_refit
 
     quiet_transformers()
     loaded = load(model_directory(args.model), args.model)
@@ -51,28 +51,30 @@ def main():
             models[name] = model
     equal = all(torch.equal(a, b) for a, b in zip(models["paused"].state_dict().values(),
                                                   models["restarted"].state_dict().values()))
-    layer = loaded.model.get_submodule(next(iter(consumers.values()))[0])
-    inputs, outputs = layer.weight.shape[1] + 1, layer.weight.shape[0]
+    layers = [loaded.model.get_submodule(n) for names in consumers.values() for n in names]
+    inputs, outputs = max(layer_sides(layer) for layer in layers)  # the widest layer, as the CLI's estimate
+    inputs += 1  # the bias's column
     x = torch.randn(4 * inputs, inputs, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     gram, rhs = x.T @ x, torch.randn(inputs, outputs, dtype=torch.float64)
-    gram += 1e-3 * gram.diagonal().mean() * torch.eye(inputs, dtype=torch.float64)  # the refit's ridge
-    solves = {"cholesky": [], "gelsd": []}
+    gram += defaults.reluize.ridge * gram.diagonal().mean() * torch.eye(inputs, dtype=torch.float64)
+    solves, solutions = {"cholesky": [], "gelsd": []}, {}
     for _ in range(3):
         for name, solve in (("cholesky", lambda: ridge_solve(gram, rhs)),
                             ("gelsd", lambda: torch.linalg.lstsq(gram, rhs, driver="gelsd").solution)):
             t = time.perf_counter()
-            solution = solve()
+            solutions[name] = solve()
             solves[name].append(time.perf_counter() - t)
-    gap = ((ridge_solve(gram, rhs) - solution).norm() / solution.norm()).item()
+    gap = ((solutions["cholesky"] - solutions["gelsd"]).norm() / solutions["gelsd"].norm()).item()
     seconds = {k: statistics.median(v) for k, v in {**times, **solves}.items()}
     d = {"header": header(), "model": args.model, "batches": args.batches, "rounds": args.rounds,
-         "layers": len(consumers), "shape": [inputs, outputs], "seconds": seconds, "equal": equal,
+         "layers": len(layers), "shape": [inputs, outputs], "seconds": seconds, "equal": equal,
          "solve_gap": gap, "tokens": sum(int(b["attention_mask"].sum()) for b in batches)}
-    print_table(f"the refit of {args.model} over {args.batches} batches ({d['tokens']} tokens), {len(consumers)} "
+    print_table(f"the refit of {args.model} over {args.batches} batches ({d['tokens']} tokens), {d['layers']} "
                 "layers", d["header"],
                 [["refit, paused forwards", f"{seconds['paused']:.1f}", ""],
                  ["refit, restarted forwards", f"{seconds['restarted']:.1f}", ""],
-                 [f"one layer's solve {inputs}x{inputs}, {outputs} columns: Cholesky", f"{seconds['cholesky']:.3f}", ""],
+                 [f"one layer's solve {inputs}x{inputs}, {outputs} columns: Cholesky", f"{seconds['cholesky']:.3f}",
+                  ""],
                  ["the same by gelsd", f"{seconds['gelsd']:.3f}", f"relative gap {gap:.1e}"]],
                 ["variant", "seconds", ""])
     print(f"the two refits equal bit for bit: {equal}")

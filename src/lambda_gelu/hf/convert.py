@@ -313,14 +313,14 @@ def _refit_seconds(model, batch) -> tuple[float, float]:
     batch, the activations are reached by one forward paused at each (lambda_gelu.reluize.capture), a gated FFN's
     block is run twice more, and each layer's Gram matrix is formed in float64."""
     from ..reluize import refit_consumers
-    from ..reluize.refit import ridge_solve
+    from ..reluize.refit import layer_sides, ridge_solve
     consumers = refit_consumers(model, batch)
     with torch.no_grad():
         t = time.perf_counter()
         model(**batch)
         forward = time.perf_counter() - t
     layers = [model.get_submodule(n) for names in consumers.values() for n in names]
-    inputs, outputs = max(_sides(layer) for layer in layers)
+    inputs, outputs = max(layer_sides(layer) for layer in layers)
     width = inputs + 1
     gram = torch.randn(width, width, dtype=torch.float64)
     gram = gram @ gram.T + width * torch.eye(width, dtype=torch.float64)  # a Gram matrix and its ridge
@@ -334,16 +334,6 @@ def _refit_seconds(model, batch) -> tuple[float, float]:
     gram_seconds = len(layers) * (time.perf_counter() - t)
     per_batch = forward + 2 * forward * len(consumers.gated) / max(len(consumers), 1)
     return len(layers) * solve, per_batch + gram_seconds
-
-
-def _sides(layer) -> tuple[int, int]:
-    """A refit layer's (inputs, outputs) as its least squares sees them: nn.Linear's features, Hugging Face Conv1D's
-    (in, out) weight, a convolution's patch size and its channels out."""
-    if hasattr(layer, "in_features"):
-        return layer.in_features, layer.out_features
-    if hasattr(layer, "out_channels"):
-        return layer.weight[0].numel(), layer.out_channels
-    return tuple(layer.weight.shape)
 
 
 def _step_seconds(model, teacher, batch, loss, autocast: torch.dtype | None = None) -> float:

@@ -181,6 +181,16 @@ def _refit(model: nn.Module, act: str, original: nn.Module, layers: list[nn.Modu
     _solve(layers, sums, ridge)
 
 
+def layer_sides(layer: nn.Module) -> tuple[int, int]:
+    """A refit layer's (inputs, outputs) as its least squares sees them: nn.Linear's features, Hugging Face Conv1D's
+    (in, out) weight, a convolution's patch size and its channels out."""
+    if hasattr(layer, "in_features"):
+        return layer.in_features, layer.out_features
+    if hasattr(layer, "out_channels"):
+        return layer.weight[0].numel(), layer.out_channels
+    return tuple(layer.weight.shape)
+
+
 def ridge_solve(matrix: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
     """X with ``matrix`` X = ``rhs`` for a symmetric positive semi-definite ``matrix`` (a Gram matrix plus its ridge):
     by Cholesky where it is positive definite (SmolLM2's 1537² matrix with 576 right-hand sides: a few hundredths of
