@@ -6,11 +6,14 @@ smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
     python experiments/smollm2_budget.py   # seeds 0 1 2: ~30 minutes a missing run on 2 cores, ~3 measuring each
     python experiments/smollm2_budget.py --before runs/smollm2/budget30-float32-english3-{0,1,2}
     python experiments/smollm2_budget.py --output docs/smollm2_budget_frozen.md --embeddings freeze
+    python experiments/smollm2_budget.py --output docs/smollm2_budget_zeros.md --minutes 90 --gate-zeros 0.85 --seeds 0
 
 The steps multiply in bfloat16 where the CPU does so natively (`precision` auto, a causal LM's default; the
 `budget30-float32-english3-*` runs multiplied in float32, on another day) and leave the token embeddings and the output
 layer as the original's with `--embeddings freeze` (runs `budget30-frozen-english3-*`; write them to their own
-`--output`), where the default trains them. They are planned once the refit is done,
+`--output`), where the default trains them. `--minutes` and `--gate-zeros` give the conversions another budget and a
+share of exact gate zeros to reach (runs `budget<M>-zeros<Z>-english3-*`); such a doc adds each layer's zeros and the
+held-out docstrings measured along the way. The steps are planned once the refit is done,
 for what it really left of the budget, a step timed in its parts (the teacher's forward; the student's forward, loss
 and backward; AdamW's update), then planned again at each eighth of them from the pace they really kept. Before,
 they were planned once, a step as 1.5x a timed forward and backward (MiniLM's ratio), 15-18% above SmolLM2's real
@@ -36,11 +39,12 @@ import argparse
 import subprocess
 from pathlib import Path
 
-from lambda_gelu.hf.convert import EMBEDDINGS
+from lambda_gelu.hf.convert import EMBEDDINGS, ConversionConfig
 from smollm2_english import done, english_file, package_prose, report
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
+DEFAULT_MINUTES = ConversionConfig.DEFAULT_MINUTES_CAUSAL
 EMBEDDING_NOTES = {"freeze": "the token embeddings and the output layer left as the original's",
               "train": "the token embeddings and the output layer trained too"}
 PLANNERS = {  # the --before runs this doc has shown, by name: how their steps were planned
@@ -60,17 +64,24 @@ def main() -> None:
                         "planner (PLANNERS names those this doc has shown), measured beside these")
     parser.add_argument("--embeddings", choices=EMBEDDINGS, default="train", help="the conversions' "
                         "--embeddings: freeze leaves the token embeddings and the output layer as the original's")
+    parser.add_argument("--minutes", type=float, default=DEFAULT_MINUTES, help="the conversions' --minutes")
+    parser.add_argument("--gate-zeros", type=float, default=0.0, help="the conversions' --gate-zeros: the share of "
+                        "the gates' outputs, averaged over the layers, made exact zeros (0: the threshold left off)")
     args = parser.parse_args()
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
-    kind = "frozen-" if args.embeddings == "freeze" else ""
-    text, runs = Path(args.out) / "english.txt", [Path(args.out) / f"budget30-{kind}english3-{s}" for s in args.seeds]
+    frozen, zeros, default = args.embeddings == "freeze", args.gate_zeros, args.minutes == DEFAULT_MINUTES
+    options = [*(["--minutes", f"{args.minutes:g}"] if not default else []),
+               *(["--embeddings", "freeze"] if frozen else []), *(["--gate-zeros", f"{zeros:g}"] if zeros else [])]
+    kind = ("frozen-" if frozen else "") + (f"zeros{zeros:g}-" if zeros else "")
+    text = Path(args.out) / "english.txt"
+    runs = [Path(args.out) / f"budget{args.minutes:g}-{kind}english3-{s}" for s in args.seeds]
     before = [Path(d) for d in args.before]
     english_file(parser, text, english, [(run, 3) for run in runs + before])
     for seed, run in zip(args.seeds, runs):
         if not done(run):
             subprocess.run(["lambda-gelu", "reluize", MODEL, "--out", str(run), "--seed", str(seed),
-                            "--text", *[str(text)] * 3, "--embeddings", args.embeddings, "--quiet"], check=True)
+                            "--text", *[str(text)] * 3, *options, "--quiet"], check=True)
     made = {run: report(run) for run in runs + before}
     rows = ["| run | precision | embeddings | budget | refit: sentences, minutes | a step timed, run (s) | steps "
             "planned: first, last | plans made again | steps run | lr at the end, of its peak | minutes |",
@@ -91,33 +102,65 @@ def main() -> None:
     for run in before:
         earlier.setdefault(run.name.rsplit("-", 1)[0], []).append(run)
     command = " ".join(["python experiments/smollm2_budget.py", *given(parser, args)])
+    first = next(iter(made.values()))
+    asked = ((f", given a {args.minutes:g}-minute budget" if not default else "")
+             + (f"{' and' if not default else ','} asked for {zeros:.0%} exact gate zeros" if zeros else ""))
     write([str(run) for run in runs + before], args.output, command, sets=sets,
-          title="SmolLM2-135M → exact ReLU in the CLI's default 30 minutes, with English text"
-          + (", the embeddings frozen" if kind else ""), preface=[
-        f"The CLI's default command for a causal LM{', the embeddings frozen' if kind else ''}, `lambda-gelu reluize "
-        f"{MODEL} --seed S --text E E E{' --embeddings freeze' if kind else ''}` (a "
-        f"`--minutes 30` budget, lr {next(iter(made.values()))['settings']['lr']:g}, "
-        f"{EMBEDDING_NOTES[next(iter(made.values())).get('embeddings', 'train')]}), E the English text of "
+          title="SmolLM2-135M → exact ReLU in " + ("the CLI's default 30" if default else f"{args.minutes:g}")
+          + " minutes, with English text" + (", the embeddings frozen" if frozen else "")
+          + (f", {zeros:.0%} exact gate zeros" if zeros else ""), preface=[
+        f"The CLI's default command for a causal LM{', the embeddings frozen' if frozen else ''}{asked}, "
+        f"`lambda-gelu reluize {MODEL} --seed S --text E E E{''.join(' ' + o for o in options)}` (a "
+        f"`--minutes {args.minutes:g}` budget, lr {first['settings']['lr']:g}, "
+        f"{EMBEDDING_NOTES[first.get('embeddings', 'train')]}), E the English text of "
         f"[smollm2_english.md](smollm2_english.md): {len(english)} prose sentences of {packages} installed packages' "
         "READMEs, none in the held-out sets below. The budget sizes the refit from an estimate (at most a quarter "
         "of it) and, once the refit is done, plans the steps for what it really left, a step timed in its parts (the "
         "teacher's forward; the student's forward, loss and backward; AdamW's update), then plans again at each "
         "eighth of the steps from the pace they really kept; a linear lr decays to 0 over the steps last planned, "
         "and the steps end early only where the next would overrun the budget. Minutes are the "
-        "report's, the measuring left out (it measures the held-out docstrings at eight points).", "", *rows, "",
+        "report's, the measuring left out (it measures the held-out docstrings at eight points)."
+        + (f" `--gate-zeros {zeros:g}` gives every gate a bias, lowered step by step until {zeros:.0%} of the gates' "
+           "outputs, averaged over the layers, are exact zeros, a share reached over the first half of the steps; "
+           "the biases train with the rest." if zeros else ""), "", *rows, "",
         *(f"{', '.join(f'`{d.name}`' for d in group)}: the same command {PLANNERS.get(name, 'planned earlier')}, "
           "made earlier (part of any difference may be the machine's)." for name, group in earlier.items()),
-        *(["The same command with the embeddings trained (the default): [smollm2_budget.md](smollm2_budget.md), "
-           "made later on an Intel CPU with AMX, with a faster step (eager attention and the KL in chunks under "
-           "bfloat16, [performance.md](performance.md)) and refit: these runs took the slower ones."] if kind else
-          ["Before the step was made faster (eager attention and the KL in chunks under bfloat16, "
-           "[performance.md](performance.md)) and the refit too (each batch's forward paused at each activation, "
-           "the layers solved by Cholesky), the same command on an Intel CPU with AMX ran 243-305 steps after "
-           "refits of 544-768 sentences: English outside Python ×1.256 ± 0.019, the docstrings ×0.990 ± 0.007 "
-           "(the runs are gone; [guide.md](guide.md) keeps their numbers)."]),
-        "The same command when a refit batch counted as 1.75 steps (MiniLM's ratio) and the steps overran their "
-        "plan: [smollm2_english.md](smollm2_english.md)'s `english3-min30-lr5e-4` runs, on another day."])
+        *closing(frozen, zeros, default)], after=threshold_results(runs, made) if zeros else [])
 
+
+def closing(frozen: bool, zeros: float, default: bool) -> list[str]:
+    """The lines after a doc's table of runs: where the same command was measured before, or without the threshold."""
+    if zeros:
+        return ["The threshold before the step and the refit were made faster: 347 steps and a refit of 704 "
+                "sentences, about 72 minutes, the same English text named three times, English outside Python ×1.907 "
+                "at 87% gate zeros and ×1.338 at 75% ([smollm2_english.md](smollm2_english.md)'s `english3-zeros*` "
+                "runs, one seed each). The default 30 minutes without it: [smollm2_budget.md](smollm2_budget.md)."]
+    if not default:
+        return []
+    return [("The same command with the embeddings trained (the default): [smollm2_budget.md](smollm2_budget.md), "
+             "made later on an Intel CPU with AMX, with a faster step (eager attention and the KL in chunks under "
+             "bfloat16, [performance.md](performance.md)) and refit: these runs took the slower ones.") if frozen else
+            ("Before the step was made faster (eager attention and the KL in chunks under bfloat16, "
+             "[performance.md](performance.md)) and the refit too (each batch's forward paused at each activation, "
+             "the layers solved by Cholesky), the same command on an Intel CPU with AMX ran 243-305 steps after "
+             "refits of 544-768 sentences: English outside Python ×1.256 ± 0.019, the docstrings ×0.990 ± 0.007 "
+             "(the runs are gone; [guide.md](guide.md) keeps their numbers)."),
+            "The same command when a refit batch counted as 1.75 steps (MiniLM's ratio) and the steps overran their "
+            "plan: [smollm2_english.md](smollm2_english.md)'s `english3-min30-lr5e-4` runs, on another day."]
+
+
+def threshold_results(runs: list[Path], made: dict[Path, dict]) -> list[str]:
+    """What a threshold's doc adds: each layer's exact gate zeros and the held-out docstrings along the way."""
+    lines = ["Each layer's exact gate zeros on the held-out docstrings (%):", "",
+             "| layer | " + " | ".join(f"`{run.name}`" for run in runs) + " |", "|---|" + "---|" * len(runs)]
+    lines += [f"| {layer} | " + " | ".join(f"{100 * made[run]['zeros'][layer]:.1f}" for run in runs) + " |"
+              for layer in made[runs[0]]["zeros"]]
+    lines += ["", "The held-out docstrings along the way (step 0: the swap and the refit, the threshold not yet "
+              "lowered):", "", "| run | step | minutes | perplexity ÷ original | predictions kept |",
+              "|---|---|---|---|---|"]
+    lines += [f"| `{run.name}` | {p['step']} | {p['minutes']:.1f} | ×{p['perplexity_ratio']:.3f} | "
+              f"{p['agreement']:.3f} |" for run in runs for p in made[run]["curve"]]
+    return lines
 
 if __name__ == "__main__":
     main()
