@@ -12,8 +12,8 @@ The steps multiply in bfloat16 where the CPU does so natively (`precision` auto,
 `budget30-float32-english3-*` runs multiplied in float32, on another day) and leave the token embeddings and the output
 layer as the original's with `--embeddings freeze` (runs `budget30-frozen-english3-*`; write them to their own
 `--output`), where the default trains them. `--minutes` and `--gate-zeros` give the conversions another budget and a
-share of exact gate zeros to reach (runs `budget<M>-zeros<Z>-english3-*`); such a doc adds each layer's zeros and the
-held-out docstrings measured along the way. The steps are planned once the refit is done,
+share of exact gate zeros to reach (runs `budget<M>-zeros<Z>-english3-*`); a doc with the threshold adds each layer's
+zeros and the held-out docstrings measured along the way. The steps are planned once the refit is done,
 for what it really left of the budget, a step timed in its parts (the teacher's forward; the student's forward, loss
 and backward; AdamW's update), then planned again at each eighth of them from the pace they really kept. Before,
 they were planned once, a step as 1.5x a timed forward and backward (MiniLM's ratio), 15-18% above SmolLM2's real
@@ -161,6 +161,7 @@ def threshold_results(runs: list[Path], made: dict[Path, dict]) -> list[str]:
     lines += [f"| `{run.name}` | {p['step']} | {p['minutes']:.1f} | ×{p['perplexity_ratio']:.3f} | "
               f"{p['agreement']:.3f} |" for run in runs for p in made[run]["curve"]]
     return lines
+
 
 if __name__ == "__main__":
     main()
