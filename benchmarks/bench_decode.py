@@ -8,7 +8,8 @@ lambda_gelu.hf.LeanDecoder (a static cache, one matrix product for q/k/v, fewer 
 Reports per decoder the tokens/s of each model (medians of rounds interleaved over the four variants), whether all
 four generated the same tokens, the FFN blocks' share of dense decoding time, then the gate zeros seen while
 decoding, the FFN block alone dense against sparse on the hidden states decoding gave it (and against the same C
-loop computing every unit: what the skipping itself buys), and the Amdahl bound those numbers set on the whole: 1 /
+loop computing every unit: what the skipping itself buys; and against the sparse block without its gate's int8
+screen, which then reads every float32 gate row), and the Amdahl bound those numbers set on the whole: 1 /
 ((1 − share) + share / block speed-up). Then the same with the gated FFNs over int8 weights (sparsify_(model,
 int8=True)) by the lean decoder, sparse and computing every unit, and what int8 costs: the held-out perplexity
 against the float32 model's, and the share of greedy tokens that stay the same.
@@ -55,12 +56,12 @@ def main():
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     dense = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    def sparsified(int8=False, skip=True):  # a copy with its gated FFNs replaced; skip=False: every unit computed
-        model = copy.deepcopy(dense)
+    def sparsified(int8=False, skip=True, screen=True):  # a copy with its gated FFNs replaced; skip=False: every
+        model = copy.deepcopy(dense)                       # unit computed; screen=False: every gate row read
         sparsify_(model, int8=int8)
         for m in model.modules():
             if isinstance(m, SparseGatedMLP):
-                m.sparse = skip
+                m.sparse, m.screen = skip, screen
         return model
 
     sparse, every_unit = sparsified(), sparsified(skip=False)
@@ -110,6 +111,7 @@ def main():
     for h in hooks:
         h.remove()
     blocks = {"dense": _mlps(dense), "sparse": _mlps(sparse), "every unit": _mlps(every_unit),
+              "unscreened": _mlps(sparsified(screen=False)),
               **{f"int8 {m}": _mlps(model) for m, model in int8.items()}}
     block = interleaved({k: lambda mlps=mlps: [mlps[i](x) for i, x in inputs] for k, mlps in blocks.items()},
                         args.rounds, 1)
@@ -136,6 +138,7 @@ def main():
         "lean_sparse_over_generate_dense": seconds["generate dense"] / seconds["lean sparse"],
         "block_ms": {k: 1e3 * v / len(inputs) for k, v in block.items()},
         "mlp_over_every_unit": block["every unit"] / block["sparse"],
+        "mlp_over_unscreened": block["unscreened"] / block["sparse"],
         "int8": {"tokens_per_s": {m: n / seconds[f"lean int8 {m}"] for m in ("sparse", "every unit")},
                  "over_lean_dense": seconds["lean dense"] / seconds["lean int8 sparse"],
                  "over_every_unit": seconds["lean int8 every unit"] / seconds["lean int8 sparse"],
@@ -151,7 +154,7 @@ def main():
         ["decoder", "dense tok/s", "sparse tok/s", "×", "same tokens", "FFN share", "gate zeros", "FFN ×",
          "Amdahl bound"])
     print(f"FFN block: sparse {block_speedup:.2f}× dense, {result['mlp_over_every_unit']:.2f}× the same loop computing "
-          "every unit")
+          f"every unit, {result['mlp_over_unscreened']:.2f}× itself without the gate's screen")
     q = result["int8"]
     print(f"int8 weights, lean decoder: {q['tokens_per_s']['sparse']:.1f} tokens/s sparse ({q['over_lean_dense']:.2f}× "
           f"float32 dense, {q['over_every_unit']:.2f}× int8 every unit); block {q['block_over_dense']:.2f}× float32 "

@@ -184,6 +184,77 @@ def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exa
     assert ((y.double() - exact).abs() <= 2 * bound + 1e-6).all()
 
 
+def _screened(kernels, x, gate, gate_b, up, down_t, max_threads=2, grain=1):
+    from lambda_gelu.sparse_gated import screen_rows
+    (n, d), (ff, out) = x.shape, down_t.shape
+    q, s, r = screen_rows(gate)
+    g, y = torch.empty(n, ff), torch.empty(n, out)
+    got = kernels.sparse_gated_screened_f32(x.data_ptr(), gate.data_ptr(), gate_b.data_ptr(), q.data_ptr(),
+                                            s.data_ptr(), r.data_ptr(), up.data_ptr(), None, down_t.data_ptr(), None,
+                                            g.data_ptr(), y.data_ptr(), n, d, ff, out, ff, max_threads, grain)
+    return got, g, y
+
+
+def test_the_screen_never_rules_out_a_positive_gate_even_within_its_margin(kernels):
+    """Rows whose int8 rounding is as large as it can be and lies along x (its Cauchy–Schwarz bound met within a few
+    percent), biases that put every gate within 1.5 times that rounding of 0: the screen must decide each one. Every
+    gate it zeroes must be ≤ 0 exactly (within float32's own rounding of it), every other as float32 computes it."""
+    from lambda_gelu.sparse_gated import screen_rows
+    n, d, ff, out = 2, 64, 602, 24  # units in blocks of four, and two more
+    x = torch.randint(0, 2, (n, d)).float() * 2 - 1
+    x[:, 0] = 0.0
+    x[1] = x[0] * torch.where(torch.rand(d) < 0.9, 1.0, -1.0)  # a second row mostly along the first
+    q = torch.randint(-126, 127, (ff, d)).float()
+    q[:, 0] = 127.0  # each row's largest: its scale s exactly, where x is 0
+    sign = torch.where(torch.rand(ff, 1) < 0.5, 1.0, -1.0)
+    gate = (0.01 * (q + 0.45 * sign * x[0])).float()  # 0.45 of a step off, along x
+    qs, s, _ = screen_rows(gate)
+    assert torch.equal(qs.float(), q)
+    int8_error = ((gate.double() - s.double()[:, None] * q.double()) @ x[0].double()).abs()
+    assert (int8_error >= 0.4 * 0.01 * 63).all()  # ≈ ‖rounding‖·‖x‖: the bound nearly met
+    up, down_t = torch.randn(ff, d), torch.randn(ff, out)
+    gate_b = (-(x[0].double() @ gate.double().t()) + 1.5 * int8_error * (2 * torch.rand(ff).double() - 1)).float()
+    got, g, y = _screened(kernels, x, gate, gate_b, up, down_t)
+    exact_v = x.double() @ gate.double().t() + gate_b.double()
+    rounding = (d + 1) * 2 ** -23 * (x.double().abs() @ gate.double().abs().t() + gate_b.double().abs())
+    decide = (exact_v[0] > rounding[0]) & (exact_v[0] < int8_error)  # positive, but int8 alone would say not
+    assert decide.sum() > 50
+    assert ((g.double() - exact_v.clamp(min=0)).abs() <= rounding).all()
+    assert got == int((g != 0).any(0).sum())
+    exact = exact_v.clamp(min=0) * (x.double() @ up.double().t()) @ down_t.double()
+    bound = (ff + d) * 2 ** -23 * (((exact_v.abs() + rounding) * (x.double().abs() @ up.double().abs().t()))
+                                   @ down_t.double().abs())
+    assert ((y.double() - exact).abs() <= 2 * bound + 1e-6).all()
+
+
+def test_a_unit_the_screen_rules_out_is_never_read_and_a_non_finite_input_rules_out_none(kernels):
+    from lambda_gelu.sparse_gated import screen_rows
+    n, d, ff, out = 1, 64, 300, 24
+    x, gate, up, down_t = torch.randn(n, d), torch.randn(ff, d), torch.randn(ff, d), torch.randn(ff, out)
+    gate_b = -(x.abs() @ gate.abs().t()).squeeze(0) * torch.rand(ff)  # gates of every sign, most far from 0
+    got, g, y = _screened(kernels, x, gate, gate_b, up, down_t)
+    exact_v = (x.double() @ gate.double().t() + gate_b.double()).squeeze(0)
+    ruled_out = exact_v < -0.1 * x.norm() * gate.norm(dim=1)  # ten times the int8 rows' error, and more
+    assert ruled_out.sum() > ff // 4
+    poisoned = gate.clone()
+    poisoned[ruled_out] = float("nan")  # float32 rows a screened-out unit must not read (its screen is gate's)
+    q, s, r = screen_rows(gate)
+    g2, y2 = torch.empty(n, ff), torch.empty(n, out)
+    got2 = kernels.sparse_gated_screened_f32(x.data_ptr(), poisoned.data_ptr(), gate_b.data_ptr(), q.data_ptr(),
+                                             s.data_ptr(), r.data_ptr(), up.data_ptr(), None, down_t.data_ptr(), None,
+                                             g2.data_ptr(), y2.data_ptr(), n, d, ff, out, ff, 2, 1)
+    assert got2 == got and torch.equal(g2, g) and torch.equal(y2, y)
+    for bad in (float("nan"), float("inf")):  # a norm or a margin that is not finite certifies nothing
+        xb = x.clone()
+        xb[0, 0] = bad
+        _, screened, _ = _screened(kernels, xb, gate, gate_b, up, down_t)
+        unscreened, y_unscreened = torch.empty(n, ff), torch.empty(n, out)
+        kernels.sparse_gated_fused_f32(xb.data_ptr(), gate.data_ptr(), gate_b.data_ptr(), up.data_ptr(), None,
+                                       down_t.data_ptr(), None, unscreened.data_ptr(), y_unscreened.data_ptr(),
+                                       n, d, ff, out, ff, 0, 2, 1)
+        torch.testing.assert_close(screened, unscreened, rtol=0, atol=0, equal_nan=True)
+
+
 def test_when_nothing_can_be_replaced_the_error_says_why_and_the_model_is_untouched():
     model = _relu_llama()
     with pytest.raises(ValueError, match=r"gated FFN\(s\) with a ReLU gate, but can replace none: "
@@ -262,4 +333,8 @@ def test_the_derived_weights_follow_load_state_dict_and_the_state_dict_is_the_de
         torch.testing.assert_close(mlp(x), 2 * before, rtol=1e-5, atol=1e-6)
         mlp.load_state_dict(copy.deepcopy(mlp.state_dict()) | {"down_proj.weight": -mlp.down_proj.weight})
         torch.testing.assert_close(mlp(x), -2 * before, rtol=1e-5, atol=1e-6)
+        if not int8:  # a new gate gets a new screen: the units it rules out are the new gate's
+            mlp.load_state_dict(copy.deepcopy(mlp.state_dict()) | {"gate_proj.weight": -mlp.gate_proj.weight})
+            want = mlp.down_proj(torch.relu(mlp.gate_proj(x)) * mlp.up_proj(x))
+            torch.testing.assert_close(mlp(x), want, rtol=1e-5, atol=1e-6)
     assert ("int8=True" in repr(mlp)) == int8

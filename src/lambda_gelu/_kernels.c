@@ -468,3 +468,81 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
     struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, n, d, ff, out, dense};
     return gated_units(gated_i8_rows, &ctx, g, down_b, y, n, d, ff, out, ff, dense, max_threads, grain);
 }
+
+/* dot_i8 for the four rows q, q + d, q + 2d, q + 3d at once, into s[0..3]: b read once, four independent sums (one
+ * sum at a time waits on its own adds more than on memory, once a row is a quarter of the bytes). */
+static inline void dot4_i8(const int8_t *q, int64_t d, const float *b, float *s) {
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    #pragma omp simd reduction(+:s0, s1, s2, s3)
+    for (int64_t j = 0; j < d; j++) {
+        float bj = b[j];
+        s0 += (float)q[j] * bj;
+        s1 += (float)q[d + j] * bj;
+        s2 += (float)q[2 * d + j] * bj;
+        s3 += (float)q[3 * d + j] * bj;
+    }
+    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
+/* The float32 block of lg_sparse_gated_fused_f32 with its gate screened by int8 rows (lambda_gelu.sparse_gated,
+ * SparseGatedMLP(screen=True)): the gate's rows read as int8 q with scales s, a quarter of their bytes, give
+ * a = s·(q·x) + gate_b, within r·‖x‖₂ + 4u·|a| of the exact gate x·gate[k] + gate_b, where r (one per row, rounded
+ * up) holds ‖gate[k] − s·q‖₂ and what float32 rounds in a (γ_d·s·‖q‖₂ and the scale's product; see screen_rows).
+ * A unit whose a plus that margin is ≤ 0 in every row of the batch has an exact gate ≤ 0: its g is 0 and none of its
+ * float32 rows is read. Every other unit's gate is computed from its float32 row, as in the unscreened kernel — so
+ * g and y are that kernel's up to float rounding, and a unit the screen leaves out is one the exact ReLU zeroes. The
+ * bound fails safe: a NaN or an infinite x or margin certifies nothing. The int8 rows are read four at a time and
+ * requested SCREEN_AHEAD rows ahead (their reads are short and the sums between them long: left to the hardware,
+ * they are a quarter of the bytes in three quarters of the time). */
+#define SCREEN_SAFETY (1.0f + 1.0f / 65536)  /* covers the roundings of the margin's own product and sum */
+#define SCREEN_AHEAD 16
+int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const float *gate_b, const int8_t *gate_q,
+                                     const float *gate_s, const float *gate_r, const float *up, const float *up_b,
+                                     const float *down_t, const float *down_b, float *g, float *y, int64_t n,
+                                     int64_t d, int64_t ff, int64_t out, int64_t max_active, int max_threads,
+                                     int64_t grain) {
+    float *norm = malloc((size_t)(n > 0 ? n : 1) * sizeof *norm);  /* ‖x_r‖₂, rounded up */
+    if (!norm)
+        return -1;
+    for (int64_t r = 0; r < n; r++) {
+        double s = 0.0;
+        for (int64_t j = 0; j < d; j++)
+            s += (double)x[r * d + j] * x[r * d + j];
+        norm[r] = (float)(sqrt(s) * (1.0 + 1e-6));
+    }
+    int nt = gate_threads(n, d, ff, max_threads, grain);
+    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t k0 = 0; k0 < ff; k0 += 4) {
+        int m = ff - k0 < 4 ? (int)(ff - k0) : 4;
+        int exact[4] = {0, 0, 0, 0};
+        if (k0 + SCREEN_AHEAD + 4 <= ff)
+            prefetch_bytes(gate_q + (k0 + SCREEN_AHEAD) * d, 4 * d);
+        for (int64_t r = 0; r < n; r++) {
+            float a[4];
+            if (m == 4)
+                dot4_i8(gate_q + k0 * d, d, x + r * d, a);
+            else
+                for (int i = 0; i < m; i++)
+                    a[i] = dot_i8(gate_q + (k0 + i) * d, x + r * d, d);
+            for (int i = 0; i < m; i++) {
+                int64_t k = k0 + i;
+                float ak = gate_s[k] * a[i] + (gate_b ? gate_b[k] : 0.0f);
+                float margin = (gate_r[k] * norm[r] + 0x1p-22f * fabsf(ak)) * SCREEN_SAFETY;  /* 4u·|a| */
+                exact[i] |= !(ak + margin <= 0.0f);
+            }
+        }
+        for (int i = 0; i < m; i++) {
+            int64_t k = k0 + i;
+            for (int64_t r = 0; r < n; r++) {
+                float v = 0.0f;
+                if (exact[i]) {
+                    v = dot_f32(gate + k * d, x + r * d, d);
+                    v = gate_b ? v + gate_b[k] : v;
+                }
+                g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
+            }
+        }
+    }
+    free(norm);
+    return sparse_gated_f32(0, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
+}

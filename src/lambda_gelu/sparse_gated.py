@@ -9,7 +9,10 @@ some row of the batch (their union), and reads only those rows of ``up`` and of 
 
 equal to the dense block up to float rounding (the sums are the dense ones less terms that are exactly zero,
 added in another order). Where the union is too dense to pay (``max_density``) the block runs dense; when decoding
-(at most :data:`FUSED_ROWS` rows) the same C call computes the gate too. Inference only. Which attributes make a
+(at most :data:`FUSED_ROWS` rows) the same C call computes the gate too, screened: each unit's gate is first bounded
+from int8 copies of the gate's rows (:func:`screen_rows`, a quarter of their bytes), and a unit whose bound is ≤ 0
+in every row is an exact zero whose float32 row is never read; the others are computed from their float32 rows.
+Decoding at batch 1 reads every weight it needs once, so the bytes read are its time. Inference only. Which attributes make a
 gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a layout is replaced only if its
 own forward gives what the formula gives on a probe input.
 
@@ -34,7 +37,7 @@ from . import _native
 from .convert import _plain
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "sparse_gated_reference", "sparse_gated_int8_reference",
-           "quantize_rows", "gated_mlps"]
+           "quantize_rows", "screen_rows", "gated_mlps"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,22 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     return torch.round(w / s[:, None]).clamp_(-127, 127).to(torch.int8).contiguous(), s.contiguous()
 
 
+def screen_rows(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The int8 rows that screen a ReLU gate of weight ``w`` (out, d): :func:`quantize_rows`' ``q`` and ``s``, and
+    for each row a radius ``r`` (float32, rounded up) such that for any x, with a = s·(q·x) + b computed in float32
+    (any order of summation, fused multiply-adds or not), the exact gate satisfies |x·w + b − a| ≤ r·‖x‖₂ + u·|a|/(1 − u):
+    ‖w − s·q‖₂ by Cauchy–Schwarz, plus (γ_d + u(1 + γ_d))·s·‖q‖₂ for the rounding of the sum (γ_d = d·u/(1 − d·u))
+    and of the scale's product, u = 2⁻²⁴. The C kernel adds 4u·|a| and a factor for the margin's own roundings."""
+    q, s = quantize_rows(w)
+    w64, q64, s64 = w.detach().double(), q.double(), s.double()
+    u, d = 2.0 ** -24, w.shape[1]
+    gamma = d * u / (1 - d * u)
+    r = (w64 - s64[:, None] * q64).norm(dim=1) + (gamma + u * (1 + gamma)) * s64 * q64.norm(dim=1)
+    r32 = r.float()
+    r32 = torch.where(r32.double() < r, torch.nextafter(r32, torch.tensor(float("inf"))), r32)
+    return q, s, r32.contiguous()
+
+
 def sparse_gated_int8_reference(x: Tensor, quantized: dict[str, Tensor], gate: nn.Linear, up: nn.Linear,
                                 down: nn.Linear) -> Tensor:
     """The int8 block in plain torch (the C kernel's reference): ``down(relu(gate(x)) * up(x))`` with each matrix's
@@ -94,17 +113,19 @@ class SparseGatedMLP(nn.Module):
     Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the
     dense block's) and, as non-persistent buffers made again by ``load_state_dict``, ``downᵀ`` (one more copy of
     ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
-    ``down_q`` holds the rows of ``downᵀ``). ``sparse=False`` computes every unit, a baseline for what the skipping
-    buys: the same C loop without it (decoding sizes, and int8), the dense block elsewhere. Build it with
-    :meth:`from_dense`.
+    ``down_q`` holds the rows of ``downᵀ``). In float32, ``screen=True`` (the default) also holds the gate's screen
+    (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``, a quarter more of the gate's bytes) and decoding reads
+    the float32 gate rows only of the units it does not rule out; ``screen=False`` reads every gate row.
+    ``sparse=False`` computes every unit, a baseline for what the skipping buys: the same C loop without it (decoding
+    sizes, and int8), the dense block elsewhere. Build it with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
-                 max_density: float = 0.5, int8: bool = False, sparse: bool = True):
+                 max_density: float = 0.5, int8: bool = False, sparse: bool = True, screen: bool = True):
         super().__init__()
         if not 0.0 <= max_density <= 1.0:
             raise ValueError(f"max_density is a fraction of the units in [0, 1], got {max_density!r}")
-        self.layout, self.int8, self.sparse = layout, bool(int8), bool(sparse)
+        self.layout, self.int8, self.sparse, self.screen = layout, bool(int8), bool(sparse), bool(screen)
         for name, layer in ((layout.gate, gate), (layout.up, up), (layout.down, down)):
             self.add_module(name, layer)
         self.max_density = float(max_density)
@@ -113,16 +134,19 @@ class SparseGatedMLP(nn.Module):
 
     @classmethod
     def from_dense(cls, mlp: nn.Module, layout: GatedLayout, max_density: float = 0.5, int8: bool = False,
-                   sparse: bool = True) -> "SparseGatedMLP":
+                   sparse: bool = True, screen: bool = True) -> "SparseGatedMLP":
         return cls(layout, getattr(mlp, layout.gate), getattr(mlp, layout.up), getattr(mlp, layout.down), max_density,
-                   int8, sparse)
+                   int8, sparse, screen)
 
     @torch.no_grad()
     def _derive(self) -> None:
-        """The buffers made from the layers' weights: ``downᵀ``, or the int8 rows and scales."""
+        """The buffers made from the layers' weights: ``downᵀ`` and the gate's screen, or the int8 rows and scales."""
         gate, up, down = (self._modules[n].weight for n in (self.layout.gate, self.layout.up, self.layout.down))
         if not self.int8:
             self.register_buffer("down_t", down.detach().t().contiguous(), persistent=False)
+            if self.screen:
+                for name, t in zip(("gate_q", "gate_s", "gate_r"), screen_rows(gate)):
+                    self.register_buffer(name, t, persistent=False)
             return
         for name, w in (("gate", gate), ("up", up), ("down", down.t())):
             q, s = quantize_rows(w)
@@ -151,6 +175,14 @@ class SparseGatedMLP(nn.Module):
             threads = (torch.get_num_threads(), _native.GRAIN)
             if fused:
                 g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
+            if fused and self.sparse and self.screen and "gate_r" in self._buffers:
+                b = self._buffers
+                n_active = kernels.sparse_gated_screened_f32(x2.data_ptr(), gate.weight.data_ptr(), _ptr(gate.bias),
+                                                             b["gate_q"].data_ptr(), b["gate_s"].data_ptr(),
+                                                             b["gate_r"].data_ptr(), up.weight.data_ptr(),
+                                                             _ptr(up.bias), b["down_t"].data_ptr(), _ptr(down.bias),
+                                                             g.data_ptr(), y.data_ptr(), *sizes, *threads)
+            elif fused:
                 n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), _ptr(gate.bias),
                                                           up.weight.data_ptr(), _ptr(up.bias),
                                                           self._buffers["down_t"].data_ptr(), _ptr(down.bias),
@@ -190,7 +222,7 @@ class SparseGatedMLP(nn.Module):
 
     def extra_repr(self) -> str:
         return f"max_density={self.max_density:g}" + (", int8=True" if self.int8 else "") + (
-            ", sparse=False" if not self.sparse else "")
+            ", sparse=False" if not self.sparse else "") + (", screen=False" if not (self.screen or self.int8) else "")
 
 
 def _biases_fit(*layers: nn.Linear) -> bool:
