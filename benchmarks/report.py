@@ -236,7 +236,8 @@ def _decode_section(d: dict) -> list[str]:
                  + (f"{loop:.2f}× torch's dense block at batch 1 on its own" if loop >= 1 else
                     f"at {loop:.2f}× the speed of torch's dense block at batch 1 on this CPU: its BLAS is faster")
                  + (f"; {d['mlp_over_unscreened']:.2f}× the same sparse block without its gate's int8 screen, which "
-                    "reads every float32 gate row" if "mlp_over_unscreened" in d else "") + ")")
+                    f"reads every float32 gate row: the screen ruled out {d['screen_ruled_out']:.1%} of the units "
+                    "unread" if "mlp_over_unscreened" in d else "") + ")")
     lines += ["", f"Gate zeros while decoding: {d['gate_zeros']:.1%}; the FFN block alone, sparse against dense on "
               f"the hidden states decoding gave it: {d['mlp_speedup']:.2f}×{every}. The lean decoder's tokens are "
               f"`generate`'s: {'yes' if d['same_as_generate'] else '**no**'}; its sparse model against `generate`'s "
