@@ -12,9 +12,9 @@ added in another order). Where the union is too dense to pay (``max_density``) t
 (at most :data:`FUSED_ROWS` rows) the same C call computes the gate too, screened: each unit's gate is first bounded
 from int8 copies of the gate's rows (:func:`screen_rows`, a quarter of their bytes), and a unit whose bound is ≤ 0
 in every row is an exact zero whose float32 row is never read; the others are computed from their float32 rows.
-Decoding at batch 1 reads every weight it needs once, so the bytes read are its time. Inference only. Which attributes make a
-gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a layout is replaced only if its
-own forward gives what the formula gives on a probe input.
+Decoding at batch 1 reads every weight it needs once, so the bytes read are its time. Inference only. Which
+attributes make a gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a layout is
+replaced only if its own forward gives what the formula gives on a probe input.
 
 With ``int8=True`` the three matrices are held as int8 rows with a float32 scale each (:func:`quantize_rows`,
 ``w ≈ s·q``, activations stay float32) and one C call computes the block, gate included: a quarter of the bytes
@@ -80,9 +80,10 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
 def screen_rows(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The int8 rows that screen a ReLU gate of weight ``w`` (out, d): :func:`quantize_rows`' ``q`` and ``s``, and
     for each row a radius ``r`` (float32, rounded up) such that for any x, with a = s·(q·x) + b computed in float32
-    (any order of summation, fused multiply-adds or not), the exact gate satisfies |x·w + b − a| ≤ r·‖x‖₂ + u·|a|/(1 − u):
-    ‖w − s·q‖₂ by Cauchy–Schwarz, plus (γ_d + u(1 + γ_d))·s·‖q‖₂ for the rounding of the sum (γ_d = d·u/(1 − d·u))
-    and of the scale's product, u = 2⁻²⁴. The C kernel adds 4u·|a| and a factor for the margin's own roundings."""
+    (any order of summation, fused multiply-adds or not), the exact gate satisfies
+    |x·w + b − a| ≤ r·‖x‖₂ + u·|a|/(1 − u): ‖w − s·q‖₂ by Cauchy–Schwarz, plus (γ_d + u(1 + γ_d))·s·‖q‖₂ for the
+    rounding of the sum (γ_d = d·u/(1 − d·u)) and of the scale's product, u = 2⁻²⁴. The C kernel adds 4u·|a| and a
+    factor for the margin's own roundings."""
     q, s = quantize_rows(w)
     w64, q64, s64 = w.detach().double(), q.double(), s.double()
     u, d = 2.0 ** -24, w.shape[1]
