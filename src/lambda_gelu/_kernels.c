@@ -376,6 +376,12 @@ int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, con
     return sparse_gated_f32(0, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
 
+/* relu(row · x + b) in float32, NaN kept as torch keeps it: one unit's gate, the same sum wherever it is computed. */
+static inline float relu_gate_f32(const float *row, float b, const float *x, int64_t d) {
+    float v = dot_f32(row, x, d) + b;
+    return v > 0.0f || v != v ? v : 0.0f;
+}
+
 /* Threads for a gate's n·ff·d multiply-adds: one per `grain`, at least one, at most max_threads. */
 static int gate_threads(int64_t n, int64_t d, int64_t ff, int max_threads, int64_t grain) {
     int64_t work = n * ff * d / grain;
@@ -394,11 +400,8 @@ int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < ff; k++)
-        for (int64_t r = 0; r < n; r++) {
-            float v = dot_f32(gate + k * d, x + r * d, d);
-            v = gate_b ? v + gate_b[k] : v;
-            g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
-        }
+        for (int64_t r = 0; r < n; r++)
+            g[r * ff + k] = relu_gate_f32(gate + k * d, gate_b ? gate_b[k] : 0.0f, x + r * d, d);
     return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
 
@@ -533,14 +536,8 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
         }
         for (int i = 0; i < m; i++) {
             int64_t k = k0 + i;
-            for (int64_t r = 0; r < n; r++) {
-                float v = 0.0f;
-                if (exact[i]) {
-                    v = dot_f32(gate + k * d, x + r * d, d);
-                    v = gate_b ? v + gate_b[k] : v;
-                }
-                g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
-            }
+            for (int64_t r = 0; r < n; r++)
+                g[r * ff + k] = exact[i] ? relu_gate_f32(gate + k * d, gate_b ? gate_b[k] : 0.0f, x + r * d, d) : 0.0f;
         }
     }
     free(norm);
