@@ -151,10 +151,15 @@ def english_file(parser: argparse.ArgumentParser, text: Path, english: list[str]
             parser.error(f"{out} trained on {report(out)['user_lines']} lines of --text, the installed packages give "
                          f"{times} × {len(english)} now: remove it to convert again")
     if not all(done(out) for out, _ in runs):
-        text.parent.mkdir(parents=True, exist_ok=True)
-        tmp = text.with_suffix(".tmp")
-        tmp.write_text("\n".join(english) + "\n", encoding="utf-8")
-        os.replace(tmp, text)
+        write_lines(text, english)
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    """``lines`` written to ``path``, one a line, whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def budgeted(runs: list[Run], tag: str) -> str:

@@ -15,7 +15,6 @@ directory; a sentence of the held-out sets is never kept.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import torch
 from lambda_gelu.hf.convert import ConversionConfig
 from lambda_gelu.hf.load import load, model_directory, quiet_transformers
 from lambda_gelu.hf.text import prose_sentences
-from smollm2_english import done, english_file, package_prose, report
+from smollm2_english import done, english_file, package_prose, report, write_lines
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -52,10 +51,7 @@ def sample(path: Path, samples: int, tokens: int, batch: int, seed: int, exclude
                 seen.update(fresh)
                 sentences += fresh
             print(f"sampled {start + len(ids)} of {samples}: {len(sentences)} sentences", flush=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(sentences) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_lines(path, sentences)
     return sentences
 
 
