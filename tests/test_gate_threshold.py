@@ -1,7 +1,7 @@
 """The gate threshold (``gate_zeros``): a bias lowered on every ReLU gate of a gated FFN until the share of exact
 zeros asked for is reached; the function is unchanged when the biases are added, the checkpoint reloads with them
-in plain transformers (mlp_bias), the sparse block reads them, and a family that could not save them is refused
-before anything changes."""
+in plain transformers (mlp_bias), the sparse block reads them, a share per layer gives each layer its own, and a
+family that could not save them is refused before anything changes."""
 import copy
 import importlib
 
@@ -83,6 +83,30 @@ def test_a_family_that_cannot_save_the_biases_is_refused_before_anything_changes
         lg.reluize(gpt2, _batches(), steps=2, gate_zeros=0.9)
     with pytest.raises(ValueError, match="no gated FFN"):
         GateThreshold(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.GELU()), 10, 0.9)
+
+
+
+def test_a_share_per_layer_gives_each_layer_its_own_share_of_zeros():
+    """One share per gated FFN: each layer's gates shift by their own quantile, so the layers end as unequally
+    sparse as asked (one pooled shift would leave them where their gates sit)."""
+    model, batches = _model(), _batches()
+    lg.to_relu_(model, include_gelu=True)
+    threshold = GateThreshold(model, total_steps=40, target=[0.6, 0.95])
+    for step in range(40):
+        model(**batches[step % len(batches)])  # grad enabled: a training forward, sampled
+        threshold.step()
+    threshold.remove()
+    zeros = list(relu_zeros(model, batches).values())
+    assert abs(zeros[0] - 0.6) < 0.03 and abs(zeros[1] - 0.95) < 0.03
+    assert threshold.start.shape == (2,) and threshold.state_dict()["step"] == 40
+
+
+@pytest.mark.parametrize("shares", [[0.9], [0.9, 0.9, 0.9], [0.5, 1.0], [-0.1, 0.5]])
+def test_shares_not_one_per_gated_ffn_in_range_are_one_line_and_change_nothing(shares):
+    model = _model()
+    with pytest.raises(ValueError, match=r"^gate_zeros: one share in \[0, 1\) per gated FFN, 2 here; got "):
+        GateThreshold(model, 10, shares)
+    assert model.model.layers[0].mlp.gate_proj.bias is None and not model.config.mlp_bias
 
 
 @pytest.mark.parametrize("settings, message", [

@@ -8,13 +8,18 @@ silenced on the same share of tokens, costs far more perplexity than one shift t
 firing: docs/smollm2_gate_shift.md), found each step as the quantile of this batch's gate pre-activations at the
 step's target share, applied halfway (the batches' quantiles vary); the target rises linearly from the model's own
 share to ``target`` over the first ``end`` fraction of the steps and stays there. The biases are weights like any
-other, so the optimizer trains each unit's on top.
+other, so the optimizer trains each unit's on top. Given one share per gated FFN instead, each layer's gates get a
+shift of their own, found the same way from that layer's pre-activations alone, so the layers end as unequally sparse
+as asked. On SmolLM2, shares chosen by what each layer's zeros were measured to cost before training kept less after
+it than the one shift (docs/smollm2_layer_zeros.md): the one shift is what ``gate_zeros`` gives.
 
 A Hugging Face model keeps its biases where its config can say so (``mlp_bias``, as Llama's has): that is set, and a
 family whose config cannot name them is refused, as its checkpoint would load without them. The sparse gated
 kernels (:class:`lambda_gelu.sparse_gated.SparseGatedMLP`) read the biases, so the threshold costs nothing there.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -62,16 +67,20 @@ def gate_zeros_problem(model: nn.Module) -> str | None:
 
 class GateThreshold:
     """Lower the gated FFNs' gate biases until ``target`` of their outputs are exact zeros (see the module's
-    docstring); call :meth:`step` after each optimizer step. Building it gives every gated FFN's three projections
+    docstring): one share, averaged over the layers, or one per gated FFN in :func:`gated_ffns`' order, each
+    layer's own. Call :meth:`step` after each optimizer step. Building it gives every gated FFN's three projections
     a zero bias where they have none (the function is unchanged) and sets ``mlp_bias`` in Hugging Face configs:
-    build the optimizer after it. ``ValueError`` (nothing changed) if ``model`` has no gated FFN or a Hugging Face
-    model in it could not save the biases."""
+    build the optimizer after it. ``ValueError`` (nothing changed) if ``model`` has no gated FFN, a Hugging Face
+    model in it could not save the biases, or the shares are not one per gated FFN, each in [0, 1)."""
 
-    def __init__(self, model: nn.Module, total_steps: int, target: float, end: float = 0.5):
+    def __init__(self, model: nn.Module, total_steps: int, target: float | Sequence[float], end: float = 0.5):
         problem = gate_zeros_problem(model)
         if problem:
             raise ValueError(f"gate_zeros: {problem}")
         ffns = gated_ffns(model)
+        per_layer = isinstance(target, Sequence)
+        if per_layer and (len(target) != len(ffns) or not all(0.0 <= float(t) < 1.0 for t in target)):
+            raise ValueError(f"gate_zeros: one share in [0, 1) per gated FFN, {len(ffns)} here; got {list(target)}")
         for _, _, layers in ffns:
             for layer in layers:
                 if layer.bias is None:
@@ -81,20 +90,22 @@ class GateThreshold:
         for _, hf in _hugging_face_models(model):
             hf.config.mlp_bias = True
         self.gates = [layers[0] for _, _, layers in ffns]
-        self.total_steps, self.target, self.end = total_steps, float(target), end
-        self.step_count, self.start = 0, None  # start: the share of zeros at the first step
-        self._samples: list[Tensor] = []
-        self._hooks = [g.register_forward_hook(self._sample) for g in self.gates]
+        self.total_steps, self.end = total_steps, end
+        self.target = torch.tensor([float(t) for t in target]) if per_layer else float(target)
+        self.step_count, self.start = 0, None  # start: the share of zeros at the first step (per layer, or pooled)
+        self._samples: list[list[Tensor]] = [[] for _ in self.gates]
+        self._hooks = [g.register_forward_hook(lambda m, a, out, i=i: self._sample(i, out))
+                       for i, g in enumerate(self.gates)]
 
-    def _sample(self, module, args, out: Tensor) -> None:
+    def _sample(self, i: int, out: Tensor) -> None:
         if not torch.is_grad_enabled():  # evaluation forwards are not training batches
             return
         flat = out.detach().flatten()  # the pre-activations, each unit's bias included (padding too: a few)
-        self._samples.append(flat[torch.randint(0, flat.numel(), (min(SAMPLE, flat.numel()),),
-                                                device=flat.device)].float())
+        self._samples[i].append(flat[torch.randint(0, flat.numel(), (min(SAMPLE, flat.numel()),),
+                                                   device=flat.device)].float())
 
-    def share(self) -> float:
-        """The share of zeros this step aims at."""
+    def share(self) -> float | Tensor:
+        """The share of zeros this step aims at (one per gated FFN if the target gives one per gated FFN)."""
         if self.start is None:
             return self.target
         a = min(1.0, self.step_count / max(1.0, self.end * self.total_steps))
@@ -103,20 +114,24 @@ class GateThreshold:
     @torch.no_grad()
     def step(self) -> None:
         """After each optimizer step: move every gate's bias towards the shift at which this batch's gates give the
-        step's share of zeros."""
+        step's share of zeros (pooled over the layers, or each layer's own)."""
         self.step_count += 1
-        if not self._samples:
+        per_layer = isinstance(self.target, Tensor)
+        if not (all if per_layer else any)(self._samples):
             return
-        values = torch.cat(self._samples)
-        self._samples = []
+        values = [torch.cat(v) for v in self._samples] if per_layer else [torch.cat(sum(self._samples, []))]
+        self._samples = [[] for _ in self.gates]
         if self.start is None:
-            self.start = float((values <= 0).float().mean())
-        shift = torch.quantile(values, min(max(self.share(), 0.0), 1.0))
+            start = torch.stack([(v <= 0).float().mean() for v in values]).cpu()
+            self.start = start if per_layer else float(start[0])
+        shares = self.share() if per_layer else torch.tensor([self.share()])
+        shift = torch.stack([torch.quantile(v, min(max(float(q), 0.0), 1.0)) for v, q in zip(values, shares)])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(shift)
             shift /= torch.distributed.get_world_size()
-        for g in self.gates:  # a number, not a tensor: a sharded bias (FSDP) takes it as it is
-            g.bias.sub_(RATE * float(shift))
+        shifts = shift.tolist() if per_layer else shift.tolist() * len(self.gates)
+        for g, t in zip(self.gates, shifts):  # a number, not a tensor: a sharded bias (FSDP) takes it as it is
+            g.bias.sub_(RATE * t)
 
     def remove(self) -> None:
         for h in self._hooks:
