@@ -74,10 +74,11 @@ def given(parser: argparse.ArgumentParser, args: argparse.Namespace, *skip: str)
 
 def write(checkpoints: list[str], output: str, command: str, preface: list[str] = (), sets: dict | None = None,
           title: str = "SmolLM2-135M → exact ReLU: perplexity outside the training text",
-          after: list[str] = ()) -> None:
+          after=()) -> None:
     """Measures ``checkpoints`` against the original on ``sets`` (default :func:`text_sets`) and writes the doc
     ``output``, titled ``title``, headed by the ``command`` that regenerates it and the ``preface`` lines, closed by
-    the ``after`` lines (a checkpoint given ``--text`` lines must not have been given any of those sets' sentences)."""
+    the ``after`` lines, or by those ``after`` makes of {checkpoint: {set: perplexity ÷ the original's}} (a checkpoint
+    given ``--text`` lines must not have been given any of those sets' sentences)."""
     quiet_transformers()
     reports = {d: json.loads((Path(d) / "reluize_report.json").read_text(encoding="utf-8")) for d in checkpoints}
     first = next(iter(reports.values()))
@@ -127,6 +128,8 @@ def write(checkpoints: list[str], output: str, command: str, preface: list[str] 
               "| checkpoint | in its report | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     lines += [f"| `{d}` | ×{r['reluized']['perplexity_ratio']:.3f} | "
               + " | ".join(f"×{ratios[n]:.3f}" for n in names) + " |" for d, (ratios, _, r) in rows.items()]
+    if callable(after):
+        after = after({d: ratios for d, (ratios, _, _) in rows.items()})
     if after:
         lines += ["", *after]
     Path(output).write_text("\n".join(lines) + "\n", encoding="utf-8")
