@@ -30,23 +30,13 @@ import torch
 from lambda_gelu.hf.text import stdlib_sentences
 from smollm2_budget import threshold_results
 from smollm2_english import done, english_file, package_prose, report, write_lines
+from smollm2_gate_shift import Shifted
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
 GRID = (0.8, 0.88, 0.94, 0.97)  # the shares each layer is measured at
 WAYS = {"none": "the checkpoint as it is", "pooled": "one shift for every gate (the quantile pooled over the layers)",
         "per-layer": "each layer's own shift, each at the share", "allocated": "each layer at its chosen share"}
-
-
-class Shifted(torch.nn.ReLU):
-    """relu(x − θ) (a ReLU module, whose exact zeros relu_zeros counts)."""
-
-    def __init__(self):
-        super().__init__()
-        self.theta = torch.tensor(0.0)
-
-    def forward(self, x):
-        return torch.relu(x - self.theta)
 
 
 def allocate(natural: list[float], cost: list[list[float]], target: float) -> list[float]:
