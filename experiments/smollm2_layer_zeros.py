@@ -188,7 +188,8 @@ def reading(layers: dict, ratios: dict, pooled: list[Path], chosen: list[Path]) 
     def mean(runs, name):
         return sum(ratios[str(run)][name] for run in runs) / len(runs)
     better = [name for name in sets if mean(chosen, name) < mean(pooled, name)]
-    return [f"Reading: before any training the chosen shares cost less than the one shift (English outside Python "
+    return [f"Reading: untrained after the shift, the chosen shares cost less than the one shift (English outside "
+            "Python "
             f"×{before['allocated']['English outside Python']:.3f} against "
             f"×{before['pooled']['English outside Python']:.3f}); after the same budget of distillation they keep "
             + (f"more on {len(better)} of the {len(sets)} held-out sets ({', '.join(better)})" if better else
@@ -197,7 +198,7 @@ def reading(layers: dict, ratios: dict, pooled: list[Path], chosen: list[Path]) 
             f"×{mean(pooled, 'English outside Python'):.3f}, the docstrings "
             f"×{mean(chosen, 'docstrings held out'):.3f} against ×{mean(pooled, 'docstrings held out'):.3f} "
             f"({len(pooled)} seed{'s' * (len(pooled) > 1)}). "
-            "What a layer's zeros cost before training is not what they cost once the distillation has repaired "
+            "What a layer's zeros cost untrained is not what they cost once the distillation has repaired "
             "them (each layer's zeros and the docstrings along the way below)."]
 
 
@@ -217,8 +218,9 @@ def preface(layers: dict, args: argparse.Namespace, sentences: int, packages: in
                      + " | ".join(f"{c:.4f}" if z > z0 else "—" for z, c in zip(layers["grid"], costs))
                      + f" | {z:.1%} |")
     m = layers["measured"]
-    lines += ["", f"The ways to {zeros:.0%} before any training, on the held-out sets (perplexity ÷ the original's; "
-              "exact zeros averaged over the layers on English outside Python):", "",
+    lines += ["", f"The ways to {zeros:.0%} on that checkpoint, with no training after the shift, on the held-out "
+              "sets (perplexity ÷ the original's; exact zeros averaged over the layers on English outside Python):",
+              "",
               "| gates | exact zeros | docstrings held out | English outside Python |", "|---|---|---|---|"]
     lines += [f"| {WAYS[k]} | {v['zeros']:.1%} | ×{v['docstrings held out']:.3f} | "
               f"×{v['English outside Python']:.3f} |" for k, v in m.items()]
@@ -227,7 +229,8 @@ def preface(layers: dict, args: argparse.Namespace, sentences: int, packages: in
               f"sentences of {packages} installed packages' READMEs, none held out), as it is (one shift pooled over "
               "the layers) and with its threshold given the chosen shares, one per layer (run names ending "
               "`-layers-S`): each layer's gates then shift by their own quantile, the target rising from the layer's "
-              "own share to its chosen one over the first half of the steps."]
+              "own share to its chosen one over the first half of the steps. The shares were chosen on a trained "
+              "checkpoint; a conversion starts from the swap and the refit, whose layers' costs may differ."]
     return lines
 
 

@@ -10,8 +10,8 @@ step's target share, applied halfway (the batches' quantiles vary); the target r
 share to ``target`` over the first ``end`` fraction of the steps and stays there. The biases are weights like any
 other, so the optimizer trains each unit's on top. Given one share per gated FFN instead, each layer's gates get a
 shift of their own, found the same way from that layer's pre-activations alone, so the layers end as unequally sparse
-as asked. On SmolLM2, shares chosen by what each layer's zeros were measured to cost before training kept less after
-it than the one shift (docs/smollm2_layer_zeros.md): the one shift is what ``gate_zeros`` gives.
+as asked. On SmolLM2, shares chosen by what each layer's zeros were measured to cost untrained kept less after the
+distillation than the one shift (docs/smollm2_layer_zeros.md): the one shift is what ``gate_zeros`` gives.
 
 A Hugging Face model keeps its biases where its config can say so (``mlp_bias``, as Llama's has): that is set, and a
 family whose config cannot name them is refused, as its checkpoint would load without them. The sparse gated
