@@ -7,6 +7,8 @@ smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
     python experiments/smollm2_budget.py --before runs/smollm2/budget30-float32-english3-{0,1,2}
     python experiments/smollm2_budget.py --output docs/smollm2_budget_frozen.md --embeddings freeze
     python experiments/smollm2_budget.py --output docs/smollm2_budget_zeros.md --minutes 90 --gate-zeros 0.85 --seeds 0
+    python experiments/smollm2_budget.py --output docs/smollm2_budget_english6.md --gate-zeros 0.85 --english-times 6 \
+        --seeds 0
 
 The steps multiply in bfloat16 where the CPU does so natively (`precision` auto, a causal LM's default; the
 `budget30-float32-english3-*` runs multiplied in float32, on another day) and leave the token embeddings and the output
@@ -67,6 +69,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=DEFAULT_MINUTES, help="the conversions' --minutes")
     parser.add_argument("--gate-zeros", type=float, default=0.0, help="the conversions' --gate-zeros: the share of "
                         "the gates' outputs, averaged over the layers, made exact zeros (0: the threshold left off)")
+    parser.add_argument("--english-times", type=int, default=3, help="how many times the conversions' --text names "
+                        "the English text (runs `...english<N>-S`)")
     args = parser.parse_args()
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
@@ -75,13 +79,14 @@ def main() -> None:
                *(["--embeddings", "freeze"] if frozen else []), *(["--gate-zeros", f"{zeros:g}"] if zeros else [])]
     kind = ("frozen-" if frozen else "") + (f"zeros{zeros:g}-" if zeros else "")
     text = Path(args.out) / "english.txt"
-    runs = [Path(args.out) / f"budget{args.minutes:g}-{kind}english3-{s}" for s in args.seeds]
+    times = args.english_times
+    runs = [Path(args.out) / f"budget{args.minutes:g}-{kind}english{times}-{s}" for s in args.seeds]
     before = [Path(d) for d in args.before]
-    english_file(parser, text, english, [(run, 3) for run in runs + before])
+    english_file(parser, text, english, [(run, times) for run in runs + before])
     for seed, run in zip(args.seeds, runs):
         if not done(run):
             subprocess.run(["lambda-gelu", "reluize", MODEL, "--out", str(run), "--seed", str(seed),
-                            "--text", *[str(text)] * 3, *options, "--quiet"], check=True)
+                            "--text", *[str(text)] * times, *options, "--quiet"], check=True)
     made = {run: report(run) for run in runs + before}
     rows = ["| run | precision | embeddings | budget | refit: sentences, minutes | a step timed, run (s) | steps "
             "planned: first, last | plans made again | steps run | lr at the end, of its peak | minutes |",
@@ -110,7 +115,7 @@ def main() -> None:
           + " minutes, with English text" + (", the embeddings frozen" if frozen else "")
           + (f", {zeros:.0%} exact gate zeros" if zeros else ""), preface=[
         f"The CLI's default command for a causal LM{', the embeddings frozen' if frozen else ''}{asked}, "
-        f"`lambda-gelu reluize {MODEL} --seed S --text E E E{''.join(' ' + o for o in options)}` (a "
+        f"`lambda-gelu reluize {MODEL} --seed S --text{' E' * times}{''.join(' ' + o for o in options)}` (a "
         f"`--minutes {args.minutes:g}` budget, lr {first['settings']['lr']:g}, "
         f"{EMBEDDING_NOTES[first.get('embeddings', 'train')]}), E the English text of "
         f"[smollm2_english.md](smollm2_english.md): {len(english)} prose sentences of {packages} installed packages' "
@@ -125,7 +130,9 @@ def main() -> None:
            "the biases train with the rest." if zeros else ""), "", *rows, "",
         *(f"{', '.join(f'`{d.name}`' for d in group)}: the same command {PLANNERS.get(name, 'planned earlier')}, "
           "made earlier (part of any difference may be the machine's)." for name, group in earlier.items()),
-        *closing(frozen, zeros, default)], after=threshold_results(runs, made) if zeros else [])
+        *closing(frozen, zeros, default),
+        *([] if times == 3 else ["", *named_three_times(Path(args.out), runs, made)])],
+        after=threshold_results(runs, made) if zeros else [])
 
 
 def closing(frozen: bool, zeros: float, default: bool) -> list[str]:
@@ -147,6 +154,21 @@ def closing(frozen: bool, zeros: float, default: bool) -> list[str]:
              "(the runs are gone; [guide.md](guide.md) keeps their numbers)."),
             "The same command when a refit batch counted as 1.75 steps (MiniLM's ratio) and the steps overran their "
             "plan: [smollm2_english.md](smollm2_english.md)'s `english3-min30-lr5e-4` runs, on another day."]
+
+
+def named_three_times(out: Path, runs: list[Path], made: dict[Path, dict]) -> list[str]:
+    """Where the same command with the English text named three times is measured, and how its refit compares."""
+    three = [out / run.name.replace(run.name.split("-")[-2], "english3") for run in runs]
+    lines = ["The same command with the English text named three times: "
+             + ", ".join(f"`{run.name}`" for run in three) + " in [smollm2_layer_zeros.md](smollm2_layer_zeros.md), "
+             "measured on these sets."]
+    if all(done(run) for run in three):
+        lines[0] += " Refits and steps there, against here: " + "; ".join(
+            f"{report(a)['refit_sentences']} sentences and {report(a)['steps']} steps against "
+            f"{made[b]['refit_sentences']} and {made[b]['steps']}" for a, b in zip(three, runs)) + (
+            ". A refit is cut where its estimate says it would take more than a quarter of the budget: an estimate "
+            "made while another job shares the machine cuts it.")
+    return lines
 
 
 def threshold_results(runs: list[Path], made: dict[Path, dict]) -> list[str]:
