@@ -85,7 +85,6 @@ def test_a_family_that_cannot_save_the_biases_is_refused_before_anything_changes
         GateThreshold(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.GELU()), 10, 0.9)
 
 
-
 def test_a_share_per_layer_gives_each_layer_its_own_share_of_zeros():
     """One share per gated FFN: each layer's gates shift by their own quantile, so the layers end as unequally
     sparse as asked (one pooled shift would leave them where their gates sit)."""
