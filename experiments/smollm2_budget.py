@@ -38,11 +38,10 @@ were made on); the frozen runs took that slower step.
 from __future__ import annotations
 
 import argparse
-import subprocess
 from pathlib import Path
 
 from lambda_gelu.hf.convert import EMBEDDINGS, ConversionConfig
-from smollm2_english import done, english_file, package_prose, report
+from smollm2_english import convert, done, english_file, package_prose, report
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -84,9 +83,7 @@ def main() -> None:
     before = [Path(d) for d in args.before]
     english_file(parser, text, english, [(run, times) for run in runs + before])
     for seed, run in zip(args.seeds, runs):
-        if not done(run):
-            subprocess.run(["lambda-gelu", "reluize", MODEL, "--out", str(run), "--seed", str(seed),
-                            "--text", *[str(text)] * times, *options, "--quiet"], check=True)
+        convert(MODEL, run, seed, [text] * times, [*options, "--quiet"])
     made = {run: report(run) for run in runs + before}
     rows = ["| run | precision | embeddings | budget | refit: sentences, minutes | a step timed, run (s) | steps "
             "planned: first, last | plans made again | steps run | lr at the end, of its peak | minutes |",

@@ -95,12 +95,10 @@ def main() -> None:
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
     text = Path(args.baseline).parent / "english.txt"
     english_file(parser, text, english, [(run.out, run.times) for run in runs])
-    for run in [run for run in runs if not done(run.out)]:
+    for run in runs:
         budget = ["--minutes", str(run.minutes)] if run.minutes else ["--steps", str(steps), "--refit", str(refit)]
-        subprocess.run(["lambda-gelu", "reluize", base["model"], "--out", str(run.out), "--seed", str(run.seed),
-                        *budget, "--lr", f"{lr:g}",
-                        *(["--gate-zeros", run.zeros] if run.zeros else []), "--text", *[str(text)] * run.times,
-                        "--quiet"], check=True)
+        convert(base["model"], run.out, run.seed, [text] * run.times,
+                [*budget, "--lr", f"{lr:g}", *(["--gate-zeros", run.zeros] if run.zeros else []), "--quiet"])
     words = sum(len(s.split()) for s in english)
     tokenizer = AutoTokenizer.from_pretrained(args.baseline)  # the checkpoint's, the original's own
 
@@ -152,6 +150,15 @@ def english_file(parser: argparse.ArgumentParser, text: Path, english: list[str]
                          f"{times} × {len(english)} now: remove it to convert again")
     if not all(done(out) for out, _ in runs):
         write_lines(text, english)
+
+
+def convert(model: str, out: Path, seed: int, texts: list[Path], options: list[str],
+            launcher: tuple[str, ...] = ("lambda-gelu",)) -> None:
+    """``lambda-gelu reluize model --out out --seed seed --text texts options`` (``launcher`` in place of
+    ``lambda-gelu``: a script that runs the CLI), unless the conversion has finished in ``out``."""
+    if not done(out):
+        subprocess.run([*launcher, "reluize", model, "--out", str(out), "--seed", str(seed),
+                        "--text", *map(str, texts), *options], check=True)
 
 
 def write_lines(path: Path, lines: list[str]) -> None:

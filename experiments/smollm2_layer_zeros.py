@@ -21,7 +21,6 @@ import importlib
 import json
 import math
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import torch
 
 from lambda_gelu.hf.text import stdlib_sentences
 from smollm2_budget import threshold_results
-from smollm2_english import done, english_file, package_prose, report, write_lines
+from smollm2_english import convert, english_file, package_prose, report, write_lines
 from smollm2_gate_shift import Shifted
 from smollm2_prose import given, text_sets, write
 
@@ -53,9 +52,9 @@ def allocate(natural: list[float], cost: list[list[float]], target: float) -> li
     return choose(hi)
 
 
-def measure_layers(checkpoint: str, english: Path, target: float, calibration: int) -> dict:
+def measure_layers(checkpoint: str, english: Path, target: float, calibration: int, sets: dict) -> dict:
     """The costs of each layer's shares on training text, the chosen shares, and the ways to ``target`` measured on
-    the held-out sets (perplexity ÷ the original's, exact zeros on English outside Python)."""
+    the held-out ``sets`` (perplexity ÷ the original's, exact zeros on English outside Python)."""
     from lambda_gelu.hf.evaluate import evaluate, relu_zeros
     from lambda_gelu.hf.load import load, model_directory, quiet_transformers
     from lambda_gelu.hf.text import padding_tokenizer
@@ -73,7 +72,7 @@ def measure_layers(checkpoint: str, english: Path, target: float, calibration: i
         return [dict(pad(sentences[i:i + 64], padding=True, truncation=True, max_length=64, return_tensors="pt"))
                 for i in range(0, len(sentences), 64)]
     cal = batches(eng[:calibration] + train[:calibration // 2])
-    held = {k: batches(v[0]) for k, v in text_sets().items() if k != "Python reference docs"}
+    held = {k: batches(v[0]) for k, v in sets.items() if k != "Python reference docs"}
     ref = {k: evaluate(original.model, b, True)["perplexity"] for k, b in held.items()}
     mlps = [layer.mlp for layer in model.model.layers]
     acts = [Shifted() for _ in mlps]
@@ -159,17 +158,14 @@ def main() -> None:
     english_file(parser, text, english, [(run, 3) for run in pooled + chosen + [Path(args.checkpoint)]])
     layers_file = Path(args.out) / f"layer_zeros{zeros:g}.json"
     if not layers_file.is_file():
-        write_lines(layers_file, [json.dumps(measure_layers(args.checkpoint, text, zeros, args.calibration),
+        write_lines(layers_file, [json.dumps(measure_layers(args.checkpoint, text, zeros, args.calibration, sets),
                                              indent=1)])
-    options = ["--text", *[str(text)] * 3, "--minutes", f"{args.minutes:g}", "--gate-zeros", f"{zeros:g}", "--quiet"]
+    options = ["--minutes", f"{args.minutes:g}", "--gate-zeros", f"{zeros:g}", "--quiet"]
     for seed, run in zip(args.seeds, pooled):
-        if not done(run):
-            subprocess.run(["lambda-gelu", "reluize", MODEL, "--out", str(run), "--seed", str(seed), *options],
-                           check=True)
+        convert(MODEL, run, seed, [text] * 3, options)
     for seed, run in zip(args.seeds, chosen):
-        if not done(run):
-            subprocess.run([sys.executable, __file__, "--convert-with", str(layers_file), "reluize", MODEL, "--out",
-                            str(run), "--seed", str(seed), *options], check=True)
+        convert(MODEL, run, seed, [text] * 3, options,
+                launcher=(sys.executable, __file__, "--convert-with", str(layers_file)))
     layers = json.loads(layers_file.read_text(encoding="utf-8"))
     made = {run: report(run) for run in pooled + chosen}
     write([str(run) for run in pooled + chosen], args.output,

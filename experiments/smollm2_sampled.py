@@ -15,7 +15,6 @@ directory; a sentence of the held-out sets is never kept.
 from __future__ import annotations
 
 import argparse
-import subprocess
 from pathlib import Path
 
 import torch
@@ -23,7 +22,7 @@ import torch
 from lambda_gelu.hf.convert import ConversionConfig
 from lambda_gelu.hf.load import load, model_directory, quiet_transformers
 from lambda_gelu.hf.text import prose_sentences
-from smollm2_english import done, english_file, package_prose, report, write_lines
+from smollm2_english import convert, done, english_file, package_prose, report, write_lines
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -78,10 +77,8 @@ def main() -> None:
     sampled = sample(sampled_path, args.samples, args.tokens, args.batch, 0, held)
     options = ["--minutes", f"{args.minutes:g}", "--gate-zeros", f"{zeros:g}", "--quiet"]
     for seed, run, extra in [(s, r, []) for s, r in zip(args.seeds, base)] + \
-                            [(s, r, [str(sampled_path)]) for s, r in zip(args.seeds, with_samples)]:
-        if not done(run):
-            subprocess.run(["lambda-gelu", "reluize", MODEL, "--out", str(run), "--seed", str(seed),
-                            "--text", *[str(text)] * 3, *extra, *options], check=True)
+                            [(s, r, [sampled_path]) for s, r in zip(args.seeds, with_samples)]:
+        convert(MODEL, run, seed, [text] * 3 + extra, options)
     command = " ".join(["python experiments/smollm2_sampled.py", *given(parser, args)])
     write([str(run) for run in base + with_samples], args.output, command, sets=sets,
           title=f"SmolLM2-135M → exact ReLU at {zeros:.0%} gate zeros: the original's own samples as text", preface=[
