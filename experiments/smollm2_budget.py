@@ -9,35 +9,37 @@ smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
     python experiments/smollm2_budget.py --output docs/smollm2_budget_zeros.md --minutes 90 --gate-zeros 0.85 --seeds 0
     python experiments/smollm2_budget.py --output docs/smollm2_budget_english6.md --gate-zeros 0.85 --english-times 6 \
         --seeds 0
+    python experiments/smollm2_budget.py --output docs/smollm2_budget_long.md --minutes 120 --seeds 0
 
 The steps multiply in bfloat16 where the CPU does so natively (`precision` auto, a causal LM's default; the
 `budget30-float32-english3-*` runs multiplied in float32, on another day) and leave the token embeddings and the output
 layer as the original's with `--embeddings freeze` (runs `budget30-frozen-english3-*`; write them to their own
 `--output`), where the default trains them. `--minutes` and `--gate-zeros` give the conversions another budget and a
 share of exact gate zeros to reach (runs `budget<M>-zeros<Z>-english3-*`); a doc with the threshold adds each layer's
-zeros and the held-out docstrings measured along the way. The steps are planned once the refit is done,
-for what it really left of the budget, a step timed in its parts (the teacher's forward; the student's forward, loss
-and backward; AdamW's update), then planned again at each eighth of them from the pace they really kept. Before,
-they were planned once, a step as 1.5x a timed forward and backward (MiniLM's ratio), 15-18% above SmolLM2's real
-steps: 26 of the 30 minutes used (runs `budget30-ratio-english3-*`; a step timed in its parts came out 21% above on
-one run); before that, the steps were planned before the refit for what its estimate would leave
+zeros, and one with the threshold or another budget the held-out docstrings measured along the way; another budget's doc
+also measures the same command's runs of the same seeds in the default budget beside its own. The steps are planned once
+the refit is done, for what it really left of the budget, a step timed in its parts (the teacher's forward; the
+student's forward, loss and backward; AdamW's update), then planned again at each eighth of them from the pace they
+really kept. Before, they were planned once, a step as 1.5x a timed forward and backward (MiniLM's ratio), 15-18% above
+SmolLM2's real steps: 26 of the 30 minutes used (runs `budget30-ratio-english3-*`; a step timed in its parts came out
+21% above on one run); before that, the steps were planned before the refit for what its estimate would leave
 (`budget30-estimated-english3-*`, 26-27 minutes used); before that, a refit batch counted as 1.75 steps, which on
-SmolLM2 left its refit less than half its time: smollm2_english.md's `min30` runs planned 129-157 steps and ran
-122-136, their lr cut at 5-22% of its peak. `--before` measures finished runs of an earlier planner beside these.
-A plan made once rested on seconds of timing: run beside another job on the machine, a seed planned 8.2 s a step that
-then took 5.3 s and used 20 of the 30 minutes. Run these with the machine to itself all the same: a step slowed by
-other work is a step fewer. The machine's own speed moves too, from day to day and within a day: the steps ran at
-4.7-5.8 s on the days the runs planned once were made, 5.9-6.2 s on the day of the float32 re-planned runs (whose
-refit the estimate cut to 512-640 sentences), 4.8-5.2 s in bfloat16 (refit 544-768 sentences): a slow day's 30
-minutes hold fewer steps and a smaller refit. With the faster step and refit: 4.0-4.4 s, refits of 1024 sentences
-in 2 minutes. benchmarks/bench_distill.py times the two precisions side by side, and
-under bfloat16 the step as it is (eager attention, the KL in chunks) beside the step these runs' predecessors took
-(SDPA attention, the plain KL: 1.70x slower on an AMD CPU, 1.49x on the Intel CPU with AMX the default's runs
-were made on); the frozen runs took that slower step.
+SmolLM2 left its refit less than half its time: smollm2_english.md's `min30` runs planned 129-157 steps and ran 122-136,
+their lr cut at 5-22% of its peak. `--before` measures finished runs of an earlier planner beside these. A plan made
+once rested on seconds of timing: run beside another job on the machine, a seed planned 8.2 s a step that then took
+5.3 s and used 20 of the 30 minutes. Run these with the machine to itself all the same: a step slowed by other work is a
+step fewer. The machine's own speed moves too, from day to day and within a day: the steps ran at 4.7-5.8 s on the days
+the runs planned once were made, 5.9-6.2 s on the day of the float32 re-planned runs (whose refit the estimate cut to
+512-640 sentences), 4.8-5.2 s in bfloat16 (refit 544-768 sentences): a slow day's 30 minutes hold fewer steps and a
+smaller refit. With the faster step and refit: 4.0-4.4 s, refits of 1024 sentences in 2 minutes.
+benchmarks/bench_distill.py times the two precisions side by side, and under bfloat16 the step as it is (eager
+attention, the KL in chunks) beside the step these runs' predecessors took (SDPA attention, the plain KL: 1.70x slower
+on an AMD CPU, 1.49x on the Intel CPU with AMX the default's runs were made on); the frozen runs took that slower step.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from lambda_gelu.hf.convert import EMBEDDINGS, ConversionConfig
@@ -46,6 +48,7 @@ from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
 DEFAULT_MINUTES = ConversionConfig.DEFAULT_MINUTES_CAUSAL
+DEFAULT_BATCH = next(f.default for f in dataclasses.fields(ConversionConfig) if f.name == "batch_size")
 EMBEDDING_NOTES = {"freeze": "the token embeddings and the output layer left as the original's",
               "train": "the token embeddings and the output layer trained too"}
 PLANNERS = {  # the --before runs this doc has shown, by name: how their steps were planned
@@ -68,23 +71,31 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=DEFAULT_MINUTES, help="the conversions' --minutes")
     parser.add_argument("--gate-zeros", type=float, default=0.0, help="the conversions' --gate-zeros: the share of "
                         "the gates' outputs, averaged over the layers, made exact zeros (0: the threshold left off)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="the conversions' --batch-size: "
+                        "sentences a step (runs `budget<M>-batch<B>-...`)")
     parser.add_argument("--english-times", type=int, default=3, help="how many times the conversions' --text names "
                         "the English text (runs `...english<N>-S`)")
     args = parser.parse_args()
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
     frozen, zeros, default = args.embeddings == "freeze", args.gate_zeros, args.minutes == DEFAULT_MINUTES
+    batch = args.batch_size
     options = [*(["--minutes", f"{args.minutes:g}"] if not default else []),
+               *(["--batch-size", str(batch)] if batch != DEFAULT_BATCH else []),
                *(["--embeddings", "freeze"] if frozen else []), *(["--gate-zeros", f"{zeros:g}"] if zeros else [])]
     kind = ("frozen-" if frozen else "") + (f"zeros{zeros:g}-" if zeros else "")
+    batched = f"batch{batch}-" if batch != DEFAULT_BATCH else ""
     text = Path(args.out) / "english.txt"
     times = args.english_times
-    runs = [Path(args.out) / f"budget{args.minutes:g}-{kind}english{times}-{s}" for s in args.seeds]
+    runs = [Path(args.out) / f"budget{args.minutes:g}-{kind}{batched}english{times}-{s}" for s in args.seeds]
     before = [Path(d) for d in args.before]
-    english_file(parser, text, english, [(run, times) for run in runs + before])
+    # another budget or batch size: the same command's runs of the same seeds with the defaults, where finished
+    beside = [] if default and not batched else [run for s in args.seeds if done(
+        run := Path(args.out) / f"budget{DEFAULT_MINUTES:g}-{kind}english{times}-{s}")]
+    english_file(parser, text, english, [(run, times) for run in runs + before + beside])
     for seed, run in zip(args.seeds, runs):
         convert(MODEL, run, seed, [text] * times, [*options, "--quiet"])
-    made = {run: report(run) for run in runs + before}
+    made = {run: report(run) for run in runs + before + beside}
     rows = ["| run | precision | embeddings | budget | refit: sentences, minutes | a step timed, run (s) | steps "
             "planned: first, last | plans made again | steps run | lr at the end, of its peak | minutes |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -106,10 +117,12 @@ def main() -> None:
     command = " ".join(["python experiments/smollm2_budget.py", *given(parser, args)])
     first = next(iter(made.values()))
     asked = ((f", given a {args.minutes:g}-minute budget" if not default else "")
-             + (f"{' and' if not default else ','} asked for {zeros:.0%} exact gate zeros" if zeros else ""))
-    write([str(run) for run in runs + before], args.output, command, sets=sets,
+             + (f"{',' if default else ' and'} {batch} sentences a step" if batched else "")
+             + (f"{' and' if not default or batched else ','} asked for {zeros:.0%} exact gate zeros" if zeros else ""))
+    write([str(run) for run in runs + before + beside], args.output, command, sets=sets,
           title="SmolLM2-135M → exact ReLU in " + ("the CLI's default 30" if default else f"{args.minutes:g}")
           + " minutes, with English text" + (", the embeddings frozen" if frozen else "")
+          + (f", {batch} sentences a step" if batched else "")
           + (f", {zeros:.0%} exact gate zeros" if zeros else ""), preface=[
         f"The CLI's default command for a causal LM{', the embeddings frozen' if frozen else ''}{asked}, "
         f"`lambda-gelu reluize {MODEL} --seed S --text{' E' * times}{''.join(' ' + o for o in options)}` (a "
@@ -129,7 +142,10 @@ def main() -> None:
           "made earlier (part of any difference may be the machine's)." for name, group in earlier.items()),
         *closing(frozen, zeros, default),
         *([] if times == 3 else ["", *named_three_times(Path(args.out), runs, made)])],
-        after=threshold_results(runs, made) if zeros else [])
+        after=lambda ratios: [*(zeros_by_layer(runs, made) if zeros else []),
+                              *(along_the_way(runs + beside, made, zeros) if zeros or beside else []),
+                              *(compared(differs(args.minutes, batch), runs, beside, made, ratios) if beside
+                                else [])])
 
 
 def closing(frozen: bool, zeros: float, default: bool) -> list[str]:
@@ -168,18 +184,42 @@ def named_three_times(out: Path, runs: list[Path], made: dict[Path, dict]) -> li
     return lines
 
 
-def threshold_results(runs: list[Path], made: dict[Path, dict]) -> list[str]:
-    """What a threshold's doc adds: each layer's exact gate zeros and the held-out docstrings along the way."""
+def zeros_by_layer(runs: list[Path], made: dict[Path, dict]) -> list[str]:
+    """What a threshold's doc adds: each layer's exact gate zeros on the held-out docstrings."""
     lines = ["Each layer's exact gate zeros on the held-out docstrings (%):", "",
              "| layer | " + " | ".join(f"`{run.name}`" for run in runs) + " |", "|---|" + "---|" * len(runs)]
-    lines += [f"| {layer} | " + " | ".join(f"{100 * made[run]['zeros'][layer]:.1f}" for run in runs) + " |"
-              for layer in made[runs[0]]["zeros"]]
-    lines += ["", "The held-out docstrings along the way (step 0: the swap and the refit, the threshold not yet "
-              "lowered):", "", "| run | step | minutes | perplexity ÷ original | predictions kept |",
-              "|---|---|---|---|---|"]
-    lines += [f"| `{run.name}` | {p['step']} | {p['minutes']:.1f} | ×{p['perplexity_ratio']:.3f} | "
-              f"{p['agreement']:.3f} |" for run in runs for p in made[run]["curve"]]
-    return lines
+    return lines + [f"| {layer} | " + " | ".join(f"{100 * made[run]['zeros'][layer]:.1f}" for run in runs) + " |"
+                    for layer in made[runs[0]]["zeros"]] + [""]
+
+
+def along_the_way(runs: list[Path], made: dict[Path, dict], zeros: float) -> list[str]:
+    """The held-out docstrings measured along each run (the curve its report keeps)."""
+    lines = ["The held-out docstrings along the way (step 0: the swap and the refit"
+             + (", the threshold not yet lowered" if zeros else "") + "):", "",
+             "| run | step | minutes | perplexity ÷ original | predictions kept |", "|---|---|---|---|---|"]
+    return lines + [f"| `{run.name}` | {p['step']} | {p['minutes']:.1f} | ×{p['perplexity_ratio']:.3f} | "
+                    f"{p['agreement']:.3f} |" for run in runs for p in made[run]["curve"]]
+
+
+def differs(minutes: float, batch: int) -> str:
+    """How a run differs from the default command's, as the comparison below says it."""
+    return " and ".join(
+        [*([f"{minutes:g} minutes against the default {DEFAULT_MINUTES:g}"] if minutes != DEFAULT_MINUTES else []),
+         *([f"{batch} sentences a step against the default {DEFAULT_BATCH}"] if batch != DEFAULT_BATCH else [])])
+
+
+def compared(how: str, runs: list[Path], beside: list[Path], made: dict[Path, dict],
+             ratios: dict[str, dict[str, float]]) -> list[str]:
+    """Runs that differ from the default command by ``how`` against the default command's runs of the same seeds, on
+    each held-out set (``ratios``: {checkpoint: {set: perplexity ÷ the original's}})."""
+    pairs = [(run, short) for run in runs for short in beside if run.name.rsplit("-", 1)[1] == short.name.rsplit(
+        "-", 1)[1]]
+    sets = list(ratios[str(beside[0])])
+    return ["", f"{how[0].upper()}{how[1:]} ("
+            + ", ".join(f"`{run.name}` against `{short.name}`: {made[run]['steps']} steps against "
+                        f"{made[short]['steps']}" for run, short in pairs) + "): "
+            + "; ".join(f"{name} " + ", ".join(f"×{ratios[str(a)][name]:.3f} against ×{ratios[str(b)][name]:.3f}"
+                                             for a, b in pairs) for name in sets) + "."]
 
 
 if __name__ == "__main__":

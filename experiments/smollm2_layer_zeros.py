@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from lambda_gelu.hf.text import stdlib_sentences
-from smollm2_budget import threshold_results
+from smollm2_budget import along_the_way, zeros_by_layer
 from smollm2_english import convert, english_file, package_prose, report, write_lines
 from smollm2_gate_shift import Shifted
 from smollm2_prose import given, text_sets, write
@@ -173,7 +173,8 @@ def main() -> None:
           title=f"SmolLM2-135M at {zeros:.0%} exact gate zeros: each layer's share chosen by its measured cost",
           preface=preface(layers, args, len(english), packages),
           after=lambda ratios: [*reading(layers, ratios, pooled, chosen), "",
-                                *threshold_results(pooled + chosen, made)])
+                                *zeros_by_layer(pooled + chosen, made),
+                                *along_the_way(pooled + chosen, made, zeros=True)])
 
 
 def reading(layers: dict, ratios: dict, pooled: list[Path], chosen: list[Path]) -> list[str]:
