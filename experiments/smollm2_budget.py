@@ -9,17 +9,19 @@ smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
     python experiments/smollm2_budget.py --output docs/smollm2_budget_zeros.md --minutes 90 --gate-zeros 0.85 --seeds 0
     python experiments/smollm2_budget.py --output docs/smollm2_budget_english6.md --gate-zeros 0.85 --english-times 6 \
         --seeds 0
-    python experiments/smollm2_budget.py --output docs/smollm2_budget_long.md --minutes 120 --seeds 0
+    python experiments/smollm2_budget.py --output docs/smollm2_budget_batch16.md --gate-zeros 0.85 --batch-size 16 \
+        --seeds 0
 
 The steps multiply in bfloat16 where the CPU does so natively (`precision` auto, a causal LM's default; the
 `budget30-float32-english3-*` runs multiplied in float32, on another day) and leave the token embeddings and the output
 layer as the original's with `--embeddings freeze` (runs `budget30-frozen-english3-*`; write them to their own
 `--output`), where the default trains them. `--minutes` and `--gate-zeros` give the conversions another budget and a
-share of exact gate zeros to reach (runs `budget<M>-zeros<Z>-english3-*`); a doc with the threshold adds each layer's
-zeros, and one with the threshold or another budget the held-out docstrings measured along the way; another budget's doc
-also measures the same command's runs of the same seeds in the default budget beside its own. The steps are planned once
-the refit is done, for what it really left of the budget, a step timed in its parts (the teacher's forward; the
-student's forward, loss and backward; AdamW's update), then planned again at each eighth of them from the pace they
+share of exact gate zeros to reach (runs `budget<M>-zeros<Z>-english3-*`), `--batch-size` another number of sentences a
+step and `--ramp` another fraction of the steps over which the threshold's share rises; a doc with the threshold adds
+each layer's zeros, and one with the threshold or any of those three the held-out docstrings measured along the way;
+those three also measure the same command's runs of the same seeds with the defaults beside their own. The steps are
+planned once the refit is done, for what it really left of the budget, a step timed in its parts (the teacher's forward;
+the student's forward, loss and backward; AdamW's update), then planned again at each eighth of them from the pace they
 really kept. Before, they were planned once, a step as 1.5x a timed forward and backward (MiniLM's ratio), 15-18% above
 SmolLM2's real steps: 26 of the 30 minutes used (runs `budget30-ratio-english3-*`; a step timed in its parts came out
 21% above on one run); before that, the steps were planned before the refit for what its estimate would leave
@@ -41,14 +43,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import NamedTuple
 
 from lambda_gelu.hf.convert import EMBEDDINGS, ConversionConfig
+from lambda_gelu.reluize import ReluizeConfig
 from smollm2_english import convert, done, english_file, package_prose, report
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
 DEFAULT_MINUTES = ConversionConfig.DEFAULT_MINUTES_CAUSAL
 DEFAULT_BATCH = next(f.default for f in dataclasses.fields(ConversionConfig) if f.name == "batch_size")
+DEFAULT_RAMP = ReluizeConfig.anneal  # the threshold's ramp is the anneal fraction
 EMBEDDING_NOTES = {"freeze": "the token embeddings and the output layer left as the original's",
               "train": "the token embeddings and the output layer trained too"}
 PLANNERS = {  # the --before runs this doc has shown, by name: how their steps were planned
@@ -73,24 +78,28 @@ def main() -> None:
                         "the gates' outputs, averaged over the layers, made exact zeros (0: the threshold left off)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="the conversions' --batch-size: "
                         "sentences a step (runs `budget<M>-batch<B>-...`)")
+    parser.add_argument("--ramp", type=float, default=DEFAULT_RAMP, help="the conversions' --anneal, with "
+                        "--gate-zeros: the fraction of the steps over which the share of zeros rises to it (runs "
+                        "`budget<M>-zeros<Z>-ramp<R>-...`)")
     parser.add_argument("--english-times", type=int, default=3, help="how many times the conversions' --text names "
                         "the English text (runs `...english<N>-S`)")
     args = parser.parse_args()
     sets = text_sets()  # the held-out sets: kept out of the English text, then measured on
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
     frozen, zeros, default = args.embeddings == "freeze", args.gate_zeros, args.minutes == DEFAULT_MINUTES
-    batch = args.batch_size
-    options = [*(["--minutes", f"{args.minutes:g}"] if not default else []),
-               *(["--batch-size", str(batch)] if batch != DEFAULT_BATCH else []),
+    if args.ramp != DEFAULT_RAMP and not zeros:
+        parser.error("--ramp is the threshold's: give --gate-zeros too")
+    changes = variations(args.minutes, args.batch_size, args.ramp)
+    options = [*(option for change in changes for option in change.options),
                *(["--embeddings", "freeze"] if frozen else []), *(["--gate-zeros", f"{zeros:g}"] if zeros else [])]
     kind = ("frozen-" if frozen else "") + (f"zeros{zeros:g}-" if zeros else "")
-    batched = f"batch{batch}-" if batch != DEFAULT_BATCH else ""
     text = Path(args.out) / "english.txt"
     times = args.english_times
-    runs = [Path(args.out) / f"budget{args.minutes:g}-{kind}{batched}english{times}-{s}" for s in args.seeds]
+    runs = [Path(args.out) / f"budget{args.minutes:g}-{kind}{''.join(c.tag for c in changes)}english{times}-{s}"
+            for s in args.seeds]
     before = [Path(d) for d in args.before]
-    # another budget or batch size: the same command's runs of the same seeds with the defaults, where finished
-    beside = [] if default and not batched else [run for s in args.seeds if done(
+    # another budget, batch size or ramp: the same command's runs of the same seeds with the defaults, where finished
+    beside = [run for s in args.seeds if changes and done(
         run := Path(args.out) / f"budget{DEFAULT_MINUTES:g}-{kind}english{times}-{s}")]
     english_file(parser, text, english, [(run, times) for run in runs + before + beside])
     for seed, run in zip(args.seeds, runs):
@@ -116,13 +125,12 @@ def main() -> None:
         earlier.setdefault(run.name.rsplit("-", 1)[0], []).append(run)
     command = " ".join(["python experiments/smollm2_budget.py", *given(parser, args)])
     first = next(iter(made.values()))
-    asked = ((f", given a {args.minutes:g}-minute budget" if not default else "")
-             + (f"{',' if default else ' and'} {batch} sentences a step" if batched else "")
-             + (f"{' and' if not default or batched else ','} asked for {zeros:.0%} exact gate zeros" if zeros else ""))
+    asked = [c.says for c in changes] + ([f"asked for {zeros:.0%} exact gate zeros"] if zeros else [])
+    asked = ", " + ", ".join(asked[:-1]) + (" and " if len(asked) > 1 else "") + asked[-1] if asked else ""
     write([str(run) for run in runs + before + beside], args.output, command, sets=sets,
           title="SmolLM2-135M → exact ReLU in " + ("the CLI's default 30" if default else f"{args.minutes:g}")
           + " minutes, with English text" + (", the embeddings frozen" if frozen else "")
-          + (f", {batch} sentences a step" if batched else "")
+          + "".join(f", {c.says}" for c in changes if not c.says.startswith("given"))
           + (f", {zeros:.0%} exact gate zeros" if zeros else ""), preface=[
         f"The CLI's default command for a causal LM{', the embeddings frozen' if frozen else ''}{asked}, "
         f"`lambda-gelu reluize {MODEL} --seed S --text{' E' * times}{''.join(' ' + o for o in options)}` (a "
@@ -136,16 +144,17 @@ def main() -> None:
         "and the steps end early only where the next would overrun the budget. Minutes are the "
         "report's, the measuring left out (it measures the held-out docstrings at eight points)."
         + (f" `--gate-zeros {zeros:g}` gives every gate a bias, lowered step by step until {zeros:.0%} of the gates' "
-           "outputs, averaged over the layers, are exact zeros, a share reached over the first half of the steps; "
-           "the biases train with the rest." if zeros else ""), "", *rows, "",
+           "outputs, averaged over the layers, are exact zeros, a share reached over the first "
+           + ("half" if args.ramp == 0.5 else f"{args.ramp:.0%}") + " of the steps; the biases train with the rest."
+           if zeros else ""), "", *rows, "",
         *(f"{', '.join(f'`{d.name}`' for d in group)}: the same command {PLANNERS.get(name, 'planned earlier')}, "
           "made earlier (part of any difference may be the machine's)." for name, group in earlier.items()),
         *closing(frozen, zeros, default),
         *([] if times == 3 else ["", *named_three_times(Path(args.out), runs, made)])],
         after=lambda ratios: [*(zeros_by_layer(runs, made) if zeros else []),
                               *(along_the_way(runs + beside, made, zeros) if zeros or beside else []),
-                              *(compared(differs(args.minutes, batch), runs, beside, made, ratios) if beside
-                                else [])])
+                              *(compared(" and ".join(c.against for c in changes), runs, beside, made, ratios)
+                                if beside else [])])
 
 
 def closing(frozen: bool, zeros: float, default: bool) -> list[str]:
@@ -201,11 +210,26 @@ def along_the_way(runs: list[Path], made: dict[Path, dict], zeros: float) -> lis
                     f"{p['agreement']:.3f} |" for run in runs for p in made[run]["curve"]]
 
 
-def differs(minutes: float, batch: int) -> str:
-    """How a run differs from the default command's, as the comparison below says it."""
-    return " and ".join(
-        [*([f"{minutes:g} minutes against the default {DEFAULT_MINUTES:g}"] if minutes != DEFAULT_MINUTES else []),
-         *([f"{batch} sentences a step against the default {DEFAULT_BATCH}"] if batch != DEFAULT_BATCH else [])])
+class Variation(NamedTuple):
+    """How a run differs from the default command: its CLI options, its runs' tag, what the doc says of it, and what it
+    says against the default."""
+    options: list[str]
+    tag: str
+    says: str
+    against: str
+
+
+def variations(minutes: float, batch: int, ramp: float) -> list[Variation]:
+    """The ways the runs differ from the default command, in the order their options are given."""
+    return [*([Variation(["--minutes", f"{minutes:g}"], "", f"given a {minutes:g}-minute budget",
+                         f"{minutes:g} minutes against the default {DEFAULT_MINUTES:g}")] if minutes != DEFAULT_MINUTES
+              else []),
+            *([Variation(["--batch-size", str(batch)], f"batch{batch}-", f"{batch} sentences a step",
+                         f"{batch} sentences a step against the default {DEFAULT_BATCH}")] if batch != DEFAULT_BATCH
+              else []),
+            *([Variation(["--anneal", f"{ramp:g}"], f"ramp{ramp:g}-", f"the zeros reached over {ramp:.0%} of the steps",
+                         f"the zeros reached over {ramp:.0%} of the steps against the default {DEFAULT_RAMP:.0%}")]
+              if ramp != DEFAULT_RAMP else [])]
 
 
 def compared(how: str, runs: list[Path], beside: list[Path], made: dict[Path, dict],
