@@ -210,5 +210,12 @@ def report(directory) -> dict:
     return json.loads((Path(directory) / "reluize_report.json").read_text(encoding="utf-8"))
 
 
+def steps_run(runs: list[Path]) -> str:
+    """A doc's line of the steps each finished run took in its budget, and their pace once its refit was done."""
+    return "Steps run in the budget (a step takes longer on longer sentences): " + "; ".join(
+        f"`{run.name}` {r['steps']} ({(r['seconds'] - 60 * r['curve'][0]['minutes']) / r['steps']:.2f} s a "
+        "step after the refit)" for run, r in ((run, report(run)) for run in runs)) + "."
+
+
 if __name__ == "__main__":
     main()

@@ -22,7 +22,7 @@ import torch
 from lambda_gelu.hf.convert import ConversionConfig
 from lambda_gelu.hf.load import load, model_directory, quiet_transformers
 from lambda_gelu.hf.text import prose_sentences
-from smollm2_english import convert, done, english_file, package_prose, report, write_lines
+from smollm2_english import convert, done, english_file, package_prose, steps_run, write_lines
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -88,9 +88,7 @@ def main() -> None:
               f"texts of at most {args.tokens} tokens drawn at temperature 1 (no top-k, no top-p) from its first "
               f"token alone, seed 0, giving {len(sampled)} distinct prose sentences (the CLI's rule), none in the "
               "held-out sets below. The same budget, seed and threshold with and without G."],
-          after=["Steps run in the budget (a step takes longer on longer sentences): " + "; ".join(
-              f"`{run.name}` {r['steps']} ({(r['seconds'] - 60 * r['curve'][0]['minutes']) / r['steps']:.2f} s a "
-              "step after the refit)" for run, r in ((run, report(run)) for run in base + with_samples)) + "."])
+          after=[steps_run(base + with_samples)])
 
 
 if __name__ == "__main__":
