@@ -210,6 +210,25 @@ def report(directory) -> dict:
     return json.loads((Path(directory) / "reluize_report.json").read_text(encoding="utf-8"))
 
 
+def arm_arguments(parser: argparse.ArgumentParser, output: str) -> None:
+    """The options of a study that sets an arm beside smollm2_budget.py's English runs at a share of gate zeros: the
+    seeds, where the runs go, the doc, the budget and the share."""
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--out", default="runs/smollm2", help="where the runs and the texts are written")
+    parser.add_argument("--output", default=output)
+    parser.add_argument("--minutes", type=float, default=DEFAULT_MINUTES)
+    parser.add_argument("--gate-zeros", type=float, default=0.85)
+
+
+def convert_arms(model: str, args: argparse.Namespace, arms: list[tuple[list[Path], list[Path]]]) -> None:
+    """Each arm's runs (one a seed of ``args.seeds``) converted from ``model`` on its ``--text`` files, with the
+    budget and the share of gate zeros of :func:`arm_arguments`, unless finished."""
+    options = ["--minutes", f"{args.minutes:g}", "--gate-zeros", f"{args.gate_zeros:g}", "--quiet"]
+    for runs, texts in arms:
+        for seed, run in zip(args.seeds, runs):
+            convert(model, run, seed, texts, options)
+
+
 def steps_run(runs: list[Path]) -> str:
     """A doc's line of the steps each finished run took in its budget, and their pace once its refit was done."""
     return "Steps run in the budget (a step takes longer on longer sentences): " + "; ".join(

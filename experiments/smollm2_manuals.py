@@ -22,9 +22,8 @@ import gzip
 import re
 from pathlib import Path
 
-from lambda_gelu.hf.convert import ConversionConfig
 from lambda_gelu.hf.text import evenly, prose_sentences
-from smollm2_english import convert, english_file, package_prose, steps_run
+from smollm2_english import arm_arguments, convert_arms, english_file, package_prose, steps_run
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -60,11 +59,7 @@ def manual_prose(exclude: set[str]) -> tuple[list[str], list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--out", default="runs/smollm2", help="where the runs and the texts are written")
-    parser.add_argument("--output", default="docs/smollm2_manuals.md")
-    parser.add_argument("--minutes", type=float, default=ConversionConfig.DEFAULT_MINUTES_CAUSAL)
-    parser.add_argument("--gate-zeros", type=float, default=0.85)
+    arm_arguments(parser, "docs/smollm2_manuals.md")
     args = parser.parse_args()
     sets = text_sets()
     held = {s for sentences, _ in sets.values() for s in sentences}
@@ -81,10 +76,7 @@ def main() -> None:
     english_file(parser, text, english, [(run, 3) for run in base])
     mixed_path = Path(args.out) / "english_manuals.txt"
     english_file(parser, mixed_path, mixed, [(run, 1) for run in with_manuals])
-    options = ["--minutes", f"{args.minutes:g}", "--gate-zeros", f"{zeros:g}", "--quiet"]
-    for seed, run, texts in [(s, r, [text] * 3) for s, r in zip(args.seeds, base)] + \
-                            [(s, r, [mixed_path]) for s, r in zip(args.seeds, with_manuals)]:
-        convert(MODEL, run, seed, texts, options)
+    convert_arms(MODEL, args, [(base, [text] * 3), (with_manuals, [mixed_path])])
     command = " ".join(["python experiments/smollm2_manuals.py", *given(parser, args)])
     write([str(run) for run in base + with_manuals], args.output, command, sets=sets,
           title=f"SmolLM2-135M → exact ReLU at {zeros:.0%} gate zeros: more kinds of English in the text", preface=[

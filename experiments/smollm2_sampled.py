@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 
-from lambda_gelu.hf.convert import ConversionConfig
 from lambda_gelu.hf.load import load, model_directory, quiet_transformers
 from lambda_gelu.hf.text import prose_sentences
-from smollm2_english import convert, done, english_file, package_prose, steps_run, write_lines
+from smollm2_english import arm_arguments, convert_arms, done, english_file, package_prose, steps_run, write_lines
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -56,11 +55,7 @@ def sample(path: Path, samples: int, tokens: int, batch: int, seed: int, exclude
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--out", default="runs/smollm2", help="where the runs and the texts are written")
-    parser.add_argument("--output", default="docs/smollm2_sampled.md")
-    parser.add_argument("--minutes", type=float, default=ConversionConfig.DEFAULT_MINUTES_CAUSAL)
-    parser.add_argument("--gate-zeros", type=float, default=0.85)
+    arm_arguments(parser, "docs/smollm2_sampled.md")
     parser.add_argument("--samples", type=int, default=1536, help="texts drawn from the original")
     parser.add_argument("--tokens", type=int, default=96, help="tokens a text at most")
     parser.add_argument("--batch", type=int, default=64, help="texts drawn at once")
@@ -75,10 +70,7 @@ def main() -> None:
     english_file(parser, text, english, [(run, 3) for run in base + [r for r in with_samples if not done(r)]])
     sampled_path = Path(args.out) / f"sampled{args.samples}x{args.tokens}.txt"
     sampled = sample(sampled_path, args.samples, args.tokens, args.batch, 0, held)
-    options = ["--minutes", f"{args.minutes:g}", "--gate-zeros", f"{zeros:g}", "--quiet"]
-    for seed, run, extra in [(s, r, []) for s, r in zip(args.seeds, base)] + \
-                            [(s, r, [sampled_path]) for s, r in zip(args.seeds, with_samples)]:
-        convert(MODEL, run, seed, [text] * 3 + extra, options)
+    convert_arms(MODEL, args, [(base, [text] * 3), (with_samples, [text] * 3 + [sampled_path])])
     command = " ".join(["python experiments/smollm2_sampled.py", *given(parser, args)])
     write([str(run) for run in base + with_samples], args.output, command, sets=sets,
           title=f"SmolLM2-135M → exact ReLU at {zeros:.0%} gate zeros: the original's own samples as text", preface=[
