@@ -221,15 +221,16 @@ class Variation(NamedTuple):
 
 def variations(minutes: float, batch: int, ramp: float) -> list[Variation]:
     """The ways the runs differ from the default command, in the order their options are given."""
-    return [*([Variation(["--minutes", f"{minutes:g}"], "", f"given a {minutes:g}-minute budget",
-                         f"{minutes:g} minutes against the default {DEFAULT_MINUTES:g}")] if minutes != DEFAULT_MINUTES
-              else []),
-            *([Variation(["--batch-size", str(batch)], f"batch{batch}-", f"{batch} sentences a step",
-                         f"{batch} sentences a step against the default {DEFAULT_BATCH}")] if batch != DEFAULT_BATCH
-              else []),
-            *([Variation(["--anneal", f"{ramp:g}"], f"ramp{ramp:g}-", f"the zeros reached over {ramp:.0%} of the steps",
-                         f"the zeros reached over {ramp:.0%} of the steps against the default {DEFAULT_RAMP:.0%}")]
-              if ramp != DEFAULT_RAMP else [])]
+    every = [(minutes != DEFAULT_MINUTES,
+              Variation(["--minutes", f"{minutes:g}"], "", f"given a {minutes:g}-minute budget",
+                        f"{minutes:g} minutes against the default {DEFAULT_MINUTES:g}")),
+             (batch != DEFAULT_BATCH,
+              Variation(["--batch-size", str(batch)], f"batch{batch}-", f"{batch} sentences a step",
+                        f"{batch} sentences a step against the default {DEFAULT_BATCH}")),
+             (ramp != DEFAULT_RAMP,
+              Variation(["--anneal", f"{ramp:g}"], f"ramp{ramp:g}-", f"the zeros reached over {ramp:.0%} of the steps",
+                        f"the zeros reached over {ramp:.0%} of the steps against the default {DEFAULT_RAMP:.0%}"))]
+    return [variation for differs, variation in every if differs]
 
 
 def compared(how: str, runs: list[Path], beside: list[Path], made: dict[Path, dict],
