@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 from lambda_gelu.hf.convert import EMBEDDINGS, ConversionConfig
 from lambda_gelu.reluize import ReluizeConfig
-from smollm2_english import convert, done, english_file, package_prose, report
+from smollm2_english import convert, done, english_file, english_run, package_prose, report
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -95,12 +95,11 @@ def main() -> None:
     kind = ("frozen-" if frozen else "") + (f"zeros{zeros:g}-" if zeros else "")
     text = Path(args.out) / "english.txt"
     times = args.english_times
-    runs = [Path(args.out) / f"budget{args.minutes:g}-{kind}{''.join(c.tag for c in changes)}english{times}-{s}"
-            for s in args.seeds]
+    runs = [english_run(args.out, args.minutes, s, kind + "".join(c.tag for c in changes), times) for s in args.seeds]
     before = [Path(d) for d in args.before]
     # another budget, batch size or ramp: the same command's runs of the same seeds with the defaults, where finished
-    beside = [run for s in args.seeds if changes and done(
-        run := Path(args.out) / f"budget{DEFAULT_MINUTES:g}-{kind}english{times}-{s}")]
+    beside = [run for s in args.seeds
+              if changes and done(run := english_run(args.out, DEFAULT_MINUTES, s, kind, times))]
     english_file(parser, text, english, [(run, times) for run in runs + before + beside])
     for seed, run in zip(args.seeds, runs):
         convert(MODEL, run, seed, [text] * times, [*options, "--quiet"])

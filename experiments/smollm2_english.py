@@ -210,6 +210,13 @@ def report(directory) -> dict:
     return json.loads((Path(directory) / "reluize_report.json").read_text(encoding="utf-8"))
 
 
+def english_run(out, minutes: float, seed: int, kind: str = "", times: int = 3, arm: str = "") -> Path:
+    """smollm2_budget.py's run of the English text named ``times`` times in ``--text``, in ``out``:
+    ``budget<M>-<kind>english<N><arm>-<S>``, ``kind`` what its command adds (``zeros0.85-``, ``frozen-``, ...) and
+    ``arm`` another study's arm beside it (``-sampled1536``)."""
+    return Path(out) / f"budget{minutes:g}-{kind}english{times}{arm}-{seed}"
+
+
 def arm_arguments(parser: argparse.ArgumentParser, output: str) -> None:
     """The options of a study that sets an arm beside smollm2_budget.py's English runs at a share of gate zeros: the
     seeds, where the runs go, the doc, the budget and the share."""

@@ -28,7 +28,7 @@ import torch
 
 from lambda_gelu.hf.text import stdlib_sentences
 from smollm2_budget import along_the_way, zeros_by_layer
-from smollm2_english import convert, english_file, package_prose, report, write_lines
+from smollm2_english import convert, english_file, english_run, package_prose, report, write_lines
 from smollm2_gate_shift import Shifted
 from smollm2_prose import given, text_sets, write
 
@@ -152,9 +152,8 @@ def main() -> None:
     sets = text_sets()
     english, packages = package_prose({s for sentences, _ in sets.values() for s in sentences})
     text, zeros = Path(args.out) / "english.txt", args.gate_zeros
-    kind = f"budget{args.minutes:g}-zeros{zeros:g}-english3"
-    pooled = [Path(args.out) / f"{kind}-{s}" for s in args.seeds]
-    chosen = [Path(args.out) / f"{kind}-layers-{s}" for s in args.seeds]
+    pooled = [english_run(args.out, args.minutes, s, f"zeros{zeros:g}-") for s in args.seeds]
+    chosen = [english_run(args.out, args.minutes, s, f"zeros{zeros:g}-", arm="-layers") for s in args.seeds]
     english_file(parser, text, english, [(run, 3) for run in pooled + chosen + [Path(args.checkpoint)]])
     layers_file = Path(args.out) / f"layer_zeros{zeros:g}.json"
     if not layers_file.is_file():

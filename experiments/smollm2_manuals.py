@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from lambda_gelu.hf.text import evenly, prose_sentences
-from smollm2_english import arm_arguments, convert_arms, english_file, package_prose, steps_run
+from smollm2_english import arm_arguments, convert_arms, english_file, english_run, package_prose, steps_run
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -71,7 +71,7 @@ def main() -> None:
     mixed = english + evenly(manuals, 2 * len(english))
     text, zeros = Path(args.out) / "english.txt", args.gate_zeros
     kind = f"budget{args.minutes:g}-zeros{zeros:g}"
-    base = [Path(args.out) / f"{kind}-english3-{s}" for s in args.seeds]
+    base = [english_run(args.out, args.minutes, s, f"zeros{zeros:g}-") for s in args.seeds]
     with_manuals = [Path(args.out) / f"{kind}-manuals-{s}" for s in args.seeds]
     english_file(parser, text, english, [(run, 3) for run in base])
     mixed_path = Path(args.out) / "english_manuals.txt"

@@ -21,7 +21,8 @@ import torch
 
 from lambda_gelu.hf.load import load, model_directory, quiet_transformers
 from lambda_gelu.hf.text import prose_sentences
-from smollm2_english import arm_arguments, convert_arms, done, english_file, package_prose, steps_run, write_lines
+from smollm2_english import (arm_arguments, convert_arms, done, english_file, english_run, package_prose, steps_run,
+                             write_lines)
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -64,9 +65,9 @@ def main() -> None:
     held = {s for sentences, _ in sets.values() for s in sentences}
     english, packages = package_prose(held)
     text, zeros = Path(args.out) / "english.txt", args.gate_zeros
-    kind = f"budget{args.minutes:g}-zeros{zeros:g}-english3"
-    base = [Path(args.out) / f"{kind}-{s}" for s in args.seeds]
-    with_samples = [Path(args.out) / f"{kind}-sampled{args.samples}-{s}" for s in args.seeds]
+    base = [english_run(args.out, args.minutes, s, f"zeros{zeros:g}-") for s in args.seeds]
+    with_samples = [english_run(args.out, args.minutes, s, f"zeros{zeros:g}-", arm=f"-sampled{args.samples}")
+                    for s in args.seeds]
     english_file(parser, text, english, [(run, 3) for run in base + [r for r in with_samples if not done(r)]])
     sampled_path = Path(args.out) / f"sampled{args.samples}x{args.tokens}.txt"
     sampled = sample(sampled_path, args.samples, args.tokens, args.batch, 0, held)
