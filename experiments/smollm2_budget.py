@@ -7,6 +7,7 @@ smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
     python experiments/smollm2_budget.py --before runs/smollm2/budget30-float32-english3-{0,1,2}
     python experiments/smollm2_budget.py --output docs/smollm2_budget_frozen.md --embeddings freeze
     python experiments/smollm2_budget.py --output docs/smollm2_budget_zeros.md --minutes 90 --gate-zeros 0.85 --seeds 0
+    python experiments/smollm2_budget.py --output docs/smollm2_budget_long.md --minutes 120 --seeds 0
     python experiments/smollm2_budget.py --output docs/smollm2_budget_english6.md --gate-zeros 0.85 --english-times 6 \
         --seeds 0
     python experiments/smollm2_budget.py --output docs/smollm2_budget_batch16.md --gate-zeros 0.85 --batch-size 16 \
@@ -164,7 +165,10 @@ def closing(frozen: bool, zeros: float, default: bool) -> list[str]:
                 "at 87% gate zeros and ×1.338 at 75% ([smollm2_english.md](smollm2_english.md)'s `english3-zeros*` "
                 "runs, one seed each). The default 30 minutes without it: [smollm2_budget.md](smollm2_budget.md)."]
     if not default:
-        return []
+        return [] if frozen else [
+            "A 120-minute budget when the CLI's default lr was 5e-5 and the conversion trained on the docstrings "
+            "alone, with the step and refit of that time: [smollm2_long.md](smollm2_long.md) (1581 steps, the "
+            "docstrings ×1.019; one seed)."]
     return [("The same command with the embeddings trained (the default): [smollm2_budget.md](smollm2_budget.md), "
              "made later on an Intel CPU with AMX, with a faster step (eager attention and the KL in chunks under "
              "bfloat16, [performance.md](performance.md)) and refit: these runs took the slower ones.") if frozen else
