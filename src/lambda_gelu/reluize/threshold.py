@@ -29,7 +29,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from ..batches import run_batch
-from ..convert import _hugging_face_models, rebuilt_from_config
+from ..convert import _hugging_face_models, eval_mode, rebuilt_from_config
 from ..sparse_gated import GATED_LAYOUTS
 
 __all__ = ["GateThreshold", "add_gate_biases_", "gated_ffns", "gate_zeros_problem", "shift_gates_"]
@@ -89,10 +89,10 @@ def add_gate_biases_(model: nn.Module) -> list[nn.Linear]:
 def shift_gates_(model: nn.Module, batches: Sequence, share: float) -> float:
     """Lower every gated FFN's gate bias by one shift, at once: the quantile at ``share`` of the gates'
     pre-activations on ``batches``, pooled over the layers (a seeded sample of each batch's, as the threshold's
-    steps take), so that about ``share`` of the gates' outputs on them are exact zeros once the gates are ReLU. Gives the
-    projections biases as :class:`GateThreshold` does, and returns the shift. The model runs as it is: the shift
-    moves what later layers read, so the share the shifted model gives is near ``share``, not exactly it (the
-    threshold's steps then hold it)."""
+    steps take), so that about ``share`` of the gates' outputs on them are exact zeros once the gates are ReLU.
+    Gives the projections biases as :class:`GateThreshold` does, and returns the shift. The model runs as it is, in
+    eval mode: the shift moves what later layers read, so the share the shifted model gives is near ``share``, not
+    exactly it (the threshold's steps then hold it)."""
     gates = add_gate_biases_(model)
     samples: list[Tensor] = []
     drawn: dict[torch.device, torch.Generator] = {}  # seeded: the same batches give the same shift
@@ -105,8 +105,9 @@ def shift_gates_(model: nn.Module, batches: Sequence, share: float) -> float:
 
     hooks = [g.register_forward_hook(sample) for g in gates]
     try:
-        for batch in batches:
-            run_batch(model, batch)
+        with eval_mode(model):  # as the refit runs it: no dropout
+            for batch in batches:
+                run_batch(model, batch)
     finally:
         for h in hooks:
             h.remove()
