@@ -67,8 +67,8 @@ def main() -> None:
 
 def given(parser: argparse.ArgumentParser, args: argparse.Namespace, *skip: str) -> list[str]:
     """The options of ``args`` (less ``skip``) not at ``parser``'s defaults, as a command line names them (a list
-    as its items): a doc's command regenerates that doc, not the default one."""
-    return [f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+    as its items, a flag alone): a doc's command regenerates that doc, not the default one."""
+    return [f"--{k.replace('_', '-')}" + ("" if v is True else f" {' '.join(map(str, v)) if isinstance(v, list) else v}")
             for k, v in vars(args).items() if k not in skip and v != parser.get_default(k)]
 
 
