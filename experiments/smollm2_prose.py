@@ -67,9 +67,11 @@ def main() -> None:
 
 def given(parser: argparse.ArgumentParser, args: argparse.Namespace, *skip: str) -> list[str]:
     """The options of ``args`` (less ``skip``) not at ``parser``'s defaults, as a command line names them (a list
-    as its items): a doc's command regenerates that doc, not the default one."""
-    return [f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in skip and v != parser.get_default(k)]
+    as its items, a flag alone): a doc's command regenerates that doc, not the default one."""
+    named = [(f"--{k.replace('_', '-')}", v) for k, v in vars(args).items()
+             if k not in skip and v != parser.get_default(k)]
+    return [option if v is True else f"{option} {' '.join(map(str, v)) if isinstance(v, list) else v}"
+            for option, v in named]
 
 
 def write(checkpoints: list[str], output: str, command: str, preface: list[str] = (), sets: dict | None = None,

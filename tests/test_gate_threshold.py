@@ -1,7 +1,8 @@
 """The gate threshold (``gate_zeros``): a bias lowered on every ReLU gate of a gated FFN until the share of exact
 zeros asked for is reached; the function is unchanged when the biases are added, the checkpoint reloads with them
-in plain transformers (mlp_bias), the sparse block reads them, a share per layer gives each layer its own, and a
-family that could not save them is refused before anything changes."""
+in plain transformers (mlp_bias), the sparse block reads them, a share per layer gives each layer its own, the
+share can be reached at once, before the refit (``gate_zeros_at_once``), and a family that could not save them is
+refused before anything changes."""
 import copy
 import importlib
 
@@ -10,7 +11,8 @@ import torch
 
 import lambda_gelu as lg
 from lambda_gelu.hf.evaluate import relu_zeros
-from lambda_gelu.reluize import GateThreshold, ReluizeConfig, Reluizer
+from lambda_gelu.reluize import GateThreshold, ReluizeConfig, Reluizer, refit_after_swap_
+from lambda_gelu.reluize.threshold import shift_gates_
 from lambda_gelu.sparse import sparsify_
 
 transformers = pytest.importorskip("transformers")
@@ -100,6 +102,31 @@ def test_a_share_per_layer_gives_each_layer_its_own_share_of_zeros():
     assert threshold.start.shape == (2,) and threshold.state_dict()["step"] == 40
 
 
+def test_the_gates_shifted_before_the_refit_start_at_the_share_and_the_refit_solves_for_them():
+    """``gate_zeros_at_once``: the gates lowered at once to the share on the refit's batches, the swap, then the refit
+    solves each FFN's ``down`` for the shifted ReLU gates: the same weights as :func:`shift_gates_` then
+    :func:`refit_after_swap_` give, and the share of zeros asked for before any step."""
+    model, batches = _model(), _batches()
+    by_hand = copy.deepcopy(model)
+    result = lg.reluize(model, batches, steps=10, gate_zeros=0.9, gate_zeros_at_once=True, refit=len(batches),
+                        callback=lambda entry: True)  # stopped after the refit, before the first step
+    assert result.stopped and result.log[-1]["step"] == 0
+    shift = shift_gates_(by_hand, batches, 0.9)
+    refit_after_swap_(by_hand, batches)
+    gates = [(a.mlp.gate_proj.bias, b.mlp.gate_proj.bias) for a, b in zip(model.model.layers, by_hand.model.layers)]
+    assert shift > 0 and all(torch.equal(a, b) and torch.all(a == -shift) for a, b in gates)
+    for mine, theirs in zip(model.model.layers, by_hand.model.layers):
+        torch.testing.assert_close(mine.mlp.down_proj.weight, theirs.mlp.down_proj.weight, rtol=0, atol=0)
+        torch.testing.assert_close(mine.mlp.down_proj.bias, theirs.mlp.down_proj.bias, rtol=0, atol=0)
+    zeros = list(relu_zeros(model, batches).values())  # pooled: near the share, the second layer's input moved
+    assert abs(sum(zeros) / 2 - 0.9) < 0.02 and all(abs(z - 0.9) < 0.05 for z in zeros)
+    for at_once in (True, False):  # no refit: the first batch gives the shift, held from the first step on
+        without = _model()
+        lg.reluize(without, batches, steps=8, gate_zeros=0.9, gate_zeros_at_once=at_once, callback=lambda e: True)
+        share = sum(relu_zeros(without, batches).values()) / 2
+        assert abs(share - 0.9) < 0.03 if at_once else share < 0.6  # ramped: a step of eight from the model's own
+
+
 @pytest.mark.parametrize("shares", [[0.9], [0.9, 0.9, 0.9], [0.5, 1.0], [-0.1, 0.5]])
 def test_shares_not_one_per_gated_ffn_in_range_are_one_line_and_change_nothing(shares):
     model = _model()
@@ -112,6 +139,9 @@ def test_shares_not_one_per_gated_ffn_in_range_are_one_line_and_change_nothing(s
     (dict(gate_zeros=1.0), r"gate_zeros is a share of zeros to reach, in \[0, 1\); got 1.0"),
     (dict(gate_zeros=-0.1), r"gate_zeros is a share"),
     (dict(gate_zeros=0.9, schedule="blockwise"), "gate_zeros: not used by schedule='blockwise'"),
+    (dict(gate_zeros_at_once=True),
+     r"^gate_zeros_at_once: lowers the gates to gate_zeros at once; give gate_zeros > 0 with it, or leave it out"),
+    (dict(gate_zeros=0.9, gate_zeros_at_once="yes"), r"^gate_zeros_at_once is True or False, got 'yes'"),
 ])
 def test_a_bad_share_is_one_line(settings, message):
     with pytest.raises(ValueError, match=message):

@@ -281,6 +281,16 @@ def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_fam
         f"error: --gate-zeros: {gemma}: Gemma3ForCausalLM's config has no mlp_bias to give its gated FFNs the biases "
         "the threshold trains, so its checkpoint would load without them (Llama-family configs have one)")
     assert not (tmp_path / "no").exists()
+    at_once = tmp_path / "at_once"  # the flag: the share reached before the refit, which solves down for it
+    assert main(["reluize", str(source), "--out", str(at_once), "--steps", "3", "--batch-size", "4", "--refit", "8",
+                 "--gate-zeros", "0.8", "--gate-zeros-at-once", "--quiet"]) == 0
+    report = json.loads((at_once / "reluize_report.json").read_text())
+    assert report["settings"]["gate_zeros_at_once"] is True and report["settings"]["gate_zeros"] == 0.8
+    assert "the gates' threshold lowered at once to 80% exact zeros" in (at_once / "reluize_report.md").read_text()
+    assert main(["reluize", str(source), "--out", str(tmp_path / "no"), "--gate-zeros-at-once"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: gate_zeros_at_once: lowers the gates to gate_zeros at once; give gate_zeros > 0 with it, or leave it "
+        "out")
 
 
 def test_a_gguf_file_loads_dequantised_as_a_plain_checkpoint(tmp_path):

@@ -63,7 +63,9 @@ def test_a_resumed_reluizer_goes_on_at_its_step():
 
 @pytest.mark.parametrize("settings, message", [(dict(refit=2), "refit=2: needs batches before the first step"),
                                                (dict(schedule="blockwise"), "schedule=blockwise: needs batches"),
-                                               (dict(recalibrate=5), "recalibrate=5")])
+                                               (dict(recalibrate=5), "recalibrate=5"),
+                                               (dict(gate_zeros=0.8, gate_zeros_at_once=True),
+                                                "^gate_zeros_at_once=True: needs batches before the first step")])
 def test_what_needs_batches_before_the_first_step_is_left_to_reluize(settings, message):
     model = _mlp()
     with pytest.raises(ValueError, match=message):

@@ -148,8 +148,8 @@ def _deploy_options(parser: argparse.ArgumentParser) -> None:
 def _field_options(parser: argparse.ArgumentParser, prefix: str, cls, skip=(), scope: str = "", names=None,
                    metavars=None) -> None:
     """One option per field of the config dataclass ``cls`` (less ``skip``): the field's help (after ``scope``),
-    choices and default, its type from its annotation (a tuple takes several values); the value lands in
-    ``prefix + name``, None when the option is not given, so that the config's own default applies."""
+    choices and default, its type from its annotation (a tuple takes several values, a bool is a flag); the value
+    lands in ``prefix + name``, None when the option is not given, so that the config's own default applies."""
     import dataclasses
     for f in dataclasses.fields(cls):
         if f.name in skip:
@@ -160,6 +160,9 @@ def _field_options(parser: argparse.ArgumentParser, prefix: str, cls, skip=(), s
         kind = str(f.type)
         options = {"dest": prefix + f.name, "default": None, "help": scope + f.metadata.get("help", "") + shown,
                    "type": float if "float" in kind else int if "int" in kind else str}
+        if kind == "bool":  # a flag: True when given
+            options["action"] = "store_true"
+            del options["type"]
         if "choices" in f.metadata:
             options["choices"] = f.metadata["choices"]
         if "tuple" in kind:

@@ -155,8 +155,8 @@ def markdown(r: dict) -> str:
                 else "")
              + (f", an L1 penalty on the activations rising to {settings['sparsity']:g}" if settings.get("sparsity")
                 else "")
-             + (f", the gates' threshold lowered towards {settings['gate_zeros']:.0%} exact zeros"
-                if settings.get("gate_zeros") else "")
+             + (f", the gates' threshold lowered {'at once to' if settings.get('gate_zeros_at_once') else 'towards'} "
+                f"{settings['gate_zeros']:.0%} exact zeros" if settings.get("gate_zeros") else "")
              + f" in {r['seconds'] / 60:.1f} min"
              + (f" (and {r['planning_seconds']:.1f} s before it, timed to plan the steps)"
                 if r.get("planning_seconds") else "")

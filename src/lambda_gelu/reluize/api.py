@@ -21,7 +21,7 @@ from .refit import refit_consumers, swap_and_refit
 from .reluizer import AnnealedGELU, Reluizer, check_steps
 from .result import ReluizeResult
 from .stream import batch_stream, take_and_keep
-from .threshold import gate_zeros_problem
+from .threshold import gate_zeros_problem, shift_gates_
 from .training import adamw
 
 __all__ = ["reluize"]
@@ -140,8 +140,12 @@ def _convert(model, teacher, stream, first, steps, config: ReluizeConfig, loss, 
         result.steps = steps
         return result
     t0 = time.perf_counter()
+    calibration = []
     if config.refit:
         calibration, stream = take_and_keep(stream, config.refit)
+    if config.gate_zeros_at_once:  # on the batches the refit then solves over, for the shifted gates
+        shift_gates_(model, calibration or [first], config.gate_zeros)
+    if config.refit:
         replaced = swap_and_refit(model, calibration, config.ridge, consumers)
     elif config.schedule == "swap":
         replaced = replace_modules_(model, lambda m, fqn: is_reluizable(m), lambda old: nn.ReLU(), "GELU")

@@ -77,6 +77,10 @@ class ReluizeConfig:
         "gated FFNs (SwiGLU, GeGLU): the share of the ReLU gates' outputs, averaged over the layers, to make exact "
         "zeros by lowering one bias of every gate (mlp_bias), reached linearly over the anneal fraction of the "
         "steps and held (0: none)"))
+    gate_zeros_at_once: bool = field(default=False, metadata=_help(
+        "with gate_zeros: the share reached at once, before the first step: the gates lowered to it on the refit's "
+        "batches (the first batch without a refit) before the refit, which then solves each gated FFN's output "
+        "projection for the shifted gates; the steps hold the share"))
     refit: int = field(default=0, metadata=_help(
         "with the swap: batches over which the layers reading each activation are solved by least squares "
         "before the first step (0: none)"))
@@ -120,6 +124,10 @@ class ReluizeConfig:
         need(number("gate_zeros", 0.0, 1.0),
              f"gate_zeros is a share of zeros to reach, in [0, 1); got {self.gate_zeros!r}")
         need(count("refit"), f"refit is a number of batches ≥ 0, got {self.refit!r}")
+        need(isinstance(self.gate_zeros_at_once, bool),
+             f"gate_zeros_at_once is True or False, got {self.gate_zeros_at_once!r}")
+        need(not self.gate_zeros_at_once or self.gate_zeros,
+             "gate_zeros_at_once: lowers the gates to gate_zeros at once; give gate_zeros > 0 with it, or leave it out")
         need(number("ridge"), f"ridge is a finite factor ≥ 0, got {self.ridge!r}")
         need(self.recalibrate is None or count("recalibrate"),
              f"recalibrate is a number of batches ≥ 0 (or None: the default), got {self.recalibrate!r}")

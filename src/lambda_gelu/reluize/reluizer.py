@@ -74,7 +74,8 @@ class Reluizer:
     becomes an :class:`AnnealedGELU` at λ = 1, the original bit for bit) after a frozen copy is taken as the
     teacher (unless ``teacher`` is given). Settings as :func:`reluize`'s: a :class:`ReluizeConfig` and/or single
     fields; ``lr``, ``weight_decay`` and ``lr_schedule`` are your optimizer's business here, and ``refit``,
-    ``recalibrate`` and ``schedule="blockwise"``, which need batches before the first step, are reluize's.
+    ``recalibrate``, ``gate_zeros_at_once`` and ``schedule="blockwise"``, which need batches before the first step,
+    are reluize's.
 
     Its state is the step count (:meth:`state_dict`), so a resumed run goes on where it stopped.
     """
@@ -82,7 +83,8 @@ class Reluizer:
     def __init__(self, model: nn.Module, total_steps: int, config: ReluizeConfig | None = None, *,
                  teacher: nn.Module | None = None, loss: str | Callable | None = None, **settings):
         config = configured(config, settings, loss)
-        given = [f"{k}={getattr(config, k)!r}" for k in ("refit", "recalibrate") if getattr(config, k)]
+        given = [f"{k}={getattr(config, k)!r}" for k in ("refit", "recalibrate", "gate_zeros_at_once")
+                 if getattr(config, k)]
         if config.schedule == "blockwise" or given:
             raise ValueError(f"{', '.join(given) or 'schedule=blockwise'}: needs batches before the first step, "
                              "which only reluize(model, batches, steps) has; the step-wise Reluizer runs the swap "

@@ -12,6 +12,9 @@ other, so the optimizer trains each unit's on top. Given one share per gated FFN
 shift of their own, found the same way from that layer's pre-activations alone, so the layers end as unequally sparse
 as asked. On SmolLM2, shares chosen by what each layer's zeros were measured to cost untrained kept less after the
 distillation than the one shift (docs/smollm2_layer_zeros.md): the one shift is what ``gate_zeros`` gives.
+:func:`shift_gates_` applies that one shift at once, on given batches: ``gate_zeros_at_once`` does so before the
+least-squares refit, so that the refit solves each FFN's output projection for the shifted gates and the steps hold
+the share rather than reach it.
 
 A Hugging Face model keeps its biases where its config can say so (``mlp_bias``, as Llama's has): that is set, and a
 family whose config cannot name them is refused, as its checkpoint would load without them. The sparse gated
@@ -25,13 +28,15 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..convert import _hugging_face_models, rebuilt_from_config
+from ..batches import run_batch
+from ..convert import _hugging_face_models, eval_mode, rebuilt_from_config
 from ..sparse_gated import GATED_LAYOUTS
 
-__all__ = ["GateThreshold", "gated_ffns", "gate_zeros_problem"]
+__all__ = ["GateThreshold", "add_gate_biases_", "gated_ffns", "gate_zeros_problem", "shift_gates_"]
 
 SAMPLE = 4096  # gate pre-activations sampled per layer and step for the quantile
 RATE = 0.5     # the share of each step's measured shift that is applied
+QUANTILE_MAX = 1 << 24  # the most values torch.quantile takes
 
 
 def gated_ffns(model: nn.Module) -> list[tuple[str, nn.Module, tuple[nn.Linear, nn.Linear, nn.Linear]]]:
@@ -65,6 +70,57 @@ def gate_zeros_problem(model: nn.Module) -> str | None:
     return None
 
 
+def add_gate_biases_(model: nn.Module) -> list[nn.Linear]:
+    """Give every gated FFN's three projections a zero bias where they have none (the function is unchanged), set
+    ``mlp_bias`` in Hugging Face configs, and return the gate projections in :func:`gated_ffns`' order."""
+    ffns = gated_ffns(model)
+    for _, _, layers in ffns:
+        for layer in layers:
+            if layer.bias is None:
+                w = layer.weight
+                layer.bias = nn.Parameter(torch.zeros(layer.out_features, dtype=w.dtype, device=w.device),
+                                          requires_grad=w.requires_grad)
+    for _, hf in _hugging_face_models(model):
+        hf.config.mlp_bias = True
+    return [layers[0] for _, _, layers in ffns]
+
+
+@torch.no_grad()
+def shift_gates_(model: nn.Module, batches: Sequence, share: float) -> float:
+    """Lower every gated FFN's gate bias by one shift, at once: the quantile at ``share`` of the gates'
+    pre-activations on ``batches``, pooled over the layers (a seeded sample of each batch's, as the threshold's
+    steps take), so that about ``share`` of the gates' outputs on them are exact zeros once the gates are ReLU.
+    Gives the projections biases as :class:`GateThreshold` does, and returns the shift. The model runs as it is, in
+    eval mode: the shift moves what later layers read, so the share the shifted model gives is near ``share``, not
+    exactly it (the threshold's steps then hold it)."""
+    gates = add_gate_biases_(model)
+    samples: list[Tensor] = []
+    drawn: dict[torch.device, torch.Generator] = {}  # seeded: the same batches give the same shift
+
+    def sample(module, args, out):
+        flat = out.detach().flatten()
+        g = drawn.setdefault(flat.device, torch.Generator(flat.device).manual_seed(0))
+        picked = torch.randint(0, flat.numel(), (min(SAMPLE, flat.numel()),), device=flat.device, generator=g)
+        samples.append(flat[picked].float())
+
+    hooks = [g.register_forward_hook(sample) for g in gates]
+    try:
+        with eval_mode(model):  # as the refit runs it: no dropout
+            for batch in batches:
+                run_batch(model, batch)
+    finally:
+        for h in hooks:
+            h.remove()
+    pooled = torch.cat(samples)
+    if pooled.numel() > QUANTILE_MAX:
+        pooled = pooled[torch.randint(0, pooled.numel(), (QUANTILE_MAX,), device=pooled.device,
+                                      generator=drawn[pooled.device])]
+    shift = float(torch.quantile(pooled, share))
+    for g in gates:
+        g.bias.sub_(shift)
+    return shift
+
+
 class GateThreshold:
     """Lower the gated FFNs' gate biases until ``target`` of their outputs are exact zeros (see the module's
     docstring): one share, averaged over the layers, or one per gated FFN in :func:`gated_ffns`' order, each
@@ -81,15 +137,7 @@ class GateThreshold:
         per_layer = isinstance(target, Sequence)
         if per_layer and (len(target) != len(ffns) or not all(0.0 <= float(t) < 1.0 for t in target)):
             raise ValueError(f"gate_zeros: one share in [0, 1) per gated FFN, {len(ffns)} here; got {list(target)}")
-        for _, _, layers in ffns:
-            for layer in layers:
-                if layer.bias is None:
-                    w = layer.weight
-                    layer.bias = nn.Parameter(torch.zeros(layer.out_features, dtype=w.dtype, device=w.device),
-                                              requires_grad=w.requires_grad)
-        for _, hf in _hugging_face_models(model):
-            hf.config.mlp_bias = True
-        self.gates = [layers[0] for _, _, layers in ffns]
+        self.gates = add_gate_biases_(model)
         self.total_steps, self.end = total_steps, end
         self.target = torch.tensor([float(t) for t in target]) if per_layer else float(target)
         self.step_count, self.start = 0, None  # start: the share of zeros at the first step (per layer, or pooled)
