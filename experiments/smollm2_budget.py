@@ -148,18 +148,19 @@ def main() -> None:
         "eighth of the steps from the pace they really kept; a linear lr decays to 0 over the steps last planned, "
         "and the steps end early only where the next would overrun the budget. Minutes are the "
         "report's, the measuring left out (it measures the held-out docstrings at eight points)."
-        + (f" `--gate-zeros {zeros:g}` gives every gate a bias, lowered step by step until {zeros:.0%} of the gates' "
-           "outputs, averaged over the layers, are exact zeros, a share reached "
-           + ("at once: the gates are lowered to it on the refit's sentences before the refit, whose least squares "
-              "then solve each FFN's `down` for the shifted gates, and the steps hold it" if args.at_once else
-              "over the first " + ("half" if args.ramp == 0.5 else f"{args.ramp:.0%}") + " of the steps")
-           + "; the biases train with the rest." if zeros else ""), "", *rows, "",
+        + (f" `--gate-zeros {zeros:g}` gives every gate a bias, lowered "
+           + ("at once" if args.at_once else "step by step") + f" until {zeros:.0%} of the gates' outputs, averaged "
+           "over the layers, are exact zeros: "
+           + ("on the refit's sentences before the refit, whose least squares then solve each FFN's `down` for the "
+              "shifted gates, and the steps hold the share" if args.at_once else
+              "a share reached over the first " + ("half" if args.ramp == 0.5 else f"{args.ramp:.0%}")
+              + " of the steps") + "; the biases train with the rest." if zeros else ""), "", *rows, "",
         *(f"{', '.join(f'`{d.name}`' for d in group)}: the same command {PLANNERS.get(name, 'planned earlier')}, "
           "made earlier (part of any difference may be the machine's)." for name, group in earlier.items()),
         *closing(frozen, zeros, default),
         *([] if times == 3 else ["", *named_three_times(Path(args.out), runs, made)])],
         after=lambda ratios: [*(zeros_by_layer(runs, made) if zeros else []),
-                              *(along_the_way(runs + beside, made, zeros) if zeros or beside else []),
+                              *(along_the_way(runs + beside, made, zeros, args.at_once) if zeros or beside else []),
                               *(compared(" and ".join(c.against for c in changes), runs, beside, made, ratios)
                                 if beside else [])])
 
@@ -211,10 +212,11 @@ def zeros_by_layer(runs: list[Path], made: dict[Path, dict]) -> list[str]:
                     for layer in made[runs[0]]["zeros"]] + [""]
 
 
-def along_the_way(runs: list[Path], made: dict[Path, dict], zeros: float) -> list[str]:
+def along_the_way(runs: list[Path], made: dict[Path, dict], zeros: float, at_once: bool = False) -> list[str]:
     """The held-out docstrings measured along each run (the curve its report keeps)."""
     lines = ["The held-out docstrings along the way (step 0: the swap and the refit"
-             + (", the threshold not yet lowered" if zeros else "") + "):", "",
+             + (", the gates lowered at once before the refit in the runs marked `atonce`, not yet in the others"
+                if at_once else ", the threshold not yet lowered" if zeros else "") + "):", "",
              "| run | step | minutes | perplexity ÷ original | predictions kept |", "|---|---|---|---|---|"]
     return lines + [f"| `{run.name}` | {p['step']} | {p['minutes']:.1f} | ×{p['perplexity_ratio']:.3f} | "
                     f"{p['agreement']:.3f} |" for run in runs for p in made[run]["curve"]]
