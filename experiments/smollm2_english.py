@@ -224,13 +224,15 @@ def arm_arguments(parser: argparse.ArgumentParser, output: str) -> None:
     parser.add_argument("--out", default="runs/smollm2", help="where the runs and the texts are written")
     parser.add_argument("--output", default=output)
     parser.add_argument("--minutes", type=float, default=DEFAULT_MINUTES)
-    parser.add_argument("--gate-zeros", type=float, default=0.85)
+    parser.add_argument("--gate-zeros", type=float, default=0.85, help="the conversions' --gate-zeros (0: none, the "
+                        "ReLU gates' own zeros)")
 
 
 def convert_arms(model: str, args: argparse.Namespace, arms: list[tuple[list[Path], list[Path]]]) -> None:
     """Each arm's runs (one a seed of ``args.seeds``) converted from ``model`` on its ``--text`` files, with the
     budget and the share of gate zeros of :func:`arm_arguments`, unless finished."""
-    options = ["--minutes", f"{args.minutes:g}", "--gate-zeros", f"{args.gate_zeros:g}", "--quiet"]
+    options = ["--minutes", f"{args.minutes:g}", *(["--gate-zeros", f"{args.gate_zeros:g}"] if args.gate_zeros else []),
+               "--quiet"]
     for runs, texts in arms:
         for seed, run in zip(args.seeds, runs):
             convert(model, run, seed, texts, options)

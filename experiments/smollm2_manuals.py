@@ -8,12 +8,13 @@ measured on docs/smollm2_prose.md's three held-out sets. Writes docs/smollm2_man
 
     python experiments/smollm2_manuals.py   # seed 0: a conversion of 30 minutes on 2 cores (and the other if missing),
                                             # then ~6 minutes measuring
+    python experiments/smollm2_manuals.py --gate-zeros 0 --output docs/smollm2_manuals_default.md  # the CLI's default
 
 The runs without the manuals are smollm2_budget.py's (`budget<M>-zeros<Z>-english3-S`, reused where they exist); those
-with them are `budget<M>-zeros<Z>-manuals-S`, trained on `english_manuals.txt`, written once beside them. A sentence of
-the held-out sets is never kept, and a manual's chapters whose title names a licence (the GNU FDL, the GPL) are not
-read, nor any sentence that speaks of licences, copyright, warranty or redistribution: Debian's copies of licences are
-held out.
+with them are `budget<M>-zeros<Z>-manuals-S` (at `--gate-zeros 0`: `budget<M>-english3-S` and `budget<M>-manuals-S`),
+trained on `english_manuals.txt`, written once beside them. A sentence of the held-out sets is never kept, and a
+manual's chapters whose title names a licence (the GNU FDL, the GPL) are not read, nor any sentence that speaks of
+licences, copyright, warranty or redistribution: Debian's copies of licences are held out.
 """
 from __future__ import annotations
 
@@ -70,17 +71,19 @@ def main() -> None:
                      "twice the English text's (install Debian's info manuals: coreutils, grep, sed, ...)")
     mixed = english + evenly(manuals, 2 * len(english))
     text, zeros = Path(args.out) / "english.txt", args.gate_zeros
-    kind = f"budget{args.minutes:g}-zeros{zeros:g}"
-    base = [english_run(args.out, args.minutes, s, f"zeros{zeros:g}-") for s in args.seeds]
-    with_manuals = [Path(args.out) / f"{kind}-manuals-{s}" for s in args.seeds]
+    kind = f"zeros{zeros:g}-" if zeros else ""  # 0: the ReLU gates' own zeros, no threshold (the CLI's default)
+    base = [english_run(args.out, args.minutes, s, kind) for s in args.seeds]
+    with_manuals = [Path(args.out) / f"budget{args.minutes:g}-{kind}manuals-{s}" for s in args.seeds]
     english_file(parser, text, english, [(run, 3) for run in base])
     mixed_path = Path(args.out) / "english_manuals.txt"
     english_file(parser, mixed_path, mixed, [(run, 1) for run in with_manuals])
     convert_arms(MODEL, args, [(base, [text] * 3), (with_manuals, [mixed_path])])
     command = " ".join(["python experiments/smollm2_manuals.py", *given(parser, args)])
     write([str(run) for run in base + with_manuals], args.output, command, sets=sets,
-          title=f"SmolLM2-135M → exact ReLU at {zeros:.0%} gate zeros: more kinds of English in the text", preface=[
-              f"`lambda-gelu reluize {MODEL} --seed S --text E E E --minutes {args.minutes:g} --gate-zeros {zeros:g}` "
+          title=f"SmolLM2-135M → exact ReLU{f' at {zeros:.0%} gate zeros' if zeros else ''}: more kinds of English "
+                "in the text", preface=[
+              f"`lambda-gelu reluize {MODEL} --seed S --text E E E --minutes {args.minutes:g}"
+              f"{f' --gate-zeros {zeros:g}' if zeros else ''}` "
               f"beside the same with `--text EM`: E the English text of [smollm2_english.md](smollm2_english.md) "
               f"({len(english)} prose sentences of {packages} installed packages' READMEs), EM that text once and "
               f"{2 * len(english)} sentences taken evenly from the {len(manuals)} distinct prose sentences (the CLI's "
