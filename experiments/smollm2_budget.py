@@ -13,33 +13,34 @@ smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
     python experiments/smollm2_budget.py --output docs/smollm2_budget_batch16.md --gate-zeros 0.85 --batch-size 16 \
         --seeds 0
     python experiments/smollm2_budget.py --output docs/smollm2_budget_atonce.md --gate-zeros 0.85 --at-once --seeds 0
+    python experiments/smollm2_budget.py --output docs/smollm2_budget_lr1e-3.md --gate-zeros 0.85 --lr 1e-3 --seeds 0
 
 The steps multiply in bfloat16 where the CPU does so natively (`precision` auto, a causal LM's default; the
 `budget30-float32-english3-*` runs multiplied in float32, on another day) and leave the token embeddings and the output
 layer as the original's with `--embeddings freeze` (runs `budget30-frozen-english3-*`; write them to their own
 `--output`), where the default trains them. `--minutes` and `--gate-zeros` give the conversions another budget and a
 share of exact gate zeros to reach (runs `budget<M>-zeros<Z>-english3-*`), `--batch-size` another number of sentences a
-step, `--ramp` another fraction of the steps over which the threshold's share rises and `--at-once` the share reached
-at once, before the refit; a doc with the threshold adds each layer's zeros, and one with the threshold or any of those
-four the held-out docstrings measured along the way; those four also measure the same command's runs of the same seeds
-with the defaults beside their own. The steps are planned once the refit is done, for what it really left of the budget,
-a step timed in its parts (the teacher's forward; the student's forward, loss and backward; AdamW's update), then
-planned again at each eighth of them from the pace they really kept. Before, they were planned once, a step as 1.5x a
-timed forward and backward (MiniLM's ratio), 15-18% above SmolLM2's real steps: 26 of the 30 minutes used (runs
-`budget30-ratio-english3-*`; a step timed in its parts came out 21% above on one run); before that, the steps were
-planned before the refit for what its estimate would leave (`budget30-estimated-english3-*`, 26-27 minutes used); before
-that, a refit batch counted as 1.75 steps, which on SmolLM2 left its refit less than half its time: smollm2_english.md's
-`min30` runs planned 129-157 steps and ran 122-136, their lr cut at 5-22% of its peak. `--before` measures finished runs
-of an earlier planner beside these. A plan made once rested on seconds of timing: run beside another job on the machine,
-a seed planned 8.2 s a step that then took 5.3 s and used 20 of the 30 minutes. Run these with the machine to itself all
-the same: a step slowed by other work is a step fewer. The machine's own speed moves too, from day to day and within a
-day: the steps ran at 4.7-5.8 s on the days the runs planned once were made, 5.9-6.2 s on the day of the float32
-re-planned runs (whose refit the estimate cut to 512-640 sentences), 4.8-5.2 s in bfloat16 (refit 544-768 sentences): a
-slow day's 30 minutes hold fewer steps and a smaller refit. With the faster step and refit: 4.0-4.4 s, refits of 1024
-sentences in 2 minutes. benchmarks/bench_distill.py times the two precisions side by side, and under bfloat16 the step
-as it is (eager attention, the KL in chunks) beside the step these runs' predecessors took (SDPA attention, the plain
-KL: 1.70x slower on an AMD CPU, 1.49x on the Intel CPU with AMX the default's runs were made on); the frozen runs took
-that slower step.
+step, `--ramp` another fraction of the steps over which the threshold's share rises, `--at-once` the share reached at
+once, before the refit, and `--lr` another learning rate; a doc with the threshold adds each layer's zeros, and one with
+the threshold or any of those five the held-out docstrings measured along the way; those five also measure the same
+command's runs of the same seeds with the defaults beside their own. The steps are planned once the refit is done, for
+what it really left of the budget, a step timed in its parts (the teacher's forward; the student's forward, loss and
+backward; AdamW's update), then planned again at each eighth of them from the pace they really kept. Before, they were
+planned once, a step as 1.5x a timed forward and backward (MiniLM's ratio), 15-18% above SmolLM2's real steps: 26 of the
+30 minutes used (runs `budget30-ratio-english3-*`; a step timed in its parts came out 21% above on one run); before
+that, the steps were planned before the refit for what its estimate would leave (`budget30-estimated-english3-*`, 26-27
+minutes used); before that, a refit batch counted as 1.75 steps, which on SmolLM2 left its refit less than half its
+time: smollm2_english.md's `min30` runs planned 129-157 steps and ran 122-136, their lr cut at 5-22% of its peak.
+`--before` measures finished runs of an earlier planner beside these. A plan made once rested on seconds of timing: run
+beside another job on the machine, a seed planned 8.2 s a step that then took 5.3 s and used 20 of the 30 minutes. Run
+these with the machine to itself all the same: a step slowed by other work is a step fewer. The machine's own speed
+moves too, from day to day and within a day: the steps ran at 4.7-5.8 s on the days the runs planned once were made,
+5.9-6.2 s on the day of the float32 re-planned runs (whose refit the estimate cut to 512-640 sentences), 4.8-5.2 s in
+bfloat16 (refit 544-768 sentences): a slow day's 30 minutes hold fewer steps and a smaller refit. With the faster step
+and refit: 4.0-4.4 s, refits of 1024 sentences in 2 minutes. benchmarks/bench_distill.py times the two precisions side
+by side, and under bfloat16 the step as it is (eager attention, the KL in chunks) beside the step these runs'
+predecessors took (SDPA attention, the plain KL: 1.70x slower on an AMD CPU, 1.49x on the Intel CPU with AMX the
+default's runs were made on); the frozen runs took that slower step.
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ from typing import NamedTuple
 
 from lambda_gelu.hf.convert import EMBEDDINGS, ConversionConfig
 from lambda_gelu.reluize import ReluizeConfig
+from lambda_gelu.reluize.config import CAUSAL_LR, GATE_ZEROS_LR
 from smollm2_english import convert, done, english_file, english_run, package_prose, report
 from smollm2_prose import given, text_sets, write
 
@@ -87,6 +89,9 @@ def main() -> None:
     parser.add_argument("--at-once", action="store_true", help="the conversions' --gate-zeros-at-once, with "
                         "--gate-zeros: the gates lowered to the share at once, before the refit, which then solves "
                         "each FFN's down for them (runs `budget<M>-zeros<Z>-atonce-...`)")
+    parser.add_argument("--lr", type=float, default=None, help="the conversions' --lr (default: the CLI's, "
+                        f"{CAUSAL_LR:g} for a causal LM, {GATE_ZEROS_LR:g} with --gate-zeros; runs "
+                        "`budget<M>-...-lr<L>-english3-S`)")
     parser.add_argument("--english-times", type=int, default=3, help="how many times the conversions' --text names "
                         "the English text (runs `...english<N>-S`)")
     args = parser.parse_args()
@@ -95,7 +100,8 @@ def main() -> None:
     frozen, zeros, default = args.embeddings == "freeze", args.gate_zeros, args.minutes == DEFAULT_MINUTES
     if (args.ramp != DEFAULT_RAMP or args.at_once) and not zeros:
         parser.error("--ramp and --at-once are the threshold's: give --gate-zeros too")
-    changes = variations(args.minutes, args.batch_size, args.ramp, args.at_once)
+    default_lr = GATE_ZEROS_LR if zeros else CAUSAL_LR
+    changes = variations(args.minutes, args.batch_size, args.ramp, args.at_once, args.lr or default_lr, default_lr)
     options = [*(option for change in changes for option in change.options),
                *(["--embeddings", "freeze"] if frozen else []), *(["--gate-zeros", f"{zeros:g}"] if zeros else [])]
     kind = ("frozen-" if frozen else "") + (f"zeros{zeros:g}-" if zeros else "")
@@ -231,7 +237,8 @@ class Variation(NamedTuple):
     against: str
 
 
-def variations(minutes: float, batch: int, ramp: float, at_once: bool = False) -> list[Variation]:
+def variations(minutes: float, batch: int, ramp: float, at_once: bool = False, lr: float = CAUSAL_LR,
+               default_lr: float = CAUSAL_LR) -> list[Variation]:
     """The ways the runs differ from the default command, in the order their options are given."""
     every = [(minutes != DEFAULT_MINUTES,
               Variation(["--minutes", f"{minutes:g}"], "", f"given a {minutes:g}-minute budget",
@@ -244,7 +251,10 @@ def variations(minutes: float, batch: int, ramp: float, at_once: bool = False) -
                         f"the zeros reached over {ramp:.0%} of the steps against the default {DEFAULT_RAMP:.0%}")),
              (at_once,
               Variation(["--gate-zeros-at-once"], "atonce-", "the zeros reached at once, before the refit",
-                        f"the zeros reached at once, before the refit, against over {DEFAULT_RAMP:.0%} of the steps"))]
+                        f"the zeros reached at once, before the refit, against over {DEFAULT_RAMP:.0%} of the steps")),
+             (lr != default_lr,
+              Variation(["--lr", f"{lr:g}"], f"lr{lr:g}-", f"at lr {lr:g}", f"lr {lr:g} against the default "
+                        f"{default_lr:g}"))]
     return [variation for differs, variation in every if differs]
 
 
