@@ -253,7 +253,7 @@ def variations(minutes: float, batch: int, ramp: float, at_once: bool = False, l
               Variation(["--gate-zeros-at-once"], "atonce-", "the zeros reached at once, before the refit",
                         f"the zeros reached at once, before the refit, against over {DEFAULT_RAMP:.0%} of the steps")),
              (lr != default_lr,
-              Variation(["--lr", f"{lr:g}"], f"lr{lr:g}-", f"at lr {lr:g}", f"lr {lr:g} against the default "
+              Variation(["--lr", f"{lr:g}"], f"lr{lr:g}-", f"at lr {lr:g}", f"an lr of {lr:g} against the default "
                         f"{default_lr:g}"))]
     return [variation for differs, variation in every if differs]
 
