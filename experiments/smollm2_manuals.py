@@ -8,7 +8,7 @@ measured on docs/smollm2_prose.md's three held-out sets. Writes docs/smollm2_man
 
     python experiments/smollm2_manuals.py   # seed 0: a conversion of 30 minutes on 2 cores (and the other if missing),
                                             # then ~6 minutes measuring
-    python experiments/smollm2_manuals.py --gate-zeros 0 --output docs/smollm2_manuals_default.md  # the CLI's default
+    python experiments/smollm2_manuals.py --gate-zeros 0 --seeds 0 1 --output docs/smollm2_manuals_default.md  # default
 
 The runs without the manuals are smollm2_budget.py's (`budget<M>-zeros<Z>-english3-S`, reused where they exist); those
 with them are `budget<M>-zeros<Z>-manuals-S` (at `--gate-zeros 0`: `budget<M>-english3-S` and `budget<M>-manuals-S`),
