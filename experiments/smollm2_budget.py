@@ -13,7 +13,7 @@ smollm2_prose.py's three held-out sets. Writes docs/smollm2_budget.md.
     python experiments/smollm2_budget.py --output docs/smollm2_budget_batch16.md --gate-zeros 0.85 --batch-size 16 \
         --seeds 0
     python experiments/smollm2_budget.py --output docs/smollm2_budget_atonce.md --gate-zeros 0.85 --at-once --seeds 0
-    python experiments/smollm2_budget.py --output docs/smollm2_budget_lr1e-3.md --gate-zeros 0.85 --lr 1e-3 --seeds 0
+    python experiments/smollm2_budget.py --output docs/smollm2_budget_lr1e-3.md --gate-zeros 0.85 --lr 0.001 --seeds 0
 
 The steps multiply in bfloat16 where the CPU does so natively (`precision` auto, a causal LM's default; the
 `budget30-float32-english3-*` runs multiplied in float32, on another day) and leave the token embeddings and the output
@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 from lambda_gelu.hf.convert import EMBEDDINGS, ConversionConfig
 from lambda_gelu.reluize import ReluizeConfig
-from lambda_gelu.reluize.config import CAUSAL_LR, GATE_ZEROS_LR
+from lambda_gelu.reluize.config import CAUSAL_LR
 from smollm2_english import convert, done, english_file, english_run, package_prose, report
 from smollm2_prose import given, text_sets, write
 
@@ -89,9 +89,8 @@ def main() -> None:
     parser.add_argument("--at-once", action="store_true", help="the conversions' --gate-zeros-at-once, with "
                         "--gate-zeros: the gates lowered to the share at once, before the refit, which then solves "
                         "each FFN's down for them (runs `budget<M>-zeros<Z>-atonce-...`)")
-    parser.add_argument("--lr", type=float, default=None, help="the conversions' --lr (default: the CLI's, "
-                        f"{CAUSAL_LR:g} for a causal LM, {GATE_ZEROS_LR:g} with --gate-zeros; runs "
-                        "`budget<M>-...-lr<L>-english3-S`)")
+    parser.add_argument("--lr", type=float, default=CAUSAL_LR, help="the conversions' --lr (default: the CLI's for "
+                        "a causal LM, with or without --gate-zeros; runs `budget<M>-...-lr<L>-english3-S`)")
     parser.add_argument("--english-times", type=int, default=3, help="how many times the conversions' --text names "
                         "the English text (runs `...english<N>-S`)")
     args = parser.parse_args()
@@ -100,8 +99,7 @@ def main() -> None:
     frozen, zeros, default = args.embeddings == "freeze", args.gate_zeros, args.minutes == DEFAULT_MINUTES
     if (args.ramp != DEFAULT_RAMP or args.at_once) and not zeros:
         parser.error("--ramp and --at-once are the threshold's: give --gate-zeros too")
-    default_lr = GATE_ZEROS_LR if zeros else CAUSAL_LR
-    changes = variations(args.minutes, args.batch_size, args.ramp, args.at_once, args.lr or default_lr, default_lr)
+    changes = variations(args.minutes, args.batch_size, args.ramp, args.at_once, args.lr)
     options = [*(option for change in changes for option in change.options),
                *(["--embeddings", "freeze"] if frozen else []), *(["--gate-zeros", f"{zeros:g}"] if zeros else [])]
     kind = ("frozen-" if frozen else "") + (f"zeros{zeros:g}-" if zeros else "")
@@ -237,8 +235,7 @@ class Variation(NamedTuple):
     against: str
 
 
-def variations(minutes: float, batch: int, ramp: float, at_once: bool = False, lr: float = CAUSAL_LR,
-               default_lr: float = CAUSAL_LR) -> list[Variation]:
+def variations(minutes: float, batch: int, ramp: float, at_once: bool, lr: float) -> list[Variation]:
     """The ways the runs differ from the default command, in the order their options are given."""
     every = [(minutes != DEFAULT_MINUTES,
               Variation(["--minutes", f"{minutes:g}"], "", f"given a {minutes:g}-minute budget",
@@ -252,9 +249,9 @@ def variations(minutes: float, batch: int, ramp: float, at_once: bool = False, l
              (at_once,
               Variation(["--gate-zeros-at-once"], "atonce-", "the zeros reached at once, before the refit",
                         f"the zeros reached at once, before the refit, against over {DEFAULT_RAMP:.0%} of the steps")),
-             (lr != default_lr,
+             (lr != CAUSAL_LR,
               Variation(["--lr", f"{lr:g}"], f"lr{lr:g}-", f"at lr {lr:g}", f"an lr of {lr:g} against the default "
-                        f"{default_lr:g}"))]
+                        f"{CAUSAL_LR:g}"))]
     return [variation for differs, variation in every if differs]
 
 
