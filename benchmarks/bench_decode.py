@@ -32,15 +32,20 @@ def _mlps(model):
 
 
 def _ruled_out(mlps, inputs) -> float:
-    """The share of (unit, token) the gates' int8 screen rules out on these inputs: the kernel's test, in float64."""
+    """The share of (unit, token) the gates' int8 screen rules out on these inputs: the kernel's test, in float64
+    (x rounded to int16 as the kernel rounds it)."""
     out = total = 0
     for i, x in inputs:
         m = mlps[i]
         x = x.reshape(-1, x.shape[-1]).double()
-        a = (x @ m.gate_q.double().t()) * m.gate_s.double()
+        top = min(32767, (2 ** 31 - 1) // (127 * x.shape[1]))
+        t = x.abs().amax(1, keepdim=True) / top
+        xq = torch.where(t > 0, torch.round(x / t.clamp(min=1e-300)), torch.zeros_like(x))
+        a = (xq @ m.gate_q.double().t()) * m.gate_s.double() * t
         if m.gate_proj.bias is not None:
             a = a + m.gate_proj.bias.double()
-        margin = m.gate_r.double() * x.norm(dim=1, keepdim=True) + 2 ** -22 * a.abs()
+        margin = m.gate_r.double() * x.norm(dim=1, keepdim=True) + m.gate_n.double() * (x - t * xq).norm(dim=1,
+                                                                                                      keepdim=True)
         out, total = out + int((a + margin <= 0).sum()), total + a.numel()
     return out / max(total, 1)
 

@@ -11,7 +11,7 @@ import torch.nn as nn
 import lambda_gelu as lg
 from lambda_gelu.reluize import AnnealedGELU
 from lambda_gelu.sparse import sparsify_
-from lambda_gelu.sparse_gated import SparseGatedMLP, sparse_gated_reference
+from lambda_gelu.sparse_gated import FUSED_ROWS, SparseGatedMLP, sparse_gated_reference
 
 transformers = pytest.importorskip("transformers")
 SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -127,9 +127,11 @@ def test_a_dense_batch_runs_the_dense_block_and_the_reference_agrees():
     dense = copy.deepcopy(mlp)
     sparsify_(model, min_weights=0)
     sparse = model.model.layers[0].mlp
-    x = torch.randn(4, 32)
+    x = torch.randn(2 * FUSED_ROWS, 32)  # more rows than decoding: over max_density, the dense block, bit for bit
     with torch.inference_mode():
-        torch.testing.assert_close(sparse(x), dense(x))
+        assert torch.equal(sparse(x), dense(x))
+        few = x[:FUSED_ROWS]  # decoding's sizes never fall back: the C loop, equal within rounding
+        torch.testing.assert_close(sparse(few), dense(few), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(sparse_gated_reference(x, dense.gate_proj, dense.up_proj, dense.down_proj),
                                    dense(x), rtol=1e-5, atol=1e-6)
 
@@ -187,11 +189,12 @@ def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exa
 def _screened(kernels, x, gate, gate_b, up, down_t, max_threads=2, grain=1):
     from lambda_gelu.sparse_gated import screen_rows
     (n, d), (ff, out) = x.shape, down_t.shape
-    q, s, r = screen_rows(gate)
+    q, s, r, radius = screen_rows(gate)
     g, y = torch.empty(n, ff), torch.empty(n, out)
     got = kernels.sparse_gated_screened_f32(x.data_ptr(), gate.data_ptr(), gate_b.data_ptr(), q.data_ptr(),
-                                            s.data_ptr(), r.data_ptr(), up.data_ptr(), None, down_t.data_ptr(), None,
-                                            g.data_ptr(), y.data_ptr(), n, d, ff, out, ff, max_threads, grain)
+                                            s.data_ptr(), r.data_ptr(), radius.data_ptr(), up.data_ptr(), None,
+                                            down_t.data_ptr(), None, g.data_ptr(), y.data_ptr(), n, d, ff, out,
+                                            max_threads, grain)
     return got, g, y
 
 
@@ -208,7 +211,7 @@ def test_the_screen_never_rules_out_a_positive_gate_even_within_its_margin(kerne
     q[:, 0] = 127.0  # each row's largest: its scale s exactly, where x is 0
     sign = torch.where(torch.rand(ff, 1) < 0.5, 1.0, -1.0)
     gate = (0.01 * (q + 0.45 * sign * x[0])).float()  # 0.45 of a step off, along x
-    qs, s, _ = screen_rows(gate)
+    qs, s, *_ = screen_rows(gate)
     assert torch.equal(qs.float(), q)
     int8_error = ((gate.double() - s.double()[:, None] * q.double()) @ x[0].double()).abs()
     assert (int8_error >= 0.4 * 0.01 * 63).all()  # ≈ ‖rounding‖·‖x‖: the bound nearly met
@@ -227,6 +230,34 @@ def test_the_screen_never_rules_out_a_positive_gate_even_within_its_margin(kerne
     assert ((y.double() - exact).abs() <= 2 * bound + 1e-6).all()
 
 
+def test_the_screen_never_rules_out_a_positive_gate_within_what_rounding_x_to_int16_costs(kernels):
+    """The kernel sums int8 rows times x rounded to int16 (x ≈ t·x̃, t = max|x| / 32767 here). Rows held exactly by
+    int8 (no weight rounding at all) and lying along x − t·x̃, biases that put every gate within 1.5 times what that
+    rounding moves it: the screen must still keep every positive gate."""
+    from lambda_gelu.sparse_gated import screen_rows
+    n, d, ff, out = 1, 64, 402, 24
+    x = torch.randn(n, d)
+    t = x.double().abs().max() / 32767
+    e = x.double() - t * torch.round(x.double() / t)  # what x loses as int16, as the kernel rounds it
+    sign = torch.where(torch.rand(ff, 1) < 0.5, 1.0, -1.0).double()
+    q = (torch.round(100 * e[0] / e.abs().max()) * sign + torch.randint(-20, 21, (ff, d))).clamp(-126, 126)
+    q[:, 0] = 127.0
+    gate = (q * 2.0 ** -7).float()  # exactly s·q with s = 2⁻⁷
+    qs, s, r, _ = screen_rows(gate)
+    assert torch.equal(qs.double(), q) and (s == 2.0 ** -7).all() and (r == 0).all()
+    int16_error = ((gate.double() * e).sum(1)).abs()
+    assert (int16_error >= 0.5 * gate.double().norm(dim=1) * e.norm()).all()  # the bound half met, or more
+    up, down_t = torch.randn(ff, d), torch.randn(ff, out)
+    gate_b = (-(x[0].double() @ gate.double().t()) + 1.5 * int16_error * (2 * torch.rand(ff).double() - 1)).float()
+    got, g, y = _screened(kernels, x, gate, gate_b, up, down_t)
+    exact_v = x.double() @ gate.double().t() + gate_b.double()
+    rounding = (d + 1) * 2 ** -23 * (x.double().abs() @ gate.double().abs().t() + gate_b.double().abs())
+    decide = (exact_v[0] > rounding[0]) & (exact_v[0] < int16_error)  # positive, but int16 x alone would say not
+    assert decide.sum() > 50
+    assert ((g.double() - exact_v.clamp(min=0)).abs() <= rounding).all()
+    assert got == int((g != 0).any(0).sum())
+
+
 def test_a_unit_the_screen_rules_out_is_never_read_and_a_non_finite_input_rules_out_none(kernels):
     from lambda_gelu.sparse_gated import screen_rows
     n, d, ff, out = 1, 64, 300, 24
@@ -238,11 +269,11 @@ def test_a_unit_the_screen_rules_out_is_never_read_and_a_non_finite_input_rules_
     assert ruled_out.sum() > ff // 4
     poisoned = gate.clone()
     poisoned[ruled_out] = float("nan")  # float32 rows a screened-out unit must not read (its screen is gate's)
-    q, s, r = screen_rows(gate)
+    q, s, r, radius = screen_rows(gate)
     g2, y2 = torch.empty(n, ff), torch.empty(n, out)
     got2 = kernels.sparse_gated_screened_f32(x.data_ptr(), poisoned.data_ptr(), gate_b.data_ptr(), q.data_ptr(),
-                                             s.data_ptr(), r.data_ptr(), up.data_ptr(), None, down_t.data_ptr(), None,
-                                             g2.data_ptr(), y2.data_ptr(), n, d, ff, out, ff, 2, 1)
+                                             s.data_ptr(), r.data_ptr(), radius.data_ptr(), up.data_ptr(), None,
+                                             down_t.data_ptr(), None, g2.data_ptr(), y2.data_ptr(), n, d, ff, out, 2, 1)
     assert got2 == got and torch.equal(g2, g) and torch.equal(y2, y)
     for bad in (float("nan"), float("inf")):  # a norm or a margin that is not finite certifies nothing
         xb = x.clone()

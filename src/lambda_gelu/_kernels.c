@@ -472,46 +472,128 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
     return gated_units(gated_i8_rows, &ctx, g, down_b, y, n, d, ff, out, ff, dense, max_threads, grain);
 }
 
-/* dot_i8 for the four rows q, q + d, q + 2d, q + 3d at once, into s[0..3]: b read once, four independent sums (one
- * sum at a time waits on its own adds more than on memory, once a row is a quarter of the bytes). */
-static inline void dot4_i8(const int8_t *q, int64_t d, const float *b, float *s) {
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    #pragma omp simd reduction(+:s0, s1, s2, s3)
+/* What one thread of lg_sparse_gated_screened_f32 does over the units cand[a0:a1) the screen left: each unit's gate
+ * from its float32 row into g (n, ff), and if that is not 0 in a row, the unit's up and downᵀ rows summed into acc as
+ * in sparse_gated_rows_f32. All three rows of the unit PREFETCH_ROWS ahead are requested before its gate is known:
+ * most units the screen leaves are active (its margin is narrow), so the few rows requested in vain cost less than
+ * waiting, unit after unit, on the up and downᵀ rows of a gate just computed. */
+#ifndef UNITS_AHEAD
+#define UNITS_AHEAD 4
+#endif
+struct screened_ctx { const float *x, *gate, *gate_b, *up, *up_b, *down_t; float *g; int64_t n, d, ff, out; };
+
+static inline void prefetch_unit(const struct screened_ctx *q, int64_t k) {
+    prefetch_row(q->gate + k * q->d, q->d);
+    prefetch_row(q->up + k * q->d, q->d);
+    prefetch_row(q->down_t + k * q->out, q->out);
+}
+
+static void screened_rows(const void *c, float *acc, const int64_t *cand, int64_t a0, int64_t a1) {
+    const struct screened_ctx *q = c;
+    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out;
+    for (int64_t k = 0; k < n * out; k++)
+        acc[k] = 0.0f;
+    for (int64_t a = a0; a < a1 && a < a0 + UNITS_AHEAD; a++)
+        prefetch_unit(q, cand[a]);
+    for (int64_t a = a0; a < a1; a++) {
+        int64_t k = cand[a];
+        if (a + UNITS_AHEAD < a1)
+            prefetch_unit(q, cand[a + UNITS_AHEAD]);
+        const float *u_row = q->up + k * d, *w = q->down_t + k * out;
+        for (int64_t r = 0; r < n; r++) {
+            float gk = relu_gate_f32(q->gate + k * d, q->gate_b ? q->gate_b[k] : 0.0f, q->x + r * d, d);
+            q->g[r * ff + k] = gk;
+            if (gk == 0.0f)
+                continue;
+            float u = dot_f32(u_row, q->x + r * d, d);
+            float h = gk * (q->up_b ? u + q->up_b[k] : u);
+            float *yr = acc + r * out;
+            for (int64_t j = 0; j < out; j++)
+                yr[j] = FMA(h, w[j], yr[j]);
+        }
+    }
+}
+
+/* Σ q[i·d + j]·b[j] over j for the four int8 rows q, q + d, q + 2d, q + 3d at once, b an int16 vector, into s[0..3]:
+ * exact integer sums, as long as d·127·max|b| < 2³¹ (screen_scale). Products of int16 operands, written so, become
+ * the vector unit's multiply-adds of 16-bit pairs (several times faster than int8 rows converted to float, which at
+ * batch 1 left the screen waiting on its own arithmetic, not on memory); an OpenMP simd reduction here, or the
+ * products taken in 32 bits, vectorized three to four times slower. */
+static inline void dot4_i8_i16(const int8_t *q, int64_t d, const int16_t *b, int32_t *s) {
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (int64_t j = 0; j < d; j++) {
-        float bj = b[j];
-        s0 += (float)q[j] * bj;
-        s1 += (float)q[d + j] * bj;
-        s2 += (float)q[2 * d + j] * bj;
-        s3 += (float)q[3 * d + j] * bj;
+        int32_t bj = b[j];
+        s0 += (int16_t)q[j] * bj;
+        s1 += (int16_t)q[d + j] * bj;
+        s2 += (int16_t)q[2 * d + j] * bj;
+        s3 += (int16_t)q[3 * d + j] * bj;
     }
     s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
 }
 
+static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < d; j++)
+        s += (int16_t)q[j] * (int16_t)b[j];
+    return s;
+}
+
+/* The largest |x̃| the screen quantizes x to, for rows of d entries: int16, and d·127·|x̃| < 2³¹ (exact int32 sums). */
+static inline int32_t screen_scale(int64_t d) {
+    int64_t m = (int64_t)2147483647 / (127 * (d > 0 ? d : 1));
+    return m < 32767 ? (int32_t)m : 32767;
+}
+
 /* The float32 block of lg_sparse_gated_fused_f32 with its gate screened by int8 rows (lambda_gelu.sparse_gated,
- * SparseGatedMLP(screen=True)): the gate's rows read as int8 q with scales s, a quarter of their bytes, give
- * a = s·(q·x) + gate_b, within r·‖x‖₂ + 4u·|a| of the exact gate x·gate[k] + gate_b, where r (one per row, rounded
- * up) holds ‖gate[k] − s·q‖₂ and what float32 rounds in a (γ_d·s·‖q‖₂ and the scale's product; see screen_rows).
- * A unit whose a plus that margin is ≤ 0 in every row of the batch has an exact gate ≤ 0: its g is 0 and none of its
- * float32 rows is read. Every other unit's gate is computed from its float32 row, as in the unscreened kernel — so
- * g and y are that kernel's up to float rounding, and a unit the screen leaves out is one the exact ReLU zeroes. The
- * bound fails safe: a NaN or an infinite x or margin certifies nothing. The int8 rows are read four at a time and
- * requested SCREEN_AHEAD rows ahead (their reads are short and the sums between them long: left to the hardware,
- * they are a quarter of the bytes in three quarters of the time). */
-#define SCREEN_SAFETY (1.0f + 1.0f / 65536)  /* covers the roundings of the margin's own product and sum */
+ * SparseGatedMLP(screen=True)). The gate's rows are read as int8 q with scales s, a quarter of their bytes, and
+ * each row x of the batch as int16 x̃ with one scale t = max|x| / screen_scale(d), rounded to nearest. With the exact
+ * integer sum S = q·x̃, a = s·t·S + gate_b (in double) is within
+ *     r·‖x‖₂ + n·‖x − t·x̃‖₂ + 2⁻⁴⁸·(|s·t·S| + |gate_b|)
+ * of the exact gate x·gate[k] + gate_b: r ≥ ‖gate[k] − s·q‖₂ and n ≥ s·‖q‖₂ (one each per row, rounded up;
+ * screen_rows) by Cauchy–Schwarz on x·(gate[k] − s·q) + s·q·(x − t·x̃), plus double's roundings of a. The norms are
+ * computed in double and rounded up. A unit whose a plus that margin is ≤ 0 in every row of the batch has an exact
+ * gate ≤ 0: its g is 0 and none of its float32 rows is read. Every other unit's gate is computed from its float32
+ * row, as in the unscreened kernel — so g and y are that kernel's up to float rounding, and a unit the screen leaves
+ * out is one the exact ReLU zeroes. The bound fails safe: a row of x with a NaN or an infinity certifies nothing, nor
+ * does a NaN or infinite margin. Two passes: the screen over every unit (the int8 rows read four at a time and
+ * requested SCREEN_AHEAD rows ahead: their reads are short and the sums between them long), then the units it left,
+ * split over the threads (screened_rows). Writes g and y, whatever the count; returns the units active in some row,
+ * or −1 if buffers could not be allocated. */
+#define SCREEN_SAFETY (1.0 + 1.0 / 65536)  /* covers the roundings of the margin's own products and sums */
 #define SCREEN_AHEAD 16
 int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const float *gate_b, const int8_t *gate_q,
-                                     const float *gate_s, const float *gate_r, const float *up, const float *up_b,
-                                     const float *down_t, const float *down_b, float *g, float *y, int64_t n,
-                                     int64_t d, int64_t ff, int64_t out, int64_t max_active, int max_threads,
-                                     int64_t grain) {
-    float *norm = malloc((size_t)(n > 0 ? n : 1) * sizeof *norm);  /* ‖x_r‖₂, rounded up */
-    if (!norm)
+                                     const float *gate_s, const float *gate_r, const float *gate_n, const float *up,
+                                     const float *up_b, const float *down_t, const float *down_b, float *g, float *y,
+                                     int64_t n, int64_t d, int64_t ff, int64_t out, int max_threads, int64_t grain) {
+    int64_t rows = n > 0 ? n : 1;
+    double *norm = malloc((size_t)rows * 3 * sizeof *norm);  /* per row of x: ‖x‖₂, ‖x − t·x̃‖₂ (up), t */
+    int16_t *xq = malloc((size_t)rows * (d > 0 ? d : 1) * sizeof *xq);
+    int64_t *cand = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *cand);  /* 1 where the screen leaves the unit */
+    if (!norm || !xq || !cand) {
+        free(norm);
+        free(xq);
+        free(cand);
         return -1;
+    }
+    double *residual = norm + rows, *scale = norm + 2 * rows, top = screen_scale(d);
     for (int64_t r = 0; r < n; r++) {
-        double s = 0.0;
-        for (int64_t j = 0; j < d; j++)
-            s += (double)x[r * d + j] * x[r * d + j];
-        norm[r] = (float)(sqrt(s) * (1.0 + 1e-6));
+        const float *xr = x + r * d;
+        double sum = 0.0, largest = 0.0, res = 0.0;
+        for (int64_t j = 0; j < d; j++) {
+            sum += (double)xr[j] * xr[j];
+            largest = fabs((double)xr[j]) > largest ? fabs((double)xr[j]) : largest;
+        }
+        double t = largest / top;
+        for (int64_t j = 0; j < d; j++) {
+            double v = t > 0.0 ? nearbyint(xr[j] / t) : 0.0;
+            v = v > top ? top : v < -top ? -top : v;  /* NaN stays NaN, its row certifies nothing anyway */
+            xq[r * d + j] = v == v ? (int16_t)v : 0;
+            res += (xr[j] - t * v) * (xr[j] - t * v);
+        }
+        double up = 1.0 + (double)(d + 4) * 0x1p-52;  /* above what double rounds in a sum of d squares and its root */
+        norm[r] = sqrt(sum) * up;
+        residual[r] = sqrt(res) * up + 0x1p-48 * norm[r];  /* and in each x − t·x̃ */
+        scale[r] = t;
     }
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
@@ -521,25 +603,46 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
         if (k0 + SCREEN_AHEAD + 4 <= ff)
             prefetch_bytes(gate_q + (k0 + SCREEN_AHEAD) * d, 4 * d);
         for (int64_t r = 0; r < n; r++) {
-            float a[4];
+            int32_t sums[4];
             if (m == 4)
-                dot4_i8(gate_q + k0 * d, d, x + r * d, a);
+                dot4_i8_i16(gate_q + k0 * d, d, xq + r * d, sums);
             else
                 for (int i = 0; i < m; i++)
-                    a[i] = dot_i8(gate_q + (k0 + i) * d, x + r * d, d);
+                    sums[i] = dot_i8_i16(gate_q + (k0 + i) * d, xq + r * d, d);
             for (int i = 0; i < m; i++) {
                 int64_t k = k0 + i;
-                float ak = gate_s[k] * a[i] + (gate_b ? gate_b[k] : 0.0f);
-                float margin = (gate_r[k] * norm[r] + 0x1p-22f * fabsf(ak)) * SCREEN_SAFETY;  /* 4u·|a| */
-                exact[i] |= !(ak + margin <= 0.0f);
+                double b = gate_b ? gate_b[k] : 0.0, product = (double)gate_s[k] * scale[r] * sums[i];
+                double a = product + b;
+                double margin = ((double)gate_r[k] * norm[r] + (double)gate_n[k] * residual[r]
+                                 + 0x1p-48 * (fabs(product) + fabs(b))) * SCREEN_SAFETY;
+                exact[i] |= !(a + margin <= 0.0 && isfinite(norm[r]));
             }
         }
         for (int i = 0; i < m; i++) {
-            int64_t k = k0 + i;
+            cand[k0 + i] = exact[i];
             for (int64_t r = 0; r < n; r++)
-                g[r * ff + k] = exact[i] ? relu_gate_f32(gate + k * d, gate_b ? gate_b[k] : 0.0f, x + r * d, d) : 0.0f;
+                g[r * ff + k0 + i] = 0.0f;  /* the units left get theirs in screened_rows */
         }
     }
+    free(xq);
     free(norm);
-    return sparse_gated_f32(0, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
+    int64_t n_cand = 0;
+    for (int64_t k = 0; k < ff; k++)
+        if (cand[k])
+            cand[n_cand++] = k;  /* n_cand ≤ k: never overwrites a mark still to be read */
+    struct screened_ctx ctx = {x, gate, gate_b, up, up_b, down_t, g, n, d, ff, out};
+    int64_t work = n_cand * (2 * d + out) * (n > 1 ? n : 1) / grain;
+    int failed = parallel_rows(screened_rows, &ctx, y, down_b, cand, n_cand, n, out,
+                               work < 1 ? 1 : work < max_threads ? (int)work : max_threads);
+    free(cand);
+    if (failed)
+        return -1;
+    int64_t n_active = 0;
+    for (int64_t k = 0; k < ff; k++)
+        for (int64_t r = 0; r < n; r++)
+            if (g[r * ff + k] != 0.0f) {
+                n_active++;
+                break;
+            }
+    return n_active;
 }

@@ -132,7 +132,7 @@ class Kernels:
         self.sparse_gated_i8.argtypes = [_P] * 12 + [_I64, _I64, _I64, _I64, _I32, _I32, _I64]
         self.sparse_gated_i8.restype = _I64
         self.sparse_gated_screened_f32 = self.lib.lg_sparse_gated_screened_f32
-        self.sparse_gated_screened_f32.argtypes = [_P] * 12 + [_I64, _I64, _I64, _I64, _I64, _I32, _I64]
+        self.sparse_gated_screened_f32.argtypes = [_P] * 13 + [_I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_gated_screened_f32.restype = _I64
         self.active_union_f32 = self.lib.lg_active_union_f32
         self.active_union_f32.argtypes, self.active_union_f32.restype = [_P, _I64, _I64, _P], _I64

@@ -33,6 +33,7 @@ __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_input
 MAX_DENSITY = 0.35  # fraction of active inputs above which the layer runs dense; conservative: the 3072-input
 # FFN of benchmarks/bench_sparse.py still gains at 0.6, small layers gain less (a fixed cost per call)
 GATED_MAX_DENSITY = 0.5  # a gated FFN reads 2 of its 3 matrices only for active units: it gains up to about here
+# with more rows than decoding (SparseGatedMLP: decoding never falls back)
 MIN_WEIGHTS = 1 << 17  # layers with fewer weights stay dense: the sparse path's fixed cost per call (a C call
 # through ctypes and a few µs of Python) outweighs what it saves. benchmarks/bench_sparse.py's layer sizes at batch
 # 1 and 90% zeros, two runs on two machines: 384 → 96 ran 0.65× and 1.06× dense, 384 → 384 (147k weights) 1.2×

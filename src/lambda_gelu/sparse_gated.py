@@ -8,10 +8,12 @@ some row of the batch (their union), and reads only those rows of ``up`` and of 
     u = x · up[active]ᵀ,    h = g[:, active] ⊙ u,    y = h · downᵀ[active]
 
 equal to the dense block up to float rounding (the sums are the dense ones less terms that are exactly zero,
-added in another order). Where the union is too dense to pay (``max_density``) the block runs dense; when decoding
-(at most :data:`FUSED_ROWS` rows) the same C call computes the gate too, screened: each unit's gate is first bounded
-from int8 copies of the gate's rows (:func:`screen_rows`, a quarter of their bytes), and a unit whose bound is ≤ 0
-in every row is an exact zero whose float32 row is never read; the others are computed from their float32 rows.
+added in another order). Where the union of a larger batch is too dense to pay (``max_density``) the block runs
+dense. When decoding (at most :data:`FUSED_ROWS` rows) the same C call computes the gate too, screened, and never
+falls back (its loop over every unit costs what the dense block does): each unit's gate is first bounded from int8
+copies of the gate's rows (:func:`screen_rows`, a quarter of their bytes) times x rounded to int16, summed exactly
+in integers, and a unit whose bound is ≤ 0 in every row is an exact zero whose float32 row is never read; the
+others are computed from their float32 rows.
 Decoding at batch 1 reads every weight it needs once, so the bytes read are its time. Inference only. Which
 attributes make a gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a layout is
 replaced only if its own forward gives what the formula gives on a probe input.
@@ -77,21 +79,20 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     return torch.round(w / s[:, None]).clamp_(-127, 127).to(torch.int8).contiguous(), s.contiguous()
 
 
-def screen_rows(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def screen_rows(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The int8 rows that screen a ReLU gate of weight ``w`` (out, d): :func:`quantize_rows`' ``q`` and ``s``, and
-    for each row a radius ``r`` (float32, rounded up) such that for any x, with a = s·(q·x) + b computed in float32
-    (any order of summation, fused multiply-adds or not), the exact gate satisfies
-    |x·w + b − a| ≤ r·‖x‖₂ + u·|a|/(1 − u): ‖w − s·q‖₂ by Cauchy–Schwarz, plus (γ_d + u(1 + γ_d))·s·‖q‖₂ for the
-    rounding of the sum (γ_d = d·u/(1 − d·u)) and of the scale's product, u = 2⁻²⁴. The C kernel adds 4u·|a| and a
-    factor for the margin's own roundings."""
+    for each row two radii, float32 and rounded up: ``r`` ≥ ‖w − s·q‖₂ and ``n`` ≥ s·‖q‖₂. The C kernel reads x as
+    int16 x̃ with a scale t and sums q·x̃ exactly in integers; by Cauchy–Schwarz on x·(w − s·q) + s·q·(x − t·x̃), the
+    gate x·w + b is within r·‖x‖₂ + n·‖x − t·x̃‖₂ of s·t·(q·x̃) + b, to which it adds what double rounds."""
     q, s = quantize_rows(w)
     w64, q64, s64 = w.detach().double(), q.double(), s.double()
-    u, d = 2.0 ** -24, w.shape[1]
-    gamma = d * u / (1 - d * u)
-    r = (w64 - s64[:, None] * q64).norm(dim=1) + (gamma + u * (1 + gamma)) * s64 * q64.norm(dim=1)
-    r32 = r.float()
-    r32 = torch.where(r32.double() < r, torch.nextafter(r32, torch.tensor(float("inf"))), r32)
-    return q, s, r32.contiguous()
+    up = 1 + (w.shape[1] + 4) * 2.0 ** -52  # above what double rounds in a sum of d squares and its root
+
+    def rounded_up(t64: Tensor) -> Tensor:
+        t32 = t64.float()
+        return torch.where(t32.double() < t64, torch.nextafter(t32, torch.tensor(float("inf"))), t32).contiguous()
+    # s·q is exact in double (24 + 8 bits), and so is w − s·q
+    return q, s, rounded_up((w64 - s64[:, None] * q64).norm(dim=1) * up), rounded_up(s64 * q64.norm(dim=1) * up)
 
 
 def sparse_gated_int8_reference(x: Tensor, quantized: dict[str, Tensor], gate: nn.Linear, up: nn.Linear,
@@ -115,10 +116,11 @@ class SparseGatedMLP(nn.Module):
     dense block's) and, as non-persistent buffers made again by ``load_state_dict``, ``downᵀ`` (one more copy of
     ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
     ``down_q`` holds the rows of ``downᵀ``). In float32, ``screen=True`` (the default) also holds the gate's screen
-    (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``, a quarter more of the gate's bytes) and decoding reads
-    the float32 gate rows only of the units it does not rule out; ``screen=False`` reads every gate row.
-    ``sparse=False`` computes every unit, a baseline for what the skipping buys: the same C loop without it (decoding
-    sizes, and int8), the dense block elsewhere. Build it with :meth:`from_dense`.
+    (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``, ``gate_n``, a quarter more of the gate's bytes) and
+    decoding reads the float32 gate rows only of the units it does not rule out; ``screen=False`` reads every gate
+    row. ``sparse=False`` computes every unit, a baseline for what the skipping buys: the same C loop without it
+    (decoding sizes, and int8), the dense block elsewhere. ``max_density``: the share of active units above which a
+    batch of more than :data:`FUSED_ROWS` rows runs the dense block. Build it with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
@@ -146,7 +148,7 @@ class SparseGatedMLP(nn.Module):
         if not self.int8:
             self.register_buffer("down_t", down.detach().t().contiguous(), persistent=False)
             if self.screen:
-                for name, t in zip(("gate_q", "gate_s", "gate_r"), screen_rows(gate)):
+                for name, t in zip(("gate_q", "gate_s", "gate_r", "gate_n"), screen_rows(gate)):
                     self.register_buffer(name, t, persistent=False)
             return
         for name, w in (("gate", gate), ("up", up), ("down", down.t())):
@@ -168,32 +170,34 @@ class SparseGatedMLP(nn.Module):
         fused = kernels is not None and len(x2) <= FUSED_ROWS  # decoding: the gate in C too
         if not (self.sparse or fused):
             return down(F.relu(gate(x)) * up(x))
-        max_active = int(self.max_density * gate.out_features) if self.sparse else gate.out_features
+        # decoding never falls back: its C loop over every unit costs what the dense block does at these sizes
+        max_active = gate.out_features if fused or not self.sparse else int(self.max_density * gate.out_features)
         if kernels is not None:
             x2 = x2.contiguous()
             y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
-            sizes = (len(x2), x2.shape[1], gate.out_features, down.out_features, max_active)
+            sizes = (len(x2), x2.shape[1], gate.out_features, down.out_features)
             threads = (torch.get_num_threads(), _native.GRAIN)
             if fused:
                 g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
-            if fused and self.sparse and self.screen and "gate_r" in self._buffers:
+            if fused and self.sparse and self.screen and "gate_n" in self._buffers:
                 b = self._buffers
                 n_active = kernels.sparse_gated_screened_f32(x2.data_ptr(), gate.weight.data_ptr(), _ptr(gate.bias),
                                                              b["gate_q"].data_ptr(), b["gate_s"].data_ptr(),
-                                                             b["gate_r"].data_ptr(), up.weight.data_ptr(),
-                                                             _ptr(up.bias), b["down_t"].data_ptr(), _ptr(down.bias),
+                                                             b["gate_r"].data_ptr(), b["gate_n"].data_ptr(),
+                                                             up.weight.data_ptr(), _ptr(up.bias),
+                                                             b["down_t"].data_ptr(), _ptr(down.bias),
                                                              g.data_ptr(), y.data_ptr(), *sizes, *threads)
             elif fused:
                 n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), _ptr(gate.bias),
                                                           up.weight.data_ptr(), _ptr(up.bias),
                                                           self._buffers["down_t"].data_ptr(), _ptr(down.bias),
-                                                          g.data_ptr(), y.data_ptr(), *sizes, int(not self.sparse),
-                                                          *threads)
+                                                          g.data_ptr(), y.data_ptr(), *sizes, max_active,
+                                                          int(not self.sparse), *threads)
             else:
                 g = F.relu(gate(x2)).contiguous()
                 n_active = kernels.sparse_gated_f32(x2.data_ptr(), g.data_ptr(), up.weight.data_ptr(), _ptr(up.bias),
                                                     self._buffers["down_t"].data_ptr(), _ptr(down.bias), y.data_ptr(),
-                                                    *sizes, *threads)
+                                                    *sizes, max_active, *threads)
             if n_active < 0:
                 raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
             if n_active > max_active:
