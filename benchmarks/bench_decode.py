@@ -34,18 +34,17 @@ def _mlps(model):
 def _ruled_out(mlps, inputs) -> float:
     """The share of (unit, token) the gates' int8 screen rules out on these inputs: the kernel's test, in float64
     (x rounded to int16 as the kernel rounds it)."""
+    from lambda_gelu.sparse_gated import int16_rows
     out = total = 0
     for i, x in inputs:
         m = mlps[i]
         x = x.reshape(-1, x.shape[-1]).double()
-        top = min(32767, (2 ** 31 - 1) // (127 * x.shape[1]))
-        t = x.abs().amax(1, keepdim=True) / top
-        xq = torch.where(t > 0, torch.round(x / t.clamp(min=1e-300)), torch.zeros_like(x))
+        xq, t = int16_rows(x)
         a = (xq @ m.gate_q.double().t()) * m.gate_s.double() * t
         if m.gate_proj.bias is not None:
             a = a + m.gate_proj.bias.double()
-        margin = m.gate_r.double() * x.norm(dim=1, keepdim=True) + m.gate_n.double() * (x - t * xq).norm(dim=1,
-                                                                                                      keepdim=True)
+        residual = (x - t * xq).norm(dim=1, keepdim=True)
+        margin = m.gate_r.double() * x.norm(dim=1, keepdim=True) + m.gate_n.double() * residual
         out, total = out + int((a + margin <= 0).sum()), total + a.numel()
     return out / max(total, 1)
 

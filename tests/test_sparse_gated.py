@@ -349,6 +349,23 @@ def test_the_int8_block_is_its_dequantized_reference_within_rounding_and_near_th
             assert (got - want).norm() <= 0.03 * want.norm()
 
 
+def test_the_int8_block_carries_a_nan_or_an_infinity_in_x_as_the_dense_block_does():
+    """Its integer sums take x rounded to 16 bits, which nothing non-finite rounds to: such a call sums in float."""
+    from lambda_gelu.sparse_gated import sparse_gated_int8_reference
+    model = _relu_llama()
+    dense = copy.deepcopy(model.model.layers[0].mlp)
+    sparsify_(model, min_weights=0, int8=True)
+    mlp = model.model.layers[0].mlp
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(2, 32)
+        x[1, 3] = bad
+        with torch.inference_mode():
+            got, want = mlp(x), dense(x)
+            reference = sparse_gated_int8_reference(x, mlp._buffers, dense.gate_proj, dense.up_proj, dense.down_proj)
+        assert torch.equal(got.isfinite(), want.isfinite()) and not got[1].isfinite().all()
+        torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
 @pytest.mark.parametrize("int8", [False, True])
 def test_the_derived_weights_follow_load_state_dict_and_the_state_dict_is_the_dense_blocks(int8):
     model = _relu_llama()

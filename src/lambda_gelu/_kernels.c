@@ -405,12 +405,66 @@ int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float
     return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
 
+/* Σ q[i·d + j]·b[j] over j for the four int8 rows q, q + d, q + 2d, q + 3d at once, b an int16 vector, into s[0..3]:
+ * exact integer sums, as long as d·127·max|b| < 2³¹ (screen_scale). Products of int16 operands, written so, become
+ * the vector unit's multiply-adds of 16-bit pairs (several times faster than int8 rows converted to float, which at
+ * batch 1 left the screen waiting on its own arithmetic, not on memory); an OpenMP simd reduction here, or the
+ * products taken in 32 bits, vectorized three to four times slower. */
+static inline void dot4_i8_i16(const int8_t *q, int64_t d, const int16_t *b, int32_t *s) {
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t j = 0; j < d; j++) {
+        int32_t bj = b[j];
+        s0 += (int16_t)q[j] * bj;
+        s1 += (int16_t)q[d + j] * bj;
+        s2 += (int16_t)q[2 * d + j] * bj;
+        s3 += (int16_t)q[3 * d + j] * bj;
+    }
+    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
+static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < d; j++)
+        s += (int16_t)q[j] * (int16_t)b[j];
+    return s;
+}
+
+/* The largest |x̃| the screen quantizes x to, for rows of d entries: int16, and d·127·|x̃| < 2³¹ (exact int32 sums). */
+static inline int32_t screen_scale(int64_t d) {
+    int64_t m = (int64_t)2147483647 / (127 * (d > 0 ? d : 1));
+    return m < 32767 ? (int32_t)m : 32767;
+}
+
+/* x (n, d) as int16 for those sums, row by row: x̃ = x / t rounded to nearest, t = max|x| / screen_scale(d) (into
+ * t[r]; 0 for a row of zeros). Returns 0, or 1 if some row holds a NaN or an infinity, which no x̃ stands for. */
+static int round_rows_i16(const float *x, int64_t n, int64_t d, int16_t *xq, double *t) {
+    double top = screen_scale(d);
+    int bad = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * d;
+        double largest = 0.0;
+        for (int64_t j = 0; j < d; j++) {
+            bad |= !isfinite(xr[j]);
+            largest = fabs((double)xr[j]) > largest ? fabs((double)xr[j]) : largest;
+        }
+        t[r] = largest / top;
+        for (int64_t j = 0; j < d; j++) {
+            double v = t[r] > 0.0 && isfinite(t[r]) ? nearbyint(xr[j] / t[r]) : 0.0;
+            xq[r * d + j] = (int16_t)(v > top ? top : v < -top ? -top : v == v ? v : 0.0);
+        }
+    }
+    return bad;
+}
+
 /* Sparse gated FFN over int8 weights (lambda_gelu.sparse_gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
  * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q; the biases (or null)
- * stay float32. The gate is computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff) — each
- * unit's row read once for the whole batch, the units split over the threads — then the active units as in the
- * float32 kernel, reading a quarter of its bytes.
+ * stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding (round_rows_i16), so that every q·x̃ is an
+ * exact integer sum, several times faster than int8 converted to float (a call whose x holds a NaN or an infinity
+ * sums x itself in float, which carries them). The gate is computed here too, g = relu(x · gateᵀ + gate_b) into the
+ * caller's g (n, ff) — each unit's row read once for the whole batch, the units split over the threads — then the
+ * active units as in the float32 kernel, reading a quarter of its bytes.
  * `dense` nonzero: every unit is computed, zero or not (the same int8 block without the sparsity, to compare). */
+#define SCREEN_AHEAD 16  /* int8 rows read in order (a gate's, or its screen's) are requested so many rows ahead */
 static inline void prefetch_bytes(const int8_t *row, int64_t n) {
     for (int64_t j = 0; j < n; j += 64)
         __builtin_prefetch(row + j, 0, 2);
@@ -424,8 +478,14 @@ static inline float dot_i8(const int8_t *a, const float *b, int64_t n) {
     return s;
 }
 
-struct gated_i8_ctx { const float *x, *g, *up_s, *up_b, *down_s; const int8_t *up_q, *down_q; int64_t n, d, ff, out;
-                      int dense; };
+struct gated_i8_ctx { const float *x, *g, *up_s, *up_b, *down_s; const int8_t *up_q, *down_q; const int16_t *xq;
+                      const double *t; int64_t n, d, ff, out; int dense, in_float; };
+
+/* s·(q·x) for one int8 row: the exact integer sum over x̃ scaled back (t), or, if x is not finite, in float. */
+static inline float row_i8(const int8_t *q, float s, const float *x, const int16_t *xq, double t, int in_float,
+                           int64_t d) {
+    return in_float ? s * dot_i8(q, x, d) : (float)((double)s * t * dot_i8_i16(q, xq, d));
+}
 
 static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
     const struct gated_i8_ctx *q = c;
@@ -447,7 +507,7 @@ static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int6
             float gk = q->g[r * ff + k];
             if (gk == 0.0f && !q->dense)
                 continue;
-            float u = q->up_s[k] * dot_i8(u_row, q->x + r * d, d);
+            float u = row_i8(u_row, q->up_s[k], q->x + r * d, q->xq + r * d, q->t[r], q->in_float, d);
             float h = gk * (q->up_b ? u + q->up_b[k] : u) * q->down_s[k];
             float *yr = acc + r * out;
             for (int64_t j = 0; j < out; j++)
@@ -460,16 +520,41 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
                            const int8_t *up_q, const float *up_s, const float *up_b, const int8_t *down_q,
                            const float *down_s, const float *down_b, float *g, float *y, int64_t n, int64_t d,
                            int64_t ff, int64_t out, int dense, int max_threads, int64_t grain) {
+    int16_t *xq = malloc((size_t)(n > 0 ? n : 1) * (d > 0 ? d : 1) * sizeof *xq);
+    double *t = malloc((size_t)(n > 0 ? n : 1) * sizeof *t);
+    if (!xq || !t) {
+        free(xq);
+        free(t);
+        return -1;
+    }
+    int in_float = round_rows_i16(x, n, d, xq, t);  /* a NaN or an infinity is carried by float sums only */
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t k = 0; k < ff; k++)
+    for (int64_t k0 = 0; k0 < ff; k0 += 4) {
+        int m = ff - k0 < 4 ? (int)(ff - k0) : 4;
+        if (k0 + SCREEN_AHEAD + 4 <= ff)
+            prefetch_bytes(gate_q + (k0 + SCREEN_AHEAD) * d, 4 * d);
         for (int64_t r = 0; r < n; r++) {
-            float v = gate_s[k] * dot_i8(gate_q + k * d, x + r * d, d);
-            v = gate_b ? v + gate_b[k] : v;
-            g[r * ff + k] = v > 0.0f || v != v ? v : 0.0f;  /* relu, NaN kept as torch keeps it */
+            float v[4];
+            if (m == 4 && !in_float) {
+                int32_t sums[4];
+                dot4_i8_i16(gate_q + k0 * d, d, xq + r * d, sums);
+                for (int i = 0; i < 4; i++)
+                    v[i] = (float)((double)gate_s[k0 + i] * t[r] * sums[i]);
+            } else
+                for (int i = 0; i < m; i++)
+                    v[i] = row_i8(gate_q + (k0 + i) * d, gate_s[k0 + i], x + r * d, xq + r * d, t[r], in_float, d);
+            for (int i = 0; i < m; i++) {
+                float vk = gate_b ? v[i] + gate_b[k0 + i] : v[i];
+                g[r * ff + k0 + i] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
+            }
         }
-    struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, n, d, ff, out, dense};
-    return gated_units(gated_i8_rows, &ctx, g, down_b, y, n, d, ff, out, ff, dense, max_threads, grain);
+    }
+    struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, xq, t, n, d, ff, out, dense, in_float};
+    int64_t n_active = gated_units(gated_i8_rows, &ctx, g, down_b, y, n, d, ff, out, ff, dense, max_threads, grain);
+    free(xq);
+    free(t);
+    return n_active;
 }
 
 /* What one thread of lg_sparse_gated_screened_f32 does over the units cand[a0:a1) the screen left: each unit's gate
@@ -514,36 +599,6 @@ static void screened_rows(const void *c, float *acc, const int64_t *cand, int64_
     }
 }
 
-/* Σ q[i·d + j]·b[j] over j for the four int8 rows q, q + d, q + 2d, q + 3d at once, b an int16 vector, into s[0..3]:
- * exact integer sums, as long as d·127·max|b| < 2³¹ (screen_scale). Products of int16 operands, written so, become
- * the vector unit's multiply-adds of 16-bit pairs (several times faster than int8 rows converted to float, which at
- * batch 1 left the screen waiting on its own arithmetic, not on memory); an OpenMP simd reduction here, or the
- * products taken in 32 bits, vectorized three to four times slower. */
-static inline void dot4_i8_i16(const int8_t *q, int64_t d, const int16_t *b, int32_t *s) {
-    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (int64_t j = 0; j < d; j++) {
-        int32_t bj = b[j];
-        s0 += (int16_t)q[j] * bj;
-        s1 += (int16_t)q[d + j] * bj;
-        s2 += (int16_t)q[2 * d + j] * bj;
-        s3 += (int16_t)q[3 * d + j] * bj;
-    }
-    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
-}
-
-static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
-    int32_t s = 0;
-    for (int64_t j = 0; j < d; j++)
-        s += (int16_t)q[j] * (int16_t)b[j];
-    return s;
-}
-
-/* The largest |x̃| the screen quantizes x to, for rows of d entries: int16, and d·127·|x̃| < 2³¹ (exact int32 sums). */
-static inline int32_t screen_scale(int64_t d) {
-    int64_t m = (int64_t)2147483647 / (127 * (d > 0 ? d : 1));
-    return m < 32767 ? (int32_t)m : 32767;
-}
-
 /* The float32 block of lg_sparse_gated_fused_f32 with its gate screened by int8 rows (lambda_gelu.sparse_gated,
  * SparseGatedMLP(screen=True)). The gate's rows are read as int8 q with scales s, a quarter of their bytes, and
  * each row x of the batch as int16 x̃ with one scale t = max|x| / screen_scale(d), rounded to nearest. With the exact
@@ -560,7 +615,6 @@ static inline int32_t screen_scale(int64_t d) {
  * split over the threads (screened_rows). Writes g and y, whatever the count; returns the units active in some row,
  * or −1 if buffers could not be allocated. */
 #define SCREEN_SAFETY (1.0 + 1.0 / 65536)  /* covers the roundings of the margin's own products and sums */
-#define SCREEN_AHEAD 16
 int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const float *gate_b, const int8_t *gate_q,
                                      const float *gate_s, const float *gate_r, const float *gate_n, const float *up,
                                      const float *up_b, const float *down_t, const float *down_b, float *g, float *y,
@@ -575,25 +629,18 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
         free(cand);
         return -1;
     }
-    double *residual = norm + rows, *scale = norm + 2 * rows, top = screen_scale(d);
+    double *residual = norm + rows, *scale = norm + 2 * rows;
+    round_rows_i16(x, n, d, xq, scale);  /* a row with a NaN or an infinity has a norm that is not finite */
+    double above = 1.0 + (double)(d + 4) * 0x1p-52;  /* over what double rounds in a sum of d squares and its root */
     for (int64_t r = 0; r < n; r++) {
-        const float *xr = x + r * d;
-        double sum = 0.0, largest = 0.0, res = 0.0;
+        double sum = 0.0, res = 0.0;
         for (int64_t j = 0; j < d; j++) {
-            sum += (double)xr[j] * xr[j];
-            largest = fabs((double)xr[j]) > largest ? fabs((double)xr[j]) : largest;
+            double xj = x[r * d + j], e = xj - scale[r] * xq[r * d + j];
+            sum += xj * xj;
+            res += e * e;
         }
-        double t = largest / top;
-        for (int64_t j = 0; j < d; j++) {
-            double v = t > 0.0 ? nearbyint(xr[j] / t) : 0.0;
-            v = v > top ? top : v < -top ? -top : v;  /* NaN stays NaN, its row certifies nothing anyway */
-            xq[r * d + j] = v == v ? (int16_t)v : 0;
-            res += (xr[j] - t * v) * (xr[j] - t * v);
-        }
-        double up = 1.0 + (double)(d + 4) * 0x1p-52;  /* above what double rounds in a sum of d squares and its root */
-        norm[r] = sqrt(sum) * up;
-        residual[r] = sqrt(res) * up + 0x1p-48 * norm[r];  /* and in each x − t·x̃ */
-        scale[r] = t;
+        norm[r] = sqrt(sum) * above;
+        residual[r] = sqrt(res) * above + 0x1p-48 * norm[r];  /* and in each x − t·x̃ */
     }
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)

@@ -19,9 +19,10 @@ attributes make a gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`
 replaced only if its own forward gives what the formula gives on a probe input.
 
 With ``int8=True`` the three matrices are held as int8 rows with a float32 scale each (:func:`quantize_rows`,
-``w ≈ s·q``, activations stay float32) and one C call computes the block, gate included: a quarter of the bytes
-read, which is what bounds decoding at batch 1. That block equals :func:`sparse_gated_int8_reference` (the rows
-dequantized, in plain torch) up to float rounding, and differs from the float32 block by the weights' rounding.
+``w ≈ s·q``) and one C call computes the block, gate included: a quarter of the bytes read, which is what bounds
+decoding at batch 1. It takes each row of x rounded to 16 bits (:func:`int16_rows`), for exact integer sums, the
+hidden units stay float32. That block equals :func:`sparse_gated_int8_reference` (the rows dequantized, in plain
+torch) up to float rounding, and differs from the float32 block by the weights' rounding and, far less, x's.
 
     lambda_gelu.reluize(model, batches, steps)        # SwiGLU/GeGLU gates → exact ReLU
     lambda_gelu.sparse.sparsify_(model)               # also replaces the gated FFNs
@@ -39,7 +40,7 @@ from . import _native
 from .convert import _plain
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "sparse_gated_reference", "sparse_gated_int8_reference",
-           "quantize_rows", "screen_rows", "gated_mlps"]
+           "quantize_rows", "screen_rows", "int16_rows", "gated_mlps"]
 
 
 @dataclass(frozen=True)
@@ -95,14 +96,28 @@ def screen_rows(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return q, s, rounded_up((w64 - s64[:, None] * q64).norm(dim=1) * up), rounded_up(s64 * q64.norm(dim=1) * up)
 
 
+def int16_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row of ``x`` (..., d) as the C kernels take it for their integer sums: ``x ≈ t·x̃``, x̃ = x / t rounded
+    to nearest (an integer of at most 15 bits, and d·127·|x̃| < 2³¹ so that a sum of d int8 products is exact in
+    int32), t = max|row| / that largest x̃, one per row (0 for a row of zeros); both in float64."""
+    top = min(32767, (2 ** 31 - 1) // (127 * max(x.shape[-1], 1)))
+    x = x.detach().double()
+    t = x.abs().amax(-1, keepdim=True) / top
+    return torch.where(t > 0, torch.round(x / torch.where(t > 0, t, 1.0)), 0.0), t
+
+
 def sparse_gated_int8_reference(x: Tensor, quantized: dict[str, Tensor], gate: nn.Linear, up: nn.Linear,
                                 down: nn.Linear) -> Tensor:
     """The int8 block in plain torch (the C kernel's reference): ``down(relu(gate(x)) * up(x))`` with each matrix's
     rows dequantized from ``quantized`` (``gate_q, gate_s, up_q, up_s``, and ``down_q, down_s`` the rows of
-    ``down``'s transpose), the layers' biases as they are."""
+    ``down``'s transpose), the layers' biases as they are, and x as the kernel reads it, each row rounded to 16 bits
+    (:func:`int16_rows`; as it is if it holds a NaN or an infinity)."""
     def weight(name):  # in the scales' dtype (float32; float64 for an exact reference)
         scale = quantized[f"{name}_s"]
         return quantized[f"{name}_q"].to(scale.dtype) * scale[:, None]
+    if bool(torch.isfinite(x).all()):
+        xq, t = int16_rows(x)
+        x = t * xq
     x = x.to(quantized["gate_s"].dtype)
     g = F.relu(F.linear(x, weight("gate"), gate.bias))
     h = g * F.linear(x, weight("up"), up.bias)
