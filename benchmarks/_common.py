@@ -5,6 +5,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 from pathlib import Path
 
 import torch
@@ -16,7 +17,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def header() -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, {_cpu_name()}"}
+            "machine": f"{platform.machine()}, {os.cpu_count()} logical CPUs, {_cpu_name()}", "code": _code()}
+
+
+def _code() -> str | None:
+    """The commit of the code measured (``-dirty`` if it had changes not committed), or None outside a git checkout."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=RESULTS.parent, capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _cpu_name() -> str:

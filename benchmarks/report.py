@@ -220,7 +220,9 @@ def _decode_section(d: dict) -> list[str]:
               "transformers' `generate` with its KV cache and by `lambda_gelu.hf.LeanDecoder` (a static cache, fewer "
               f"Python calls a token); {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by "
               f"`SparseGatedMLP`; the four variants timed in interleaved rounds. {h['threads']} threads, "
-              f"{h['machine']}.", "",
+              f"{h['machine']}; " + (f"the code of commit {h['code']}." if h.get("code") else
+                                     "measured before the benchmarks recorded their commit, with older FFN kernels "
+                                     "than the current ones."), "",
               "| decoder | dense tokens/s | sparse tokens/s | × dense | same tokens | FFN share of dense decoding "
               "| Amdahl bound | bound with free FFNs |",
               "|---|---|---|---|---|---|---|---|"]
