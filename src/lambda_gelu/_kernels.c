@@ -557,20 +557,24 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
     return n_active;
 }
 
-/* What one thread of lg_sparse_gated_screened_f32 does over the units cand[a0:a1) the screen left: each unit's gate
- * from its float32 row into g (n, ff), and if that is not 0 in a row, the unit's up and downᵀ rows summed into acc as
- * in sparse_gated_rows_f32. All three rows of the unit PREFETCH_ROWS ahead are requested before its gate is known:
- * most units the screen leaves are active (its margin is narrow), so the few rows requested in vain cost less than
- * waiting, unit after unit, on the up and downᵀ rows of a gate just computed. */
-#ifndef UNITS_AHEAD
-#define UNITS_AHEAD 4
-#endif
+/* What one thread of lg_sparse_gated_screened_f32 does over the units cand[a0:a1) the screen left, in three stages
+ * UNITS_AHEAD units apart: a unit's float32 gate row is requested; then its gate computed into g (n, ff) and, only if
+ * it is not 0 in some row, its up and downᵀ rows requested; then those rows summed into acc as in
+ * sparse_gated_rows_f32. A unit the screen left but the exact gate zeroes costs its gate row alone. */
+#define UNITS_AHEAD 8
 struct screened_ctx { const float *x, *gate, *gate_b, *up, *up_b, *down_t; float *g; int64_t n, d, ff, out; };
 
-static inline void prefetch_unit(const struct screened_ctx *q, int64_t k) {
-    prefetch_row(q->gate + k * q->d, q->d);
-    prefetch_row(q->up + k * q->d, q->d);
-    prefetch_row(q->down_t + k * q->out, q->out);
+static inline void screened_gate(const struct screened_ctx *q, int64_t k) {
+    int active = 0;
+    for (int64_t r = 0; r < q->n; r++) {
+        float gk = relu_gate_f32(q->gate + k * q->d, q->gate_b ? q->gate_b[k] : 0.0f, q->x + r * q->d, q->d);
+        q->g[r * q->ff + k] = gk;
+        active |= gk != 0.0f;
+    }
+    if (active) {
+        prefetch_row(q->up + k * q->d, q->d);
+        prefetch_row(q->down_t + k * q->out, q->out);
+    }
 }
 
 static void screened_rows(const void *c, float *acc, const int64_t *cand, int64_t a0, int64_t a1) {
@@ -578,16 +582,19 @@ static void screened_rows(const void *c, float *acc, const int64_t *cand, int64_
     int64_t n = q->n, d = q->d, ff = q->ff, out = q->out;
     for (int64_t k = 0; k < n * out; k++)
         acc[k] = 0.0f;
+    for (int64_t a = a0; a < a1 && a < a0 + 2 * UNITS_AHEAD; a++)
+        prefetch_row(q->gate + cand[a] * d, d);
     for (int64_t a = a0; a < a1 && a < a0 + UNITS_AHEAD; a++)
-        prefetch_unit(q, cand[a]);
+        screened_gate(q, cand[a]);
     for (int64_t a = a0; a < a1; a++) {
-        int64_t k = cand[a];
+        if (a + 2 * UNITS_AHEAD < a1)
+            prefetch_row(q->gate + cand[a + 2 * UNITS_AHEAD] * d, d);
         if (a + UNITS_AHEAD < a1)
-            prefetch_unit(q, cand[a + UNITS_AHEAD]);
+            screened_gate(q, cand[a + UNITS_AHEAD]);
+        int64_t k = cand[a];
         const float *u_row = q->up + k * d, *w = q->down_t + k * out;
         for (int64_t r = 0; r < n; r++) {
-            float gk = relu_gate_f32(q->gate + k * d, q->gate_b ? q->gate_b[k] : 0.0f, q->x + r * d, d);
-            q->g[r * ff + k] = gk;
+            float gk = q->g[r * ff + k];
             if (gk == 0.0f)
                 continue;
             float u = dot_f32(u_row, q->x + r * d, d);
