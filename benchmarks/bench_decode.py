@@ -5,8 +5,8 @@ lambda_gelu.hf.LeanDecoder (a static cache, one matrix product for q/k/v, fewer 
     lambda-gelu reluize smollm2-135m-instruct --out runs/smollm2-relu
     python benchmarks/bench_decode.py --model runs/smollm2-relu
 
-Reports per decoder the tokens/s of each model (medians of rounds interleaved over the four variants), whether all
-four generated the same tokens, the FFN blocks' share of dense decoding time, then the gate zeros seen while
+Reports per decoder the tokens/s of each model (medians of rounds interleaved over the four variants; the speed-up's
+middle half over the rounds beside it), whether all four generated the same tokens, the FFN blocks' share of dense decoding time, then the gate zeros seen while
 decoding, the FFN block alone dense against sparse on the hidden states decoding gave it (and against the same C
 loop computing every unit: what the skipping itself buys; and against the sparse block without its gate's int8
 screen, which then reads every float32 gate row), and the Amdahl bound those numbers set on the whole: 1 /
@@ -20,11 +20,13 @@ import argparse
 import copy
 import os
 import re
+import statistics
 import time
 
 import torch
 
 from _common import header, interleaved, print_table, save
+from lambda_gelu.timing import time_interleaved
 
 
 def _mlps(model):
@@ -47,6 +49,13 @@ def _ruled_out(mlps, inputs) -> float:
         margin = m.gate_r.double() * x.norm(dim=1, keepdim=True) + m.gate_n.double() * residual
         out, total = out + int((a + margin <= 0).sum()), total + a.numel()
     return out / max(total, 1)
+
+
+def _quartiles(dense: list[float], sparse: list[float]) -> list[float]:
+    """The first and third quartiles of the round-by-round speed-ups (dense time / sparse time of the same round)."""
+    ratios = [d / s for d, s in zip(dense, sparse)]
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return [q1, q3]
 
 
 @torch.inference_mode()
@@ -101,7 +110,8 @@ def main():
     tokens = {k: run() for k, run in runs.items()}
     same = {path: torch.equal(tokens[path, "dense"], tokens[path, "sparse"]) for path in ("generate", "lean")}
     same_as_generate = torch.equal(tokens["lean", "dense"], tokens["generate", "dense"])
-    seconds = interleaved({f"{p} {m}": run for (p, m), run in runs.items()}, args.rounds, 1)
+    times = time_interleaved({f"{p} {m}": run for (p, m), run in runs.items()}, args.rounds, 1)
+    seconds = {k: statistics.median(v) for k, v in times.items()}
 
     # the FFN blocks' share of dense decoding by each decoder, the gates' zeros, and the blocks' own inputs
     spent, inputs, zeros, starts, collect = [0.0], [], [0, 0], {}, [True]
@@ -151,6 +161,7 @@ def main():
         "gated_blocks": sum(isinstance(m, SparseGatedMLP) for m in sparse.modules()),
         "paths": {path: {"tokens_per_s": {m: n / seconds[f"{path} {m}"] for m in ("dense", "sparse")},
                          "speedup": seconds[f"{path} dense"] / seconds[f"{path} sparse"], "same_tokens": same[path],
+                         "speedup_quartiles": _quartiles(times[f"{path} dense"], times[f"{path} sparse"]),
                          "mlp_share": share[path],
                          "amdahl_bound": 1 / ((1 - share[path]) + share[path] / block_speedup),
                          "amdahl_free_mlp": 1 / (1 - share[path])} for path in ("generate", "lean")},
@@ -167,10 +178,11 @@ def main():
     }
     print(save(f"decode-{args.tag}" if args.tag else "decode", result))
     print_table("greedy decoding, batch 1, KV cache", result["header"], [[
-        path, f"{r['tokens_per_s']['dense']:.1f}", f"{r['tokens_per_s']['sparse']:.1f}", f"{r['speedup']:.2f}",
+        path, f"{r['tokens_per_s']['dense']:.1f}", f"{r['tokens_per_s']['sparse']:.1f}",
+        f"{r['speedup']:.2f} ({r['speedup_quartiles'][0]:.2f}–{r['speedup_quartiles'][1]:.2f})",
         r["same_tokens"], f"{r['mlp_share']:.0%}", f"{result['gate_zeros']:.1%}", f"{block_speedup:.2f}",
         f"{r['amdahl_bound']:.2f}"] for path, r in result["paths"].items()],
-        ["decoder", "dense tok/s", "sparse tok/s", "×", "same tokens", "FFN share", "gate zeros", "FFN ×",
+        ["decoder", "dense tok/s", "sparse tok/s", "× (middle half)", "same tokens", "FFN share", "gate zeros", "FFN ×",
          "Amdahl bound"])
     print(f"FFN block: sparse {block_speedup:.2f}× dense, {result['mlp_over_every_unit']:.2f}× the same loop computing "
           f"every unit, {result['mlp_over_unscreened']:.2f}× itself without the gate's screen (which ruled out "

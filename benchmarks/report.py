@@ -219,16 +219,19 @@ def _decode_section(d: dict) -> list[str]:
               f"{d['new_tokens']} tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, float32, by "
               "transformers' `generate` with its KV cache and by `lambda_gelu.hf.LeanDecoder` (a static cache, fewer "
               f"Python calls a token); {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by "
-              f"`SparseGatedMLP`; the four variants timed in interleaved rounds. {h['threads']} threads, "
+              f"`SparseGatedMLP`; every variant timed in interleaved rounds. {h['threads']} threads, "
               f"{h['machine']}; " + (f"the code of commit {h['code']}." if h.get("code") else
                                      "measured before the benchmarks recorded their commit, with older FFN kernels "
                                      "than the current ones."), "",
-              "| decoder | dense tokens/s | sparse tokens/s | × dense | same tokens | FFN share of dense decoding "
+              "| decoder | dense tokens/s | sparse tokens/s | × dense (the rounds' middle half) | same tokens "
+              "| FFN share of dense decoding "
               "| Amdahl bound | bound with free FFNs |",
               "|---|---|---|---|---|---|---|---|"]
     for path, r in d["paths"].items():
         tps = r["tokens_per_s"]
-        lines.append(f"| {path} | {tps['dense']:.1f} | {tps['sparse']:.1f} | {r['speedup']:.2f} | "
+        quartiles = (f" ({r['speedup_quartiles'][0]:.2f}–{r['speedup_quartiles'][1]:.2f})"
+                     if "speedup_quartiles" in r else "")
+        lines.append(f"| {path} | {tps['dense']:.1f} | {tps['sparse']:.1f} | {r['speedup']:.2f}{quartiles} | "
                      f"{'yes' if r['same_tokens'] else '**no**'} | {r['mlp_share']:.0%} | {r['amdahl_bound']:.2f} "
                      f"| {r['amdahl_free_mlp']:.2f} |")
     every = ""
