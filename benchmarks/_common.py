@@ -21,10 +21,15 @@ def header() -> dict:
 
 
 def _code() -> str | None:
-    """The commit of the code measured (``-dirty`` if it had changes not committed), or None outside a git checkout."""
+    """The commit of the code measured, ``-dirty`` if the library or the benchmarks had changes not committed (results
+    files aside: a run of several benchmarks writes them), or None outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=RESULTS.parent.parent, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty"], cwd=RESULTS.parent, capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip() or None
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks",
+                      ":(exclude)benchmarks/results")
+        return git("rev-parse", "--short", "HEAD") + ("-dirty" if changed else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
