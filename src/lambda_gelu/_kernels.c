@@ -688,15 +688,7 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
     int64_t work = n_cand * (2 * d + out) * (n > 1 ? n : 1) / grain;
     int failed = parallel_rows(screened_rows, &ctx, y, down_b, cand, n_cand, n, out,
                                work < 1 ? 1 : work < max_threads ? (int)work : max_threads);
+    int64_t n_active = failed ? -1 : lg_active_union_f32(g, n, ff, cand);  /* the units active in some row */
     free(cand);
-    if (failed)
-        return -1;
-    int64_t n_active = 0;
-    for (int64_t k = 0; k < ff; k++)
-        for (int64_t r = 0; r < n; r++)
-            if (g[r * ff + k] != 0.0f) {
-                n_active++;
-                break;
-            }
     return n_active;
 }
