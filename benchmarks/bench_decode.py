@@ -6,13 +6,13 @@ lambda_gelu.hf.LeanDecoder (a static cache, one matrix product for q/k/v, fewer 
     python benchmarks/bench_decode.py --model runs/smollm2-relu
 
 Reports per decoder the tokens/s of each model (medians of rounds interleaved over the four variants; the speed-up's
-middle half over the rounds beside it), whether all four generated the same tokens, the FFN blocks' share of dense decoding time, then the gate zeros seen while
-decoding, the FFN block alone dense against sparse on the hidden states decoding gave it (and against the same C
-loop computing every unit: what the skipping itself buys; and against the sparse block without its gate's int8
-screen, which then reads every float32 gate row), and the Amdahl bound those numbers set on the whole: 1 /
-((1 − share) + share / block speed-up). Then the same with the gated FFNs over int8 weights (sparsify_(model,
-int8=True)) by the lean decoder, sparse and computing every unit, and what int8 costs: the held-out perplexity
-against the float32 model's, and the share of greedy tokens that stay the same.
+middle half over the rounds beside it), whether all four generated the same tokens, the FFN blocks' share of dense
+decoding time, then the gate zeros seen while decoding, the FFN block alone dense against sparse on the hidden
+states decoding gave it (and against the same C loop computing every unit: what the skipping itself buys; and
+against the sparse block without its gate's int8 screen, which then reads every float32 gate row), and the Amdahl
+bound those numbers set on the whole: 1 / ((1 − share) + share / block speed-up). Then the same with the gated FFNs
+over int8 weights (sparsify_(model, int8=True)) by the lean decoder, sparse and computing every unit, and what int8
+costs: the held-out perplexity against the float32 model's, and the share of greedy tokens that stay the same.
 """
 from __future__ import annotations
 
