@@ -45,6 +45,19 @@ def test_lean_decoding_gives_generates_tokens_dense_and_sparsified(family):
         want = model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
     assert torch.equal(LeanDecoder(model).generate(ids, 24), want)
     assert torch.equal(LeanDecoder(sparse).generate(ids, 24), want)
+    assert torch.equal(LeanDecoder(sparse, screen_head=False).generate(ids, 24), want)
+
+
+def test_the_next_token_reads_few_rows_of_the_output_layer():
+    model = _model(FAMILIES["llama"]())
+    decoder = LeanDecoder(model)
+    read = []
+    with torch.inference_mode():
+        for i in range(10):  # the screened head's token is the argmax of the logits, from a few rows of the layer
+            hidden = decoder._forward(_prompt(10 + i), 0, decoder._cache(20), decoder._cache(20))
+            assert int(decoder.head(hidden)) == int(model.lm_head(hidden).argmax())
+            read.append(decoder.head.rows_read)
+    assert max(read) < model.config.vocab_size // 4, read
 
 
 def test_the_logits_at_each_step_are_the_models_own():
@@ -56,7 +69,8 @@ def test_the_logits_at_each_step_are_the_models_own():
         full = model(tokens).logits[0]
         ours = [decoder._forward(ids, 0, keys, values)[0]]
         ours += [decoder._forward(tokens[:, i:i + 1], i, keys, values)[0] for i in range(10, tokens.shape[1] - 1)]
-    assert torch.allclose(torch.stack(ours), full[9:-1], rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+        ours = model.lm_head(torch.stack(ours))
+    assert torch.allclose(ours, full[9:-1], rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
 def test_decoding_stops_after_the_end_token():

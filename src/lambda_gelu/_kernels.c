@@ -456,6 +456,34 @@ static int round_rows_i16(const float *x, int64_t n, int64_t d, int16_t *xq, dou
     return bad;
 }
 
+/* A screen's view of each row of x (n, d): its int16 rounding x̃ and scale t (round_rows_i16) into xq and scale[r],
+ * and, rounded up, ‖x‖₂ into norm[r] and ‖x − t·x̃‖₂ into residual[r] (plus what double rounds in each x − t·x̃).
+ * A row with a NaN or an infinity gets a norm that is not finite, which certifies nothing. */
+static void screen_rows_of_x(const float *x, int64_t n, int64_t d, int16_t *xq, double *norm, double *residual,
+                             double *scale) {
+    round_rows_i16(x, n, d, xq, scale);
+    double above = 1.0 + (double)(d + 4) * 0x1p-52;  /* over what double rounds in a sum of d squares and its root */
+    for (int64_t r = 0; r < n; r++) {
+        double sum = 0.0, res = 0.0;
+        for (int64_t j = 0; j < d; j++) {
+            double xj = x[r * d + j], e = xj - scale[r] * xq[r * d + j];
+            sum += xj * xj;
+            res += e * e;
+        }
+        norm[r] = sqrt(sum) * above;
+        residual[r] = sqrt(res) * above + 0x1p-48 * norm[r];
+    }
+}
+
+/* How far product + b (product = s·t·(q·x̃), in double) can be from the exact w·x + b, for an int8 row q with scale s
+ * and radii r ≥ ‖w − s·q‖₂, nq ≥ s·‖q‖₂ (lambda_gelu.sparse_gated.screen_rows) and x's norm and residual from
+ * screen_rows_of_x: r·‖x‖₂ + nq·‖x − t·x̃‖₂ by Cauchy–Schwarz on x·(w − s·q) + s·q·(x − t·x̃), plus double's
+ * roundings of the product and the sum; SCREEN_SAFETY covers the roundings of the margin's own products and sums. */
+#define SCREEN_SAFETY (1.0 + 1.0 / 65536)
+static inline double screen_margin(double product, double b, float r, float nq, double norm, double residual) {
+    return ((double)r * norm + (double)nq * residual + 0x1p-48 * (fabs(product) + fabs(b))) * SCREEN_SAFETY;
+}
+
 /* Sparse gated FFN over int8 weights (lambda_gelu.sparse_gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
  * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q; the biases (or null)
  * stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding (round_rows_i16), so that every q·x̃ is an
@@ -621,7 +649,6 @@ static void screened_rows(const void *c, float *acc, const int64_t *cand, int64_
  * requested SCREEN_AHEAD rows ahead: their reads are short and the sums between them long), then the units it left,
  * split over the threads (screened_rows). Writes g and y, whatever the count; returns the units active in some row,
  * or −1 if buffers could not be allocated. */
-#define SCREEN_SAFETY (1.0 + 1.0 / 65536)  /* covers the roundings of the margin's own products and sums */
 int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const float *gate_b, const int8_t *gate_q,
                                      const float *gate_s, const float *gate_r, const float *gate_n, const float *up,
                                      const float *up_b, const float *down_t, const float *down_b, float *g, float *y,
@@ -637,18 +664,7 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
         return -1;
     }
     double *residual = norm + rows, *scale = norm + 2 * rows;
-    round_rows_i16(x, n, d, xq, scale);  /* a row with a NaN or an infinity has a norm that is not finite */
-    double above = 1.0 + (double)(d + 4) * 0x1p-52;  /* over what double rounds in a sum of d squares and its root */
-    for (int64_t r = 0; r < n; r++) {
-        double sum = 0.0, res = 0.0;
-        for (int64_t j = 0; j < d; j++) {
-            double xj = x[r * d + j], e = xj - scale[r] * xq[r * d + j];
-            sum += xj * xj;
-            res += e * e;
-        }
-        norm[r] = sqrt(sum) * above;
-        residual[r] = sqrt(res) * above + 0x1p-48 * norm[r];  /* and in each x − t·x̃ */
-    }
+    screen_rows_of_x(x, n, d, xq, norm, residual, scale);  /* a row with a NaN or an infinity: a norm not finite */
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k0 = 0; k0 < ff; k0 += 4) {
@@ -666,10 +682,8 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
             for (int i = 0; i < m; i++) {
                 int64_t k = k0 + i;
                 double b = gate_b ? gate_b[k] : 0.0, product = (double)gate_s[k] * scale[r] * sums[i];
-                double a = product + b;
-                double margin = ((double)gate_r[k] * norm[r] + (double)gate_n[k] * residual[r]
-                                 + 0x1p-48 * (fabs(product) + fabs(b))) * SCREEN_SAFETY;
-                exact[i] |= !(a + margin <= 0.0 && isfinite(norm[r]));
+                double margin = screen_margin(product, b, gate_r[k], gate_n[k], norm[r], residual[r]);
+                exact[i] |= !(product + b + margin <= 0.0 && isfinite(norm[r]));
             }
         }
         for (int i = 0; i < m; i++) {
@@ -691,4 +705,73 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
     int64_t n_active = failed ? -1 : lg_active_union_f32(g, n, ff, cand);  /* the units active in some row */
     free(cand);
     return n_active;
+}
+
+/* The row k of w (rows, d) with the largest y_k = w[k]·x + b[k] for one x (d), the first of them if several are: a
+ * greedy decoder's next token from its output layer (lambda_gelu.screened_argmax), reading the rows as int8 q with
+ * scales s and radii r, nq (screen_rows), a quarter of their bytes. Each y_k is within screen_margin m_k of
+ * a_k = s·t·(q·x̃) + b[k], as a gate is in lg_sparse_gated_screened_f32, so the largest y_k is at least
+ * L = max_j (a_j − m_j), and only a row with a_k + m_k ≥ L can hold it: those alone are read in float32, their y_k
+ * summed in double. A row whose bounds are NaN is read too. Writes the rows read to *n_read; returns k, −1 if
+ * buffers could not be allocated, or −2 if x or some y_k read is not finite (the caller then computes every row,
+ * to treat them as it treats them). */
+int64_t lg_screened_argmax_f32(const float *x, const float *w, const float *b, const int8_t *q, const float *s,
+                               const float *r, const float *nq, int64_t rows, int64_t d, int max_threads,
+                               int64_t grain, int64_t *n_read) {
+    double *bounds = malloc((size_t)(rows > 0 ? rows : 1) * 2 * sizeof *bounds);  /* a_k − m_k, then a_k + m_k */
+    int16_t *xq = malloc((size_t)(d > 0 ? d : 1) * sizeof *xq);
+    *n_read = 0;
+    if (!bounds || !xq) {
+        free(bounds);
+        free(xq);
+        return -1;
+    }
+    double norm, residual, scale, *lo = bounds, *hi = bounds + rows, floor = -INFINITY;
+    screen_rows_of_x(x, 1, d, xq, &norm, &residual, &scale);
+    if (!isfinite(norm)) {
+        free(bounds);
+        free(xq);
+        return -2;
+    }
+    int nt = gate_threads(1, d, rows, max_threads, grain);
+    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static) reduction(max : floor)
+    for (int64_t k0 = 0; k0 < rows; k0 += 4) {
+        int m = rows - k0 < 4 ? (int)(rows - k0) : 4;
+        int32_t sums[4];
+        if (k0 + SCREEN_AHEAD + 4 <= rows)
+            prefetch_bytes(q + (k0 + SCREEN_AHEAD) * d, 4 * d);
+        if (m == 4)
+            dot4_i8_i16(q + k0 * d, d, xq, sums);
+        else
+            for (int i = 0; i < m; i++)
+                sums[i] = dot_i8_i16(q + (k0 + i) * d, xq, d);
+        for (int i = 0; i < m; i++) {
+            int64_t k = k0 + i;
+            double bk = b ? b[k] : 0.0, product = (double)s[k] * scale * sums[i], a = product + bk;
+            double e = screen_margin(product, bk, r[k], nq[k], norm, residual);
+            e += 0x1p-50 * (fabs(a) + e);  /* what double rounds in a − e and a + e */
+            lo[k] = a - e;
+            hi[k] = a + e;
+            floor = lo[k] > floor ? lo[k] : floor;  /* a NaN bound leaves it */
+        }
+    }
+    free(xq);
+    int64_t best = -1, read = 0;
+    double top = -INFINITY;
+    for (int64_t k = 0; k < rows && best != -2; k++) {
+        if (hi[k] < floor)
+            continue;
+        const float *row = w + k * d;
+        double y = b ? b[k] : 0.0;
+        for (int64_t j = 0; j < d; j++)
+            y += (double)row[j] * x[j];
+        read++;
+        if (!isfinite(y))
+            best = -2;
+        else if (best < 0 || y > top)
+            best = k, top = y;
+    }
+    free(bounds);
+    *n_read = read;
+    return best;
 }

@@ -134,6 +134,9 @@ class Kernels:
         self.sparse_gated_screened_f32 = self.lib.lg_sparse_gated_screened_f32
         self.sparse_gated_screened_f32.argtypes = [_P] * 13 + [_I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_gated_screened_f32.restype = _I64
+        self.screened_argmax_f32 = self.lib.lg_screened_argmax_f32  # lambda_gelu.screened_argmax
+        self.screened_argmax_f32.argtypes = [_P] * 7 + [_I64, _I64, _I32, _I64, _P]
+        self.screened_argmax_f32.restype = _I64
         self.active_union_f32 = self.lib.lg_active_union_f32
         self.active_union_f32.argtypes, self.active_union_f32.restype = [_P, _I64, _I64, _P], _I64
 

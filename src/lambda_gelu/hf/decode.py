@@ -8,7 +8,8 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
 - one matrix product for the query, key and value projections (their weights stacked once, at construction);
 - a static key-value cache, written in place, and the rotary embedding's cos/sin tabulated for every position;
 - ``scaled_dot_product_attention`` over the cache with grouped-query heads (no repeated keys);
-- nothing else between tokens than the argmax of the last position's logits.
+- the next token from the output layer through its int8 screen (:class:`~lambda_gelu.screened_argmax.ScreenedArgmax`:
+  the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
 
 The decoder layers' own ``input_layernorm``, ``post_attention_layernorm`` and ``mlp`` modules are called as they
 are, so a sparsified FFN block runs here as in ``generate``. The layout is the Llama family's (Llama, Mistral,
@@ -24,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..screened_argmax import ScreenedArgmax
 
 __all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
 
@@ -44,13 +47,15 @@ class LeanDecoder:
         model: a ``...ForCausalLM`` of the Llama layout (``model.model.layers[i].self_attn.q_proj`` ..., a rotary
             embedding at ``model.model.rotary_emb``, ``model.lm_head``), in float32 or another floating dtype.
         max_length: tokens the cache holds, prompt included (capped by the model's sliding window, if it has one).
+        screen_head: the next token through the output layer's int8 screen (the default; an int8 copy of its rows
+            is held, a quarter more of its bytes), or ``False``: every logit computed and their argmax taken.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
-    one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights are a copy: call
-    :meth:`refresh` after changing the model's attention weights.
+    one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights and the output layer's int8
+    rows are copies: call :meth:`refresh` after changing the model's attention or output weights.
     """
 
-    def __init__(self, model: torch.nn.Module, max_length: int = 2048):
+    def __init__(self, model: torch.nn.Module, max_length: int = 2048, screen_head: bool = True):
         if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
             raise ValueError(f"max_length is a number of tokens ≥ 2, got {max_length!r}")
         problem = _layout_problem(model)
@@ -59,7 +64,7 @@ class LeanDecoder:
                              "use its generate() instead")
         config = model.config
         window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-        self.model, self.window = model, window
+        self.model, self.window, self.screen_head = model, window, bool(screen_head)
         self.max_length = min(max_length, window) if window else max_length
         attention = model.model.layers[0].self_attn
         self.heads = config.num_attention_heads
@@ -76,7 +81,8 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def refresh(self) -> None:
-        """Stack the query/key/value weights again and tabulate the rotary embedding (after changing the model)."""
+        """Stack the query/key/value weights again, tabulate the rotary embedding and copy the output layer's rows to
+        int8 (after changing the model)."""
         self.qkv = []
         for layer in self.model.model.layers:
             a = layer.self_attn
@@ -90,10 +96,11 @@ class LeanDecoder:
         position = torch.arange(self.max_length, device=weight.device)[None]
         cos, sin = self.model.model.rotary_emb(torch.zeros((), dtype=weight.dtype, device=weight.device), position)
         self.cos, self.sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
+        self.head = ScreenedArgmax(self.model.lm_head) if self.screen_head else None
 
     def _forward(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-        """The last position's logits for the tokens ``ids`` (1, T) at positions start..start+T−1, writing their keys
-        and values into the cache: a prompt (start 0) or one token."""
+        """The last position's final hidden state (1, d) for the tokens ``ids`` (1, T) at positions
+        start..start+T−1, writing their keys and values into the cache: a prompt (start 0) or one token."""
         n, end = ids.shape[1], start + ids.shape[1]
         inner = self.model.model
         h = inner.embed_tokens(ids)
@@ -112,7 +119,7 @@ class LeanDecoder:
                                                scale=a.scaling, enable_gqa=self.kv_heads != self.heads)
             h = h + a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        return self.model.lm_head(inner.norm(h[:, -1:]))[:, -1]
+        return inner.norm(h[:, -1])
 
     @torch.inference_mode()
     def generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None) -> Tensor:
@@ -131,9 +138,10 @@ class LeanDecoder:
         keys, values = self._cache(total), self._cache(total)
         out, start, step = [input_ids], 0, input_ids
         for _ in range(max_new_tokens):
-            logits = self._forward(step, start, keys, values)
+            hidden = self._forward(step, start, keys, values)
             start += step.shape[1]
-            step = logits.argmax(-1, keepdim=True).to(input_ids.dtype)
+            token = self.head(hidden) if self.head is not None else self.model.lm_head(hidden).argmax(-1)
+            step = token.reshape(1, 1).to(input_ids.dtype)
             out.append(step)
             if eos_token_id is not None and int(step) == eos_token_id:
                 break
@@ -153,8 +161,8 @@ class LeanDecoder:
         ids = torch.randint(0, self.model.config.vocab_size, (1, 8), generator=generator).to(self.qkv[0][0].device)
         full = self.model(ids).logits[0]
         keys, values = self._cache(8), self._cache(8)
-        ours = [self._forward(ids[:, :6], 0, keys, values)[0]]
-        ours += [self._forward(ids[:, i:i + 1], i, keys, values)[0] for i in (6, 7)]
+        ours = [self.model.lm_head(self._forward(ids[:, :6], 0, keys, values))[0]]
+        ours += [self.model.lm_head(self._forward(ids[:, i:i + 1], i, keys, values))[0] for i in (6, 7)]
         theirs = full[[5, 6, 7]]
         scale = theirs.abs().max().clamp(min=1e-6)
         gap = float((torch.stack(ours) - theirs).abs().max() / scale)
