@@ -1,7 +1,8 @@
 """LeanDecoder: greedy decoding at batch 1 over a static cache gives transformers' generate()'s tokens on tiny random
 Llama-layout models (Llama, Mistral, Qwen2 with its biases, Qwen3 with its query/key norms, Gemma with its scaled
 embedding), sparsified or not, and refuses in one line what it does not run: another layout (Gemma 2's extra norms,
-Gemma 3's rotary embeddings by layer type, GPT-2), a batch, a prompt beyond its cache."""
+Gemma 3's rotary embeddings by layer type, GPT-2), a batch, a prompt beyond its cache. Its C decoding step gives the
+torch path's logits, which are the model's own, and stands aside where a norm is of another kind."""
 import copy
 
 import pytest
@@ -45,7 +46,7 @@ def test_lean_decoding_gives_generates_tokens_dense_and_sparsified(family):
         want = model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False)
     assert torch.equal(LeanDecoder(model).generate(ids, 24), want)
     assert torch.equal(LeanDecoder(sparse).generate(ids, 24), want)
-    assert torch.equal(LeanDecoder(sparse, screen_head=False).generate(ids, 24), want)
+    assert torch.equal(LeanDecoder(sparse, screen_head=False, fused=False).generate(ids, 24), want)
 
 
 def test_the_next_token_reads_few_rows_of_the_output_layer():
@@ -60,10 +61,13 @@ def test_the_next_token_reads_few_rows_of_the_output_layer():
     assert max(read) < model.config.vocab_size // 4, read
 
 
-def test_the_logits_at_each_step_are_the_models_own():
-    model, ids = _model(FAMILIES["llama"]()), _prompt()
-    tokens = LeanDecoder(model).generate(ids, 12)
-    decoder = LeanDecoder(model)
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_logits_at_each_step_are_the_models_own(family, fused):
+    model, ids = _model(FAMILIES[family]()), _prompt()
+    decoder = LeanDecoder(model, fused=fused)
+    assert decoder.fused == (fused and family != "qwen3")  # the C step where it applies: not Qwen3's per-head norms
+    tokens = decoder.generate(ids, 12)
     keys, values = decoder._cache(tokens.shape[1]), decoder._cache(tokens.shape[1])
     with torch.inference_mode():
         full = model(tokens).logits[0]
@@ -71,6 +75,17 @@ def test_the_logits_at_each_step_are_the_models_own():
         ours += [decoder._forward(tokens[:, i:i + 1], i, keys, values)[0] for i in range(10, tokens.shape[1] - 1)]
         ours = model.lm_head(torch.stack(ours))
     assert torch.allclose(ours, full[9:-1], rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+
+
+def test_a_norm_of_another_kind_decodes_by_the_torch_path():
+    model = _model(FAMILIES["llama"]())
+    layer = model.model.layers[1]
+    layer.post_attention_layernorm = torch.nn.LayerNorm(32)  # has a weight and an eps, and subtracts the mean
+    decoder, ids = LeanDecoder(model), _prompt()
+    assert not decoder.fused
+    with torch.inference_mode():
+        assert torch.equal(decoder.generate(ids, 12), model.generate(ids, max_new_tokens=12, min_new_tokens=12,
+                                                                     do_sample=False))
 
 
 def test_decoding_stops_after_the_end_token():

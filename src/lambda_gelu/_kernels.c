@@ -775,3 +775,92 @@ int64_t lg_screened_argmax_f32(const float *x, const float *w, const float *b, c
     *n_read = read;
     return best;
 }
+
+/* One decoding step of a Llama-layout decoder layer (lambda_gelu.hf.LeanDecoder), float32, one token: the work
+ * between the layer's weights is a few hundred multiply-adds per head, and in torch it is some thirty small calls of
+ * a few microseconds each — at batch 1 as much time as reading the attention's weights. The reference is the
+ * decoder's torch path, which the tests and the decoder's own probe compare with this one. */
+
+/* y = rms_norm(x)·w, or ·(1 + w) with plus_one (Gemma): x·(1/√(mean(x²) + eps)), the mean in float32 as torch's. */
+void lg_rms_norm_f32(const float *x, const float *w, float *y, int64_t d, double eps, int plus_one) {
+    float sum = 0.0f;
+    #pragma omp simd reduction(+:sum)
+    for (int64_t j = 0; j < d; j++)
+        sum += x[j] * x[j];
+    float r = 1.0f / sqrtf(sum / (float)d + (float)eps);
+    for (int64_t j = 0; j < d; j++)
+        y[j] = (x[j] * r) * (plus_one ? 1.0f + w[j] : w[j]);
+}
+
+/* v rotated as transformers' rotary embedding rotates it: v·cos + rotate_half(v)·sin, rotate_half(v) = (−v₂, v₁)
+ * for v = (v₁, v₂), its two halves. */
+static inline void rotate_f32(float *v, const float *cos, const float *sin, int64_t head_dim) {
+    int64_t half = head_dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        float a = v[i], b = v[i + half];
+        v[i] = a * cos[i] - b * sin[i];
+        v[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/* The attention half of a decoder layer for the token at position pos, in place on its hidden state h (d):
+ *     x = rms_norm(h)·norm_w;   q | k | v = x·qkvᵀ + qkv_b;   q, k rotated by cos, sin (this position's);
+ *     the cache's position pos ← k, v;   o = softmax(q·Kᵀ·scaling)·V per query head, over positions 0..pos of its
+ *     key head (query head j reads key head j / (heads / kv_heads), as torch's grouped-query attention);
+ *     h += o·o_wᵀ + o_b.
+ * qkv is the query, key and value projections' weights stacked (heads + 2·kv_heads)·head_dim rows of d; k_cache and
+ * v_cache are (kv_heads, length, head_dim). The projections' rows and the heads are split over the threads.
+ * Returns 0, or −1 if buffers could not be allocated (h and the caches unchanged). */
+int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *qkv,
+                            const float *qkv_b, const float *o_w, const float *o_b, const float *cos, const float *sin,
+                            float *k_cache, float *v_cache, int64_t pos, int64_t length, int64_t d, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim, double scaling, int max_threads) {
+    int64_t nq = heads * head_dim, nk = kv_heads * head_dim, rows = nq + 2 * nk, group = heads / kv_heads;
+    float *x = malloc((size_t)(d + rows + nq + heads * (pos + 1)) * sizeof *x);
+    if (!x)
+        return -1;
+    float *p = x + d, *o = p + rows, *scores = o + nq;  /* the projections, the heads' outputs, their weights */
+    lg_rms_norm_f32(h, norm_w, x, d, eps, plus_one);
+    int nt = max_threads > 1 ? max_threads : 1;
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            p[r] = dot_f32(qkv + r * d, x, d) + (qkv_b ? qkv_b[r] : 0.0f);
+        #pragma omp for schedule(static)
+        for (int64_t j = 0; j < heads + kv_heads; j++) {  /* the query heads, then the key heads */
+            rotate_f32(p + j * head_dim, cos, sin, head_dim);
+            if (j >= heads) {
+                int64_t g = j - heads, at = (g * length + pos) * head_dim;
+                memcpy(k_cache + at, p + j * head_dim, (size_t)head_dim * sizeof *p);
+                memcpy(v_cache + at, p + nq + nk + g * head_dim, (size_t)head_dim * sizeof *p);
+            }
+        }
+        #pragma omp for schedule(static)
+        for (int64_t j = 0; j < heads; j++) {
+            const float *q = p + j * head_dim, *keys = k_cache + (j / group) * length * head_dim;
+            const float *values = v_cache + (j / group) * length * head_dim;
+            float *s = scores + j * (pos + 1), top = -INFINITY, total = 0.0f;
+            for (int64_t t = 0; t <= pos; t++) {
+                s[t] = dot_f32(q, keys + t * head_dim, head_dim) * (float)scaling;
+                top = s[t] > top ? s[t] : top;
+            }
+            for (int64_t t = 0; t <= pos; t++)
+                total += s[t] = expf(s[t] - top);
+            float *oj = o + j * head_dim;
+            for (int64_t i = 0; i < head_dim; i++)
+                oj[i] = 0.0f;
+            for (int64_t t = 0; t <= pos; t++) {
+                float a = s[t] / total;
+                const float *vt = values + t * head_dim;
+                for (int64_t i = 0; i < head_dim; i++)
+                    oj[i] = FMA(a, vt[i], oj[i]);
+            }
+        }
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < d; r++)
+            h[r] += dot_f32(o_w + r * nq, o, nq) + (o_b ? o_b[r] : 0.0f);
+    }
+    free(x);
+    return 0;
+}

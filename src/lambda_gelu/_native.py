@@ -137,6 +137,12 @@ class Kernels:
         self.screened_argmax_f32 = self.lib.lg_screened_argmax_f32  # lambda_gelu.screened_argmax
         self.screened_argmax_f32.argtypes = [_P] * 7 + [_I64, _I64, _I32, _I64, _P]
         self.screened_argmax_f32.restype = _I64
+        self.rms_norm_f32 = self.lib.lg_rms_norm_f32  # lambda_gelu.hf.decode
+        self.rms_norm_f32.argtypes, self.rms_norm_f32.restype = [_P, _P, _P, _I64, ctypes.c_double, _I32], None
+        self.decode_attention_f32 = self.lib.lg_decode_attention_f32
+        self.decode_attention_f32.argtypes = [_P, _P, ctypes.c_double, _I32] + [_P] * 8 + [_I64] * 6 + [
+            ctypes.c_double, _I32]
+        self.decode_attention_f32.restype = _I32
         self.active_union_f32 = self.lib.lg_active_union_f32
         self.active_union_f32.argtypes, self.active_union_f32.restype = [_P, _I64, _I64, _P], _I64
 

@@ -74,9 +74,9 @@ class ScreenedArgmax:
     @torch.no_grad()
     def __call__(self, x: Tensor) -> Tensor:
         w, b = self.layer.weight, self.layer.bias
+        fits = b is None or b.dtype is w.dtype and b.is_contiguous()
         kernels = _native.library() if (self.screen is not None and x.dtype is w.dtype and x.is_cpu
-                                        and w.is_contiguous() and (b is None or b.dtype is w.dtype and b.is_contiguous())
-                                        ) else None
+                                        and w.is_contiguous() and fits) else None
         if kernels is None:
             self.rows_read = self.layer.out_features
             return self.layer(x).argmax(-1)

@@ -23,9 +23,11 @@ other logits than this one on a probe prompt (checked at construction), is refus
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import _native
 from ..screened_argmax import ScreenedArgmax
 
 __all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
@@ -49,13 +51,16 @@ class LeanDecoder:
         max_length: tokens the cache holds, prompt included (capped by the model's sliding window, if it has one).
         screen_head: the next token through the output layer's int8 screen (the default; an int8 copy of its rows
             is held, a quarter more of its bytes), or ``False``: every logit computed and their argmax taken.
+        fused: each new token's norms and attention in one C call per layer and one for the FFN's norm (the
+            default, where it applies: float32 on CPU, RMS norms of the Llama or Gemma kind, no per-head norms;
+            :attr:`fused` says whether it does), or ``False``: the torch path, which is its reference.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
-    one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights and the output layer's int8
-    rows are copies: call :meth:`refresh` after changing the model's attention or output weights.
+    one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights and the output layer's
+    int8 rows are copies: call :meth:`refresh` after changing the model's attention or output weights.
     """
 
-    def __init__(self, model: torch.nn.Module, max_length: int = 2048, screen_head: bool = True):
+    def __init__(self, model: torch.nn.Module, max_length: int = 2048, screen_head: bool = True, fused: bool = True):
         if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
             raise ValueError(f"max_length is a number of tokens ≥ 2, got {max_length!r}")
         problem = _layout_problem(model)
@@ -64,7 +69,7 @@ class LeanDecoder:
                              "use its generate() instead")
         config = model.config
         window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-        self.model, self.window, self.screen_head = model, window, bool(screen_head)
+        self.model, self.window, self.screen_head, self.fused = model, window, bool(screen_head), bool(fused)
         self.max_length = min(max_length, window) if window else max_length
         attention = model.model.layers[0].self_attn
         self.heads = config.num_attention_heads
@@ -97,10 +102,53 @@ class LeanDecoder:
         cos, sin = self.model.model.rotary_emb(torch.zeros((), dtype=weight.dtype, device=weight.device), position)
         self.cos, self.sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
         self.head = ScreenedArgmax(self.model.lm_head) if self.screen_head else None
+        self._steps = self._fused_steps() if self.fused else None
+        self.fused = self._steps is not None
+
+    def _fused_steps(self) -> list[tuple] | None:
+        """What the C decoding step reads per layer (the weights' addresses; their tensors are the model's and
+        :attr:`qkv`'s), and the final norm's, or None where it does not apply."""
+        kernels, inner = _native.library(), self.model.model
+        if kernels is None or self.head_dim % 2 or self.heads % self.kv_heads:
+            return None
+        final = _rms_norm(inner.norm)
+        steps = []
+        for layer, (weight, bias, _) in zip(inner.layers, self.qkv):
+            a = layer.self_attn
+            norms = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
+            tensors = [weight, bias, a.o_proj.weight, a.o_proj.bias]
+            if (None in norms or final is None or hasattr(a, "q_norm") or type(a.o_proj) is not nn.Linear
+                    or not all(t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
+                               for t in tensors)):
+                return None
+            steps.append((*norms, *(None if t is None else t.data_ptr() for t in tensors)))
+        return steps + [final]
+
+    def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+        """:meth:`_forward` for one token, by the C decoding step."""
+        kernels, inner, d = _native.library(), self.model.model, self.model.config.hidden_size
+        h = inner.embed_tokens(ids).reshape(d).contiguous()
+        x = torch.empty(1, 1, d, dtype=h.dtype)
+        cos, sin = self.cos[start].contiguous(), self.sin[start].contiguous()
+        threads, scaling = torch.get_num_threads(), float(self.model.model.layers[0].self_attn.scaling)
+        for layer, (norm, post, qkv, qkv_b, o_w, o_b), k_cache, v_cache in zip(inner.layers, self._steps, keys,
+                                                                                values):
+            if kernels.decode_attention_f32(h.data_ptr(), *norm, qkv, qkv_b, o_w, o_b, cos.data_ptr(),
+                                            sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), start,
+                                            k_cache.shape[2], d, self.heads, self.kv_heads, self.head_dim, scaling,
+                                            threads) < 0:
+                raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
+            kernels.rms_norm_f32(h.data_ptr(), post[0], x.data_ptr(), d, *post[1:])
+            h += layer.mlp(x).reshape(d)
+        out = torch.empty(1, d, dtype=h.dtype)
+        kernels.rms_norm_f32(h.data_ptr(), self._steps[-1][0], out.data_ptr(), d, *self._steps[-1][1:])
+        return out
 
     def _forward(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         """The last position's final hidden state (1, d) for the tokens ``ids`` (1, T) at positions
         start..start+T−1, writing their keys and values into the cache: a prompt (start 0) or one token."""
+        if self._steps is not None and ids.shape[1] == 1:
+            return self._step(ids, start, keys, values)
         n, end = ids.shape[1], start + ids.shape[1]
         inner = self.model.model
         h = inner.embed_tokens(ids)
@@ -183,3 +231,19 @@ def _layout_problem(model) -> str | None:
     if attention is not None:
         missing += [p for p in _PROJECTIONS + ("head_dim", "scaling") if not hasattr(attention, p)]
     return f"lacks {', '.join(missing)}" if missing else None
+
+
+def _rms_norm(norm: nn.Module) -> tuple[int, float, int] | None:
+    """(its weight's address, eps, plus_one) if ``norm`` computes x/√(mean(x²) + eps) times its float32 weight, or
+    times 1 + weight with plus_one (Gemma's), on a probe input; None otherwise."""
+    w = getattr(norm, "weight", None)
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if not (isinstance(w, Tensor) and w.dim() == 1 and w.dtype is torch.float32 and w.is_cpu and w.is_contiguous()
+            and isinstance(eps, float | int)):
+        return None
+    x = torch.randn(4, w.numel(), generator=torch.Generator().manual_seed(0))
+    got, base = norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    for plus_one in (0, 1):
+        if torch.allclose(got, base * (1 + w if plus_one else w), rtol=1e-5, atol=1e-6):
+            return w.data_ptr(), float(eps), plus_one
+    return None
