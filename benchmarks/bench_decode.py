@@ -1,13 +1,14 @@
 """Greedy decoding at batch 1 with the KV cache: a converted (exact-ReLU) language model dense against the same
 model with its gated FFNs sparsified (lambda_gelu.sparse.sparsify_), by two decoders: transformers' `generate`, and
-lambda_gelu.hf.LeanDecoder (a static cache, one matrix product for q/k/v, fewer Python calls per token).
+lambda_gelu.hf.LeanDecoder (a static cache, a C step per layer, the next token through the output layer's screen).
 
     lambda-gelu reluize smollm2-135m-instruct --out runs/smollm2-relu
     python benchmarks/bench_decode.py --model runs/smollm2-relu
 
 Reports per decoder the tokens/s of each model (medians of rounds interleaved over the four variants; the speed-up's
 middle half over the rounds beside it), whether all four generated the same tokens, the FFN blocks' share of dense
-decoding time, then the gate zeros seen while decoding, the FFN block alone dense against sparse on the hidden
+decoding time, the lean decoder's dense model against its torch path (fused=False, screen_head=False, timed in the
+same rounds) and the output layer's rows its screened head read, then the gate zeros seen while decoding, the FFN block alone dense against sparse on the hidden
 states decoding gave it (and against the same C loop computing every unit: what the skipping itself buys; and
 against the sparse block without its gate's int8 screen, which then reads every float32 gate row), and the Amdahl
 bound those numbers set on the whole: 1 / ((1 − share) + share / block speed-up). Then the same with the gated FFNs
@@ -97,6 +98,7 @@ def main():
     ids = tokenizer(prompt, return_tensors="pt")
     n = args.new_tokens
     lean = {"dense": LeanDecoder(dense), "sparse": LeanDecoder(sparse),
+            "dense, torch path": LeanDecoder(dense, fused=False, screen_head=False),
             **{f"int8 {mode}": LeanDecoder(model) for mode, model in int8.items()}}
 
     def generate(model):
@@ -105,13 +107,19 @@ def main():
     runs = {("generate", "dense"): lambda: generate(dense), ("generate", "sparse"): lambda: generate(sparse),
             ("lean", "dense"): lambda: lean["dense"].generate(ids["input_ids"], n),
             ("lean", "sparse"): lambda: lean["sparse"].generate(ids["input_ids"], n),
+            ("lean", "dense, torch path"): lambda: lean["dense, torch path"].generate(ids["input_ids"], n),
             ("lean", "int8 sparse"): lambda: lean["int8 sparse"].generate(ids["input_ids"], n),
             ("lean", "int8 every unit"): lambda: lean["int8 every unit"].generate(ids["input_ids"], n)}
     tokens = {k: run() for k, run in runs.items()}
     same = {path: torch.equal(tokens[path, "dense"], tokens[path, "sparse"]) for path in ("generate", "lean")}
-    same_as_generate = torch.equal(tokens["lean", "dense"], tokens["generate", "dense"])
+    same_as_generate = all(torch.equal(tokens["lean", m], tokens["generate", "dense"])
+                           for m in ("dense", "dense, torch path"))
     times = time_interleaved({f"{p} {m}": run for (p, m), run in runs.items()}, args.rounds, 1)
     seconds = {k: statistics.median(v) for k, v in times.items()}
+    head, read = lean["dense"].head, []  # the output layer's rows the screened head reads, token by token
+    lean["dense"].head = lambda h: (head(h), read.append(head.rows_read))[0]
+    runs["lean", "dense"]()
+    lean["dense"].head = head
 
     # the FFN blocks' share of dense decoding by each decoder, the gates' zeros, and the blocks' own inputs
     spent, inputs, zeros, starts, collect = [0.0], [], [0, 0], {}, [True]
@@ -166,6 +174,8 @@ def main():
                          "amdahl_bound": 1 / ((1 - share[path]) + share[path] / block_speedup),
                          "amdahl_free_mlp": 1 / (1 - share[path])} for path in ("generate", "lean")},
         "lean_sparse_over_generate_dense": seconds["generate dense"] / seconds["lean sparse"],
+        "lean_over_torch_path": seconds["lean dense, torch path"] / seconds["lean dense"],
+        "head_rows_read": {"mean": statistics.mean(read), "max": max(read), "of": head.layer.out_features},
         "block_ms": {k: 1e3 * v / len(inputs) for k, v in block.items()},
         "mlp_over_every_unit": block["every unit"] / block["sparse"],
         "mlp_over_unscreened": block["unscreened"] / block["sparse"], "screen_ruled_out": ruled_out,
@@ -187,6 +197,8 @@ def main():
     print(f"FFN block: sparse {block_speedup:.2f}× dense, {result['mlp_over_every_unit']:.2f}× the same loop computing "
           f"every unit, {result['mlp_over_unscreened']:.2f}× itself without the gate's screen (which ruled out "
           f"{ruled_out:.1%} of the units)")
+    print(f"lean decoder, dense: {result['lean_over_torch_path']:.2f}× its torch path; its head read "
+          f"{statistics.mean(read):.1f} of {head.layer.out_features} rows a token (at most {max(read)})")
     q = result["int8"]
     print(f"int8 weights, lean decoder: {q['tokens_per_s']['sparse']:.1f} tokens/s sparse ({q['over_lean_dense']:.2f}× "
           f"float32 dense, {q['over_every_unit']:.2f}× int8 every unit); block {q['block_over_dense']:.2f}× float32 "

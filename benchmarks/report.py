@@ -217,8 +217,10 @@ def _decode_section(d: dict) -> list[str]:
     lines += [f"## Decoding {d['model']}: gated FFNs sparsified", "",
               f"`python benchmarks/bench_decode.py --model {d['model']}{argv}` — greedy decoding of "
               f"{d['new_tokens']} tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, float32, by "
-              "transformers' `generate` with its KV cache and by `lambda_gelu.hf.LeanDecoder` (a static cache, fewer "
-              f"Python calls a token); {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by "
+              "transformers' `generate` with its KV cache and by `lambda_gelu.hf.LeanDecoder` ("
+              + ("a static cache, a C step per layer, the next token through the output layer's int8 screen"
+                 if "lean_over_torch_path" in d else "a static cache, fewer Python calls a token")
+              + f"); {d['relu_gates']} ReLU gates, {d['gated_blocks']} FFN blocks replaced by "
               f"`SparseGatedMLP`; every variant timed in interleaved rounds. {h['threads']} threads, "
               f"{h['machine']}; " + (f"the code of commit {h['code']}." if h.get("code") else
                                      "measured before the benchmarks recorded their commit, with older FFN kernels "
@@ -246,7 +248,12 @@ def _decode_section(d: dict) -> list[str]:
     lines += ["", f"Gate zeros while decoding: {d['gate_zeros']:.1%}; the FFN block alone, sparse against dense on "
               f"the hidden states decoding gave it: {d['mlp_speedup']:.2f}×{every}. The lean decoder's tokens are "
               f"`generate`'s: {'yes' if d['same_as_generate'] else '**no**'}; its sparse model against `generate`'s "
-              f"dense one: {d['lean_sparse_over_generate_dense']:.2f}×.", ""]
+              f"dense one: {d['lean_sparse_over_generate_dense']:.2f}×."
+              + (f" Its C decoding step and screened output layer make its dense model "
+                 f"{d['lean_over_torch_path']:.2f}× its torch path (`fused=False, screen_head=False`, the same "
+                 f"tokens: {'yes' if d['same_as_generate'] else '**no**'}); the head read "
+                 f"{d['head_rows_read']['mean']:.1f} of the output layer's {d['head_rows_read']['of']} rows a token "
+                 f"(at most {d['head_rows_read']['max']})." if "lean_over_torch_path" in d else ""), ""]
     if "int8" in d:
         q = d["int8"]
         lines += [f"Over int8 weights (`sparsify_(model, int8=True)`: int8 rows with a float32 scale each, "
