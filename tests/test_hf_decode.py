@@ -88,6 +88,21 @@ def test_a_norm_of_another_kind_decodes_by_the_torch_path():
                                                                      do_sample=False))
 
 
+def test_weights_changed_after_construction_are_decoded_as_they_are_now():
+    model, ids = _model(FAMILIES["llama"]()), _prompt()
+    sparsify_(model, min_weights=0)
+    decoder = LeanDecoder(model)
+    decoder.generate(ids, 4)
+    with torch.no_grad():  # copied by the decoder (stacked q/k/v, the output layer's screen) or read by address
+        model.lm_head.weight.neg_()
+        model.model.layers[0].self_attn.k_proj.weight.mul_(3)
+        model.model.layers[1].mlp.gate_proj.weight.neg_()
+        model.model.layers[1].post_attention_layernorm.weight = torch.nn.Parameter(torch.full((32,), 2.0))
+    with torch.inference_mode():
+        want = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    assert torch.equal(decoder.generate(ids, 12), want)
+
+
 def test_decoding_stops_after_the_end_token():
     model, ids = _model(FAMILIES["llama"]()), _prompt()
     tokens = LeanDecoder(model).generate(ids, 12)

@@ -75,3 +75,14 @@ def test_batches_and_what_it_cannot_bound_go_as_the_layer_gives_them():
     assert torch.equal(ScreenedArgmax(half)(x.to(torch.bfloat16)), half(x.to(torch.bfloat16)).argmax(-1))
     with pytest.raises(TypeError, match=r"^ScreenedArgmax screens an nn.Linear, got Conv1d$"):
         ScreenedArgmax(nn.Conv1d(3, 3, 1))
+
+
+def test_a_weight_changed_in_place_or_replaced_is_screened_again():
+    layer = _layer(2000, 32, True)
+    head, x = ScreenedArgmax(layer), torch.randn(32, generator=torch.Generator().manual_seed(5))
+    assert int(head(x)) == _exact(layer, x)
+    with torch.no_grad():
+        layer.weight.neg_()  # the old screen would bound the old logits
+    assert int(head(x)) == _exact(layer, x)
+    layer.weight = nn.Parameter(torch.randn(2000, 32, generator=torch.Generator().manual_seed(6)))
+    assert int(head(x)) == _exact(layer, x)

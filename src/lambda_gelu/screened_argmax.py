@@ -28,6 +28,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from . import _native
+from .derived import Made
 from .sparse_gated import int16_rows, screen_rows
 
 __all__ = ["ScreenedArgmax", "screened_argmax_reference"]
@@ -53,8 +54,9 @@ def screened_argmax_reference(x: Tensor, weight: Tensor, bias: Tensor | None,
 class ScreenedArgmax:
     """``layer(x).argmax(-1)`` for a ``nn.Linear`` (see the module's docstring), each row of x one call of the C
     kernel. Building it copies the layer's rows to int8 (a quarter more of the weight's bytes) if the weight is
-    float32 on CPU; call :meth:`refresh` after changing the weight. :attr:`rows_read` is the number of float32 rows the
-    last row of x read (the layer's ``out_features`` where the layer computed them all)."""
+    float32 on CPU; a call after the weight changed copies them again first (:class:`~lambda_gelu.derived.Made`).
+    :attr:`rows_read` is the number of float32 rows the last row of x read (the layer's ``out_features`` where the
+    layer computed them all)."""
 
     def __init__(self, layer: nn.Linear):
         if not isinstance(layer, nn.Linear):
@@ -64,15 +66,17 @@ class ScreenedArgmax:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Copy the layer's rows to int8 again (after changing its weight)."""
+        """Copy the layer's rows to int8 again."""
         w = self.layer.weight
-        self.screen = None
+        self.screen, self._made = None, Made([w])
         if w.dtype is torch.float32 and w.is_cpu:
             parts = [screen_rows(w[i:i + CHUNK_ROWS]) for i in range(0, w.shape[0], CHUNK_ROWS)]
             self.screen = tuple(torch.cat(p).contiguous() for p in zip(*parts))
 
     @torch.no_grad()
     def __call__(self, x: Tensor) -> Tensor:
+        if self._made.stale([self.layer.weight]):
+            self.refresh()
         w, b = self.layer.weight, self.layer.bias
         fits = b is None or b.dtype is w.dtype and b.is_contiguous()
         kernels = _native.library() if (self.screen is not None and x.dtype is w.dtype and x.is_cpu

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from . import _native
 from .convert import _plain
+from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "sparse_gated_reference", "sparse_gated_int8_reference",
            "quantize_rows", "screen_rows", "int16_rows", "gated_mlps"]
@@ -156,10 +157,15 @@ class SparseGatedMLP(nn.Module):
         return cls(layout, getattr(mlp, layout.gate), getattr(mlp, layout.up), getattr(mlp, layout.down), max_density,
                    int8, sparse, screen)
 
+    def _weights(self) -> list[Tensor]:
+        return [self._modules[n].weight for n in (self.layout.gate, self.layout.up, self.layout.down)]
+
     @torch.no_grad()
     def _derive(self) -> None:
-        """The buffers made from the layers' weights: ``downᵀ`` and the gate's screen, or the int8 rows and scales."""
-        gate, up, down = (self._modules[n].weight for n in (self.layout.gate, self.layout.up, self.layout.down))
+        """The buffers made from the layers' weights: ``downᵀ`` and the gate's screen, or the int8 rows and scales;
+        made again by :meth:`forward` once a weight has changed (:class:`~lambda_gelu.derived.Made`)."""
+        gate, up, down = self._weights()
+        self._made = Made((gate, up, down))
         if not self.int8:
             self.register_buffer("down_t", down.detach().t().contiguous(), persistent=False)
             if self.screen:
@@ -176,6 +182,8 @@ class SparseGatedMLP(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or gate.weight.requires_grad):
             raise RuntimeError("SparseGatedMLP is for inference and has no backward: run the model under "
                                "torch.inference_mode() or torch.no_grad() (or restore the dense blocks to train)")
+        if self._made.stale(self._weights()):
+            self._derive()
         if self.int8:
             return self._forward_int8(x, gate, up, down)
         kernels = _native.library() if (x.dtype is up.weight.dtype is gate.weight.dtype is torch.float32 and x.is_cpu

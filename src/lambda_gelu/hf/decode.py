@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _native
+from ..derived import Made
 from ..screened_argmax import ScreenedArgmax
 
 __all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
@@ -57,7 +58,8 @@ class LeanDecoder:
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
     one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights and the output layer's
-    int8 rows are copies: call :meth:`refresh` after changing the model's attention or output weights.
+    int8 rows are copies, made again by :meth:`generate` once a weight or buffer of the model has changed
+    (:class:`~lambda_gelu.derived.Made`).
     """
 
     def __init__(self, model: torch.nn.Module, max_length: int = 2048, screen_head: bool = True, fused: bool = True):
@@ -87,7 +89,8 @@ class LeanDecoder:
     @torch.inference_mode()
     def refresh(self) -> None:
         """Stack the query/key/value weights again, tabulate the rotary embedding and copy the output layer's rows to
-        int8 (after changing the model)."""
+        int8."""
+        self._made = Made(self._sources())
         self.qkv = []
         for layer in self.model.model.layers:
             a = layer.self_attn
@@ -105,9 +108,13 @@ class LeanDecoder:
         self._steps = self._fused_steps() if self.fused else None
         self.fused = self._steps is not None
 
+    def _sources(self) -> list[Tensor]:
+        return [*self.model.parameters(), *self.model.buffers()]
+
     def _fused_steps(self) -> list[tuple] | None:
-        """What the C decoding step reads per layer (the weights' addresses; their tensors are the model's and
-        :attr:`qkv`'s), and the final norm's, or None where it does not apply."""
+        """What the C decoding step reads per layer (the model's tensors and :attr:`qkv`'s: the norms' weights with
+        eps and plus_one, q/k/v stacked and its bias, o_proj's weight and bias), then the final norm's; None where it
+        does not apply."""
         kernels, inner = _native.library(), self.model.model
         if kernels is None or self.head_dim % 2 or self.heads % self.kv_heads:
             return None
@@ -121,7 +128,7 @@ class LeanDecoder:
                     or not all(t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
                                for t in tensors)):
                 return None
-            steps.append((*norms, *(None if t is None else t.data_ptr() for t in tensors)))
+            steps.append((*norms, *tensors))
         return steps + [final]
 
     def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
@@ -133,15 +140,15 @@ class LeanDecoder:
         threads, scaling = torch.get_num_threads(), float(self.model.model.layers[0].self_attn.scaling)
         for layer, (norm, post, qkv, qkv_b, o_w, o_b), k_cache, v_cache in zip(inner.layers, self._steps, keys,
                                                                                 values):
-            if kernels.decode_attention_f32(h.data_ptr(), *norm, qkv, qkv_b, o_w, o_b, cos.data_ptr(),
-                                            sin.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), start,
-                                            k_cache.shape[2], d, self.heads, self.kv_heads, self.head_dim, scaling,
-                                            threads) < 0:
+            if kernels.decode_attention_f32(h.data_ptr(), norm[0].data_ptr(), *norm[1:], qkv.data_ptr(), _ptr(qkv_b),
+                                            o_w.data_ptr(), _ptr(o_b), cos.data_ptr(), sin.data_ptr(),
+                                            k_cache.data_ptr(), v_cache.data_ptr(), start, k_cache.shape[2], d,
+                                            self.heads, self.kv_heads, self.head_dim, scaling, threads) < 0:
                 raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
-            kernels.rms_norm_f32(h.data_ptr(), post[0], x.data_ptr(), d, *post[1:])
+            kernels.rms_norm_f32(h.data_ptr(), post[0].data_ptr(), x.data_ptr(), d, *post[1:])
             h += layer.mlp(x).reshape(d)
-        out = torch.empty(1, d, dtype=h.dtype)
-        kernels.rms_norm_f32(h.data_ptr(), self._steps[-1][0], out.data_ptr(), d, *self._steps[-1][1:])
+        out, final = torch.empty(1, d, dtype=h.dtype), self._steps[-1]
+        kernels.rms_norm_f32(h.data_ptr(), final[0].data_ptr(), out.data_ptr(), d, *final[1:])
         return out
 
     def _forward(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
@@ -183,6 +190,8 @@ class LeanDecoder:
             raise ValueError(f"the prompt's {input_ids.shape[1]} tokens and {max_new_tokens} new ones exceed the "
                              f"decoder's max_length {self.max_length}: build it with a larger max_length"
                              + (f" (the model's sliding window caps it at {self.window})" if self.window else ""))
+        if self._made.stale(self._sources()):
+            self.refresh()
         keys, values = self._cache(total), self._cache(total)
         out, start, step = [input_ids], 0, input_ids
         for _ in range(max_new_tokens):
@@ -233,8 +242,12 @@ def _layout_problem(model) -> str | None:
     return f"lacks {', '.join(missing)}" if missing else None
 
 
-def _rms_norm(norm: nn.Module) -> tuple[int, float, int] | None:
-    """(its weight's address, eps, plus_one) if ``norm`` computes x/√(mean(x²) + eps) times its float32 weight, or
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _rms_norm(norm: nn.Module) -> tuple[Tensor, float, int] | None:
+    """(its weight, eps, plus_one) if ``norm`` computes x/√(mean(x²) + eps) times its float32 weight, or
     times 1 + weight with plus_one (Gemma's), on a probe input; None otherwise."""
     w = getattr(norm, "weight", None)
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
@@ -245,5 +258,5 @@ def _rms_norm(norm: nn.Module) -> tuple[int, float, int] | None:
     got, base = norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     for plus_one in (0, 1):
         if torch.allclose(got, base * (1 + w if plus_one else w), rtol=1e-5, atol=1e-6):
-            return w.data_ptr(), float(eps), plus_one
+            return w, float(eps), plus_one
     return None
