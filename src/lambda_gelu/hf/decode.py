@@ -7,15 +7,19 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
 
 - one matrix product for the query, key and value projections (their weights stacked once, at construction);
 - a static key-value cache, written in place, and the rotary embedding's cos/sin tabulated for every position;
-- ``scaled_dot_product_attention`` over the cache with grouped-query heads (no repeated keys);
+- ``scaled_dot_product_attention`` over the cache with grouped-query heads (no repeated keys), for the prompt;
+- for each new token, one C call per layer from the input norm to the attention's residual (the projections, the
+  rotary embedding, the cache write, the attention) and one for the FFN's norm, where the model allows it (float32
+  on CPU, RMS norms of the Llama or Gemma kind, no per-head norms; ``fused=False``: the torch path above, its
+  reference);
 - the next token from the output layer through its int8 screen (:class:`~lambda_gelu.screened_argmax.ScreenedArgmax`:
   the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
 
-The decoder layers' own ``input_layernorm``, ``post_attention_layernorm`` and ``mlp`` modules are called as they
-are, so a sparsified FFN block runs here as in ``generate``. The layout is the Llama family's (Llama, Mistral,
-Qwen2, Qwen3's per-head query/key norms, SmolLM; Gemma too, whose embedding module scales its output); a model of
-another layout (Gemma 2's extra norms, Gemma 3's rotary embedding by layer type, ...), or one whose own forward gives
-other logits than this one on a probe prompt (checked at construction), is refused with one line.
+The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
+``generate``. The layout is the Llama family's (Llama, Mistral, Qwen2, Qwen3's per-head query/key norms, SmolLM;
+Gemma too, whose embedding module scales its output); a model of another layout (Gemma 2's extra norms, Gemma 3's
+rotary embedding by layer type, ...), or one whose own forward gives other logits than this one on a probe prompt
+(checked at construction, the C step included), is refused with one line.
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
