@@ -429,6 +429,15 @@ static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
     return s;
 }
 
+/* The exact sums of the m ≤ 4 int8 rows q, q + d, ... with b into s[0..m), four at once where there are four. */
+static inline void sums_i8_i16(const int8_t *q, int m, int64_t d, const int16_t *b, int32_t *s) {
+    if (m == 4)
+        dot4_i8_i16(q, d, b, s);
+    else
+        for (int i = 0; i < m; i++)
+            s[i] = dot_i8_i16(q + i * d, b, d);
+}
+
 /* The largest |x̃| the screen quantizes x to, for rows of d entries: int16, and d·127·|x̃| < 2³¹ (exact int32 sums). */
 static inline int32_t screen_scale(int64_t d) {
     int64_t m = (int64_t)2147483647 / (127 * (d > 0 ? d : 1));
@@ -674,11 +683,7 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
             prefetch_bytes(gate_q + (k0 + SCREEN_AHEAD) * d, 4 * d);
         for (int64_t r = 0; r < n; r++) {
             int32_t sums[4];
-            if (m == 4)
-                dot4_i8_i16(gate_q + k0 * d, d, xq + r * d, sums);
-            else
-                for (int i = 0; i < m; i++)
-                    sums[i] = dot_i8_i16(gate_q + (k0 + i) * d, xq + r * d, d);
+            sums_i8_i16(gate_q + k0 * d, m, d, xq + r * d, sums);
             for (int i = 0; i < m; i++) {
                 int64_t k = k0 + i;
                 double b = gate_b ? gate_b[k] : 0.0, product = (double)gate_s[k] * scale[r] * sums[i];
@@ -740,11 +745,7 @@ int64_t lg_screened_argmax_f32(const float *x, const float *w, const float *b, c
         int32_t sums[4];
         if (k0 + SCREEN_AHEAD + 4 <= rows)
             prefetch_bytes(q + (k0 + SCREEN_AHEAD) * d, 4 * d);
-        if (m == 4)
-            dot4_i8_i16(q + k0 * d, d, xq, sums);
-        else
-            for (int i = 0; i < m; i++)
-                sums[i] = dot_i8_i16(q + (k0 + i) * d, xq, d);
+        sums_i8_i16(q + k0 * d, m, d, xq, sums);
         for (int i = 0; i < m; i++) {
             int64_t k = k0 + i;
             double bk = b ? b[k] : 0.0, product = (double)s[k] * scale * sums[i], a = product + bk;

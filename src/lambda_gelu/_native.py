@@ -178,6 +178,16 @@ class Kernels:
         return gx, grad_lam
 
 
+def pointer(t: Tensor | None) -> int | None:
+    """A tensor's address as the kernels take it; None (NULL: no such input) for None."""
+    return None if t is None else t.data_ptr()
+
+
+def biases_fit(*layers: torch.nn.Linear) -> bool:
+    """Whether the kernels can read each layer's bias as it is (none, or contiguous float32)."""
+    return all(m.bias is None or m.bias.dtype is torch.float32 and m.bias.is_contiguous() for m in layers)
+
+
 _kernels: Kernels | None = None
 _error: str | None = None
 

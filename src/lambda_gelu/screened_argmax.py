@@ -78,9 +78,8 @@ class ScreenedArgmax:
         if self._made.stale([self.layer.weight]):
             self.refresh()
         w, b = self.layer.weight, self.layer.bias
-        fits = b is None or b.dtype is w.dtype and b.is_contiguous()
         kernels = _native.library() if (self.screen is not None and x.dtype is w.dtype and x.is_cpu
-                                        and w.is_contiguous() and fits) else None
+                                        and w.is_contiguous() and _native.biases_fit(self.layer)) else None
         if kernels is None:
             self.rows_read = self.layer.out_features
             return self.layer(x).argmax(-1)
@@ -89,7 +88,7 @@ class ScreenedArgmax:
         read = torch.zeros(1, dtype=torch.int64)
         q, s, r, n = self.screen
         for i, row in enumerate(rows):
-            k = kernels.screened_argmax_f32(row.data_ptr(), w.data_ptr(), None if b is None else b.data_ptr(),
+            k = kernels.screened_argmax_f32(row.data_ptr(), w.data_ptr(), _native.pointer(b),
                                             q.data_ptr(), s.data_ptr(), r.data_ptr(), n.data_ptr(), w.shape[0],
                                             w.shape[1], torch.get_num_threads(), _native.GRAIN, read.data_ptr())
             if k == -1:

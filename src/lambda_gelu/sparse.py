@@ -114,7 +114,7 @@ class SparseLinear(nn.Module):
         y = torch.empty(*x.shape[:-1], self.out_features, dtype=torch.float32)
         if bias is not None and not bias.is_contiguous():
             bias = bias.contiguous()
-        n_active = kernels.sparse_linear_f32(x.data_ptr(), wt.data_ptr(), None if bias is None else bias.data_ptr(),
+        n_active = kernels.sparse_linear_f32(x.data_ptr(), wt.data_ptr(), _native.pointer(bias),
                                              y.data_ptr(), x.numel() // self.in_features, self.in_features,
                                              self.out_features, max_active, torch.get_num_threads(), _native.GRAIN)
         if n_active < 0:

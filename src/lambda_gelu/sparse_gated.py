@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import _native
+from ._native import biases_fit, pointer
 from .convert import _plain
 from .derived import Made
 
@@ -188,7 +189,7 @@ class SparseGatedMLP(nn.Module):
             return self._forward_int8(x, gate, up, down)
         kernels = _native.library() if (x.dtype is up.weight.dtype is gate.weight.dtype is torch.float32 and x.is_cpu
                                         and up.weight.is_contiguous() and gate.weight.is_contiguous()
-                                        and _biases_fit(gate, up, down)) else None
+                                        and biases_fit(gate, up, down)) else None
         x2 = x.reshape(-1, x.shape[-1])
         fused = kernels is not None and len(x2) <= FUSED_ROWS  # decoding: the gate in C too
         if not (self.sparse or fused):
@@ -204,23 +205,23 @@ class SparseGatedMLP(nn.Module):
                 g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
             if fused and self.sparse and self.screen and "gate_n" in self._buffers:
                 b = self._buffers
-                n_active = kernels.sparse_gated_screened_f32(x2.data_ptr(), gate.weight.data_ptr(), _ptr(gate.bias),
+                n_active = kernels.sparse_gated_screened_f32(x2.data_ptr(), gate.weight.data_ptr(), pointer(gate.bias),
                                                              b["gate_q"].data_ptr(), b["gate_s"].data_ptr(),
                                                              b["gate_r"].data_ptr(), b["gate_n"].data_ptr(),
-                                                             up.weight.data_ptr(), _ptr(up.bias),
-                                                             b["down_t"].data_ptr(), _ptr(down.bias),
+                                                             up.weight.data_ptr(), pointer(up.bias),
+                                                             b["down_t"].data_ptr(), pointer(down.bias),
                                                              g.data_ptr(), y.data_ptr(), *sizes, *threads)
             elif fused:
-                n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), _ptr(gate.bias),
-                                                          up.weight.data_ptr(), _ptr(up.bias),
-                                                          self._buffers["down_t"].data_ptr(), _ptr(down.bias),
+                n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), pointer(gate.bias),
+                                                          up.weight.data_ptr(), pointer(up.bias),
+                                                          self._buffers["down_t"].data_ptr(), pointer(down.bias),
                                                           g.data_ptr(), y.data_ptr(), *sizes, max_active,
                                                           int(not self.sparse), *threads)
             else:
                 g = F.relu(gate(x2)).contiguous()
-                n_active = kernels.sparse_gated_f32(x2.data_ptr(), g.data_ptr(), up.weight.data_ptr(), _ptr(up.bias),
-                                                    self._buffers["down_t"].data_ptr(), _ptr(down.bias), y.data_ptr(),
-                                                    *sizes, max_active, *threads)
+                n_active = kernels.sparse_gated_f32(x2.data_ptr(), g.data_ptr(), up.weight.data_ptr(), pointer(up.bias),
+                                                    self._buffers["down_t"].data_ptr(), pointer(down.bias),
+                                                    y.data_ptr(), *sizes, max_active, *threads)
             if n_active < 0:
                 raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
             if n_active > max_active:
@@ -234,15 +235,15 @@ class SparseGatedMLP(nn.Module):
 
     def _forward_int8(self, x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> Tensor:
         b = self._buffers
-        kernels = _native.library() if x.dtype is torch.float32 and x.is_cpu and _biases_fit(gate, up, down) else None
+        kernels = _native.library() if x.dtype is torch.float32 and x.is_cpu and biases_fit(gate, up, down) else None
         if kernels is None:
             return sparse_gated_int8_reference(x, b, gate, up, down).to(x.dtype)
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
         g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
         y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
-        if kernels.sparse_gated_i8(x2.data_ptr(), b["gate_q"].data_ptr(), b["gate_s"].data_ptr(), _ptr(gate.bias),
-                                   b["up_q"].data_ptr(), b["up_s"].data_ptr(), _ptr(up.bias), b["down_q"].data_ptr(),
-                                   b["down_s"].data_ptr(), _ptr(down.bias), g.data_ptr(), y.data_ptr(), len(x2),
+        if kernels.sparse_gated_i8(x2.data_ptr(), b["gate_q"].data_ptr(), b["gate_s"].data_ptr(), pointer(gate.bias),
+                                   b["up_q"].data_ptr(), b["up_s"].data_ptr(), pointer(up.bias), b["down_q"].data_ptr(),
+                                   b["down_s"].data_ptr(), pointer(down.bias), g.data_ptr(), y.data_ptr(), len(x2),
                                    x2.shape[1], gate.out_features, down.out_features, int(not self.sparse),
                                    torch.get_num_threads(), _native.GRAIN) < 0:
             raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
@@ -251,15 +252,6 @@ class SparseGatedMLP(nn.Module):
     def extra_repr(self) -> str:
         return f"max_density={self.max_density:g}" + (", int8=True" if self.int8 else "") + (
             ", sparse=False" if not self.sparse else "") + (", screen=False" if not (self.screen or self.int8) else "")
-
-
-def _biases_fit(*layers: nn.Linear) -> bool:
-    """Whether the C kernels can read each layer's bias as it is (none, or contiguous float32)."""
-    return all(m.bias is None or m.bias.dtype is torch.float32 and m.bias.is_contiguous() for m in layers)
-
-
-def _ptr(t: Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def _derive_again(module: SparseGatedMLP, incompatible_keys) -> None:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _native
+from .._native import pointer
 from ..derived import Made
 from ..screened_argmax import ScreenedArgmax
 
@@ -144,8 +145,8 @@ class LeanDecoder:
         threads, scaling = torch.get_num_threads(), float(self.model.model.layers[0].self_attn.scaling)
         for layer, (norm, post, qkv, qkv_b, o_w, o_b), k_cache, v_cache in zip(inner.layers, self._steps, keys,
                                                                                 values):
-            if kernels.decode_attention_f32(h.data_ptr(), norm[0].data_ptr(), *norm[1:], qkv.data_ptr(), _ptr(qkv_b),
-                                            o_w.data_ptr(), _ptr(o_b), cos.data_ptr(), sin.data_ptr(),
+            if kernels.decode_attention_f32(h.data_ptr(), norm[0].data_ptr(), *norm[1:], qkv.data_ptr(), pointer(qkv_b),
+                                            o_w.data_ptr(), pointer(o_b), cos.data_ptr(), sin.data_ptr(),
                                             k_cache.data_ptr(), v_cache.data_ptr(), start, k_cache.shape[2], d,
                                             self.heads, self.kv_heads, self.head_dim, scaling, threads) < 0:
                 raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
@@ -244,10 +245,6 @@ def _layout_problem(model) -> str | None:
     if attention is not None:
         missing += [p for p in _PROJECTIONS + ("head_dim", "scaling") if not hasattr(attention, p)]
     return f"lacks {', '.join(missing)}" if missing else None
-
-
-def _ptr(t: Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
 
 
 def _rms_norm(norm: nn.Module) -> tuple[Tensor, float, int] | None:
