@@ -220,6 +220,20 @@ static void sparse_rows_f32(const float *x, const float *wt, float *acc, const i
  * operands in `ctx`. */
 typedef void (*rows_fn)(const void *ctx, float *acc, const int64_t *active, int64_t a0, int64_t a1);
 
+/* Inside a parallel region, once every thread has summed its share into y (thread 0) or its partial (thread t into
+ * partial + (t − 1)·size): thread t of `threads` adds up its slice of the `size` sums, plus bias[k % out] if given. */
+static void add_partials(float *y, const float *partial, const float *bias, int64_t size, int64_t out, int t,
+                         int threads) {
+    int64_t per = (size + threads - 1) / threads;
+    int64_t k0 = t * per < size ? t * per : size, k1 = k0 + per < size ? k0 + per : size;
+    for (int64_t k = k0; k < k1; k++) {
+        float sum = y[k];
+        for (int u = 1; u < threads; u++)
+            sum += partial[(int64_t)(u - 1) * size + k];
+        y[k] = sum + (bias ? bias[k % out] : 0.0f);
+    }
+}
+
 /* y (n, out) = Σ over the active units of what `rows` sums for each, on nt threads (each sums a share of the units
  * into a partial, added at the end), plus bias if given; −1 if the partial sums could not be allocated, else 0. */
 static int parallel_rows(rows_fn rows, const void *ctx, float *y, const float *bias, const int64_t *active,
@@ -242,14 +256,7 @@ static int parallel_rows(rows_fn rows, const void *ctx, float *y, const float *b
         int64_t a1 = a0 + chunk < n_active ? a0 + chunk : n_active;
         rows(ctx, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, active, a0, a1);
         #pragma omp barrier
-        int64_t per = (n * out + threads - 1) / threads;  /* then each thread adds up one slice */
-        int64_t k0 = t * per, k1 = k0 + per < n * out ? k0 + per : n * out;
-        for (int64_t k = k0; k < k1; k++) {
-            float sum = y[k];
-            for (int u = 1; u < threads; u++)
-                sum += partial[(int64_t)(u - 1) * n * out + k];
-            y[k] = sum + (bias ? bias[k % out] : 0.0f);
-        }
+        add_partials(y, partial, bias, n * out, out, t, threads);
     }
     free(partial);
     return 0;
@@ -594,10 +601,11 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
     return n_active;
 }
 
-/* What one thread of lg_sparse_gated_screened_f32 does over the units cand[a0:a1) the screen left, in three stages
+/* What one thread of lg_sparse_gated_screened_f32 does over the units cand[0:m) its screen left, in three stages
  * UNITS_AHEAD units apart: a unit's float32 gate row is requested; then its gate computed into g (n, ff) and, only if
  * it is not 0 in some row, its up and downᵀ rows requested; then those rows summed into acc as in
- * sparse_gated_rows_f32. A unit the screen left but the exact gate zeroes costs its gate row alone. */
+ * sparse_gated_rows_f32. A unit the screen left but the exact gate zeroes costs its gate row alone. Returns the units
+ * active in some row. */
 #define UNITS_AHEAD 8
 struct screened_ctx { const float *x, *gate, *gate_b, *up, *up_b, *down_t; float *g; int64_t n, d, ff, out; };
 
@@ -614,9 +622,8 @@ static inline void screened_gate(const struct screened_ctx *q, int64_t k) {
     }
 }
 
-static void screened_rows(const void *c, float *acc, const int64_t *cand, int64_t a0, int64_t a1) {
-    const struct screened_ctx *q = c;
-    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out;
+static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int64_t *cand, int64_t m) {
+    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out, a0 = 0, a1 = m, n_active = 0;
     for (int64_t k = 0; k < n * out; k++)
         acc[k] = 0.0f;
     for (int64_t a = a0; a < a1 && a < a0 + 2 * UNITS_AHEAD; a++)
@@ -630,17 +637,21 @@ static void screened_rows(const void *c, float *acc, const int64_t *cand, int64_
             screened_gate(q, cand[a + UNITS_AHEAD]);
         int64_t k = cand[a];
         const float *u_row = q->up + k * d, *w = q->down_t + k * out;
+        int active = 0;
         for (int64_t r = 0; r < n; r++) {
             float gk = q->g[r * ff + k];
             if (gk == 0.0f)
                 continue;
+            active = 1;
             float u = dot_f32(u_row, q->x + r * d, d);
             float h = gk * (q->up_b ? u + q->up_b[k] : u);
             float *yr = acc + r * out;
             for (int64_t j = 0; j < out; j++)
                 yr[j] = FMA(h, w[j], yr[j]);
         }
+        n_active += active;
     }
+    return n_active;
 }
 
 /* The float32 block of lg_sparse_gated_fused_f32 with its gate screened by int8 rows (lambda_gelu.sparse_gated,
@@ -654,61 +665,79 @@ static void screened_rows(const void *c, float *acc, const int64_t *cand, int64_
  * gate ≤ 0: its g is 0 and none of its float32 rows is read. Every other unit's gate is computed from its float32
  * row, as in the unscreened kernel — so g and y are that kernel's up to float rounding, and a unit the screen leaves
  * out is one the exact ReLU zeroes. The bound fails safe: a row of x with a NaN or an infinity certifies nothing, nor
- * does a NaN or infinite margin. Two passes: the screen over every unit (the int8 rows read four at a time and
- * requested SCREEN_AHEAD rows ahead: their reads are short and the sums between them long), then the units it left,
- * split over the threads (screened_rows). Writes g and y, whatever the count; returns the units active in some row,
- * or −1 if buffers could not be allocated. */
+ * does a NaN or infinite margin. One parallel region: each thread screens its own share of the units (the int8
+ * rows read four at a time and requested SCREEN_AHEAD rows ahead: their reads are short and the sums between them
+ * long; screen_units), then sums the units it left (screened_rows) into its partial, and the partials are added.
+ * Writes g and y, whatever the count (g may be NULL: the gates then go to a buffer of its own, for a caller that wants
+ * y alone); returns the units active in some row, or −1 if buffers could not be allocated. */
+struct screen_ctx { const int8_t *q; const float *s, *b, *r, *nq; const int16_t *xq; const double *norm, *residual,
+                    *scale; float *g; int64_t n, d, ff; };
+
+/* Screens the units [lo, hi) (lo a multiple of 4) for every row of x, zeroes their g, and lists those the screen
+ * leaves (whose exact gate may be positive in some row) in cand; returns how many. */
+static int64_t screen_units(const struct screen_ctx *c, int64_t lo, int64_t hi, int64_t *cand) {
+    int64_t n = c->n, d = c->d, ff = c->ff, m_left = 0;
+    for (int64_t k0 = lo; k0 < hi; k0 += 4) {
+        int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
+        int exact[4] = {0, 0, 0, 0};
+        if (k0 + SCREEN_AHEAD + 4 <= hi)
+            prefetch_bytes(c->q + (k0 + SCREEN_AHEAD) * d, 4 * d);
+        for (int64_t r = 0; r < n; r++) {
+            int32_t sums[4];
+            sums_i8_i16(c->q + k0 * d, m, d, c->xq + r * d, sums);
+            for (int i = 0; i < m; i++) {
+                int64_t k = k0 + i;
+                double b = c->b ? c->b[k] : 0.0, product = (double)c->s[k] * c->scale[r] * sums[i];
+                double margin = screen_margin(product, b, c->r[k], c->nq[k], c->norm[r], c->residual[r]);
+                exact[i] |= !(product + b + margin <= 0.0 && isfinite(c->norm[r]));
+            }
+        }
+        for (int i = 0; i < m; i++) {
+            if (exact[i])
+                cand[m_left++] = k0 + i;
+            for (int64_t r = 0; r < n; r++)
+                c->g[r * ff + k0 + i] = 0.0f;  /* the units left get theirs in screened_rows */
+        }
+    }
+    return m_left;
+}
+
 int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const float *gate_b, const int8_t *gate_q,
                                      const float *gate_s, const float *gate_r, const float *gate_n, const float *up,
                                      const float *up_b, const float *down_t, const float *down_b, float *g, float *y,
                                      int64_t n, int64_t d, int64_t ff, int64_t out, int max_threads, int64_t grain) {
     int64_t rows = n > 0 ? n : 1;
+    int nt = gate_threads(n, d, ff, max_threads, grain);
     double *norm = malloc((size_t)rows * 3 * sizeof *norm);  /* per row of x: ‖x‖₂, ‖x − t·x̃‖₂ (up), t */
     int16_t *xq = malloc((size_t)rows * (d > 0 ? d : 1) * sizeof *xq);
-    int64_t *cand = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *cand);  /* 1 where the screen leaves the unit */
-    if (!norm || !xq || !cand) {
-        free(norm);
-        free(xq);
-        free(cand);
-        return -1;
-    }
-    double *residual = norm + rows, *scale = norm + 2 * rows;
-    screen_rows_of_x(x, n, d, xq, norm, residual, scale);  /* a row with a NaN or an infinity: a norm not finite */
-    int nt = gate_threads(n, d, ff, max_threads, grain);
-    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t k0 = 0; k0 < ff; k0 += 4) {
-        int m = ff - k0 < 4 ? (int)(ff - k0) : 4;
-        int exact[4] = {0, 0, 0, 0};
-        if (k0 + SCREEN_AHEAD + 4 <= ff)
-            prefetch_bytes(gate_q + (k0 + SCREEN_AHEAD) * d, 4 * d);
-        for (int64_t r = 0; r < n; r++) {
-            int32_t sums[4];
-            sums_i8_i16(gate_q + k0 * d, m, d, xq + r * d, sums);
-            for (int i = 0; i < m; i++) {
-                int64_t k = k0 + i;
-                double b = gate_b ? gate_b[k] : 0.0, product = (double)gate_s[k] * scale[r] * sums[i];
-                double margin = screen_margin(product, b, gate_r[k], gate_n[k], norm[r], residual[r]);
-                exact[i] |= !(product + b + margin <= 0.0 && isfinite(norm[r]));
-            }
+    int64_t *cand = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *cand);  /* each thread's list from cand + its lo */
+    float *own_g = g ? NULL : malloc((size_t)rows * (ff > 0 ? ff : 1) * sizeof *g);
+    float *partial = nt > 1 ? malloc((size_t)(nt - 1) * rows * out * sizeof *partial) : NULL;  /* threads 1.. */
+    g = g ? g : own_g;
+    int64_t n_active = 0;
+    if (norm && xq && cand && g && (nt == 1 || partial)) {
+        double *residual = norm + rows, *scale = norm + 2 * rows;
+        screen_rows_of_x(x, n, d, xq, norm, residual, scale);  /* a row with a NaN or an infinity: a norm not finite */
+        struct screen_ctx screen = {gate_q, gate_s, gate_b, gate_r, gate_n, xq, norm, residual, scale, g, n, d, ff};
+        struct screened_ctx ctx = {x, gate, gate_b, up, up_b, down_t, g, n, d, ff, out};
+        #pragma omp parallel num_threads(nt) if (nt > 1) reduction(+:n_active)
+        {
+            int t = omp_get_thread_num(), threads = omp_get_num_threads();
+            int64_t lo, hi;
+            split(ff, 4, t, threads, &lo, &hi);
+            int64_t left = screen_units(&screen, lo, hi, cand + lo);
+            n_active += screened_rows(&ctx, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, cand + lo, left);
+            #pragma omp barrier
+            add_partials(y, partial, down_b, n * out, out, t, threads);
         }
-        for (int i = 0; i < m; i++) {
-            cand[k0 + i] = exact[i];
-            for (int64_t r = 0; r < n; r++)
-                g[r * ff + k0 + i] = 0.0f;  /* the units left get theirs in screened_rows */
-        }
+    } else {
+        n_active = -1;
     }
-    free(xq);
     free(norm);
-    int64_t n_cand = 0;
-    for (int64_t k = 0; k < ff; k++)
-        if (cand[k])
-            cand[n_cand++] = k;  /* n_cand ≤ k: never overwrites a mark still to be read */
-    struct screened_ctx ctx = {x, gate, gate_b, up, up_b, down_t, g, n, d, ff, out};
-    int64_t work = n_cand * (2 * d + out) * (n > 1 ? n : 1) / grain;
-    int failed = parallel_rows(screened_rows, &ctx, y, down_b, cand, n_cand, n, out,
-                               work < 1 ? 1 : work < max_threads ? (int)work : max_threads);
-    int64_t n_active = failed ? -1 : lg_active_union_f32(g, n, ff, cand);  /* the units active in some row */
+    free(xq);
     free(cand);
+    free(own_g);
+    free(partial);
     return n_active;
 }
 
