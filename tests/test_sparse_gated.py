@@ -390,11 +390,16 @@ def test_the_derived_weights_follow_load_state_dict_and_the_state_dict_is_the_de
 
 @pytest.mark.parametrize("int8", [False, True])
 def test_the_derived_weights_follow_a_weight_changed_in_place_or_replaced(int8):
-    model = _relu_llama()
+    model = _relu_llama("llama-mlp-bias")
     sparsify_(model, min_weights=0, int8=int8)
     mlp, x = model.model.layers[0].mlp, torch.randn(2, 32)
+    tolerance = dict(rtol=2e-2, atol=2e-2) if int8 else dict(rtol=1e-5, atol=1e-6)
     with torch.no_grad():
         mlp.gate_proj.weight.neg_()  # an optimizer's step, or a user's edit: a new gate, whose screen must be new
         mlp.down_proj.weight = nn.Parameter(2 * mlp.down_proj.weight)
         got, want = mlp(x), mlp.down_proj(torch.relu(mlp.gate_proj(x)) * mlp.up_proj(x))
-    torch.testing.assert_close(got, want, rtol=2e-2 if int8 else 1e-5, atol=2e-2 if int8 else 1e-6)
+        torch.testing.assert_close(got, want, **tolerance)
+        for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):  # a bias alone replaced: the decoding call reads
+            layer.bias = nn.Parameter(layer.bias + 1)                # the new one, not the address of the old
+            got, want = mlp(x), mlp.down_proj(torch.relu(mlp.gate_proj(x)) * mlp.up_proj(x))
+            torch.testing.assert_close(got, want, **tolerance)

@@ -158,39 +158,69 @@ class SparseGatedMLP(nn.Module):
         return cls(layout, getattr(mlp, layout.gate), getattr(mlp, layout.up), getattr(mlp, layout.down), max_density,
                    int8, sparse, screen)
 
-    def _weights(self) -> list[Tensor]:
-        return [self._modules[n].weight for n in (self.layout.gate, self.layout.up, self.layout.down)]
+    def _parts(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        m, layout = self._modules, self.layout
+        return m[layout.gate], m[layout.up], m[layout.down]
+
+    def _sources(self) -> list[Tensor | None]:
+        """What the buffers are made from and the decoding call's addresses point into: the weights and biases."""
+        return [layer._parameters[name] for layer in self._parts() for name in ("weight", "bias")]
 
     @torch.no_grad()
     def _derive(self) -> None:
         """The buffers made from the layers' weights: ``downᵀ`` and the gate's screen, or the int8 rows and scales;
-        made again by :meth:`forward` once a weight has changed (:class:`~lambda_gelu.derived.Made`)."""
-        gate, up, down = self._weights()
-        self._made = Made((gate, up, down))
+        made again by :meth:`forward` once a weight or bias has changed (:class:`~lambda_gelu.derived.Made`)."""
+        gate, up, down = (layer.weight for layer in self._parts())
+        self._made, self._screened = Made(self._sources()), None
         if not self.int8:
             self.register_buffer("down_t", down.detach().t().contiguous(), persistent=False)
             if self.screen:
                 for name, t in zip(("gate_q", "gate_s", "gate_r", "gate_n"), screen_rows(gate)):
                     self.register_buffer(name, t, persistent=False)
+                self._screened = self._screened_call()
             return
         for name, w in (("gate", gate), ("up", up), ("down", down.t())):
             q, s = quantize_rows(w)
             self.register_buffer(f"{name}_q", q, persistent=False)
             self.register_buffer(f"{name}_s", s, persistent=False)
 
+    def _screened_call(self) -> tuple | None:
+        """The screened C call and the addresses it reads that only a change of a weight or bias can move (the
+        layers' weights and biases and the buffers made from them), or None where that call does not apply."""
+        gate, up, down = self._parts()
+        kernels, b = _native.library(), self._buffers
+        if kernels is None or not (biases_fit(gate, up, down) and all(
+                t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() for t in (gate.weight, up.weight,
+                                                                                      b["down_t"]))):
+            return None
+        return kernels.sparse_gated_screened_f32, (
+            gate.weight.data_ptr(), pointer(gate.bias), *(b[n].data_ptr() for n in ("gate_q", "gate_s", "gate_r",
+                                                                                        "gate_n")),
+            up.weight.data_ptr(), pointer(up.bias), b["down_t"].data_ptr(), pointer(down.bias))
+
     def forward(self, x: Tensor) -> Tensor:
-        gate, up, down = (self._modules[n] for n in (self.layout.gate, self.layout.up, self.layout.down))
+        gate, up, down = self._parts()
         if torch.is_grad_enabled() and (x.requires_grad or gate.weight.requires_grad):
             raise RuntimeError("SparseGatedMLP is for inference and has no backward: run the model under "
                                "torch.inference_mode() or torch.no_grad() (or restore the dense blocks to train)")
-        if self._made.stale(self._weights()):
+        if self._made.stale(self._sources()):
             self._derive()
         if self.int8:
             return self._forward_int8(x, gate, up, down)
+        x2 = x.reshape(-1, x.shape[-1])
+        if (self._screened is not None and self.sparse and self.screen and len(x2) <= FUSED_ROWS
+                and x.dtype is torch.float32 and x.is_cpu):  # decoding: one C call, its addresses made with the screen
+            call, addresses = self._screened
+            x2 = x2.contiguous()
+            y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
+            if call(x2.data_ptr(), *addresses, None, y.data_ptr(), len(x2), x2.shape[1], gate.out_features,
+                    down.out_features, torch.get_num_threads(), _native.GRAIN) < 0:
+                raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
+            return y.reshape(*x.shape[:-1], down.out_features)
         kernels = _native.library() if (x.dtype is up.weight.dtype is gate.weight.dtype is torch.float32 and x.is_cpu
                                         and up.weight.is_contiguous() and gate.weight.is_contiguous()
+                                        and self._buffers["down_t"].dtype is torch.float32
                                         and biases_fit(gate, up, down)) else None
-        x2 = x.reshape(-1, x.shape[-1])
         fused = kernels is not None and len(x2) <= FUSED_ROWS  # decoding: the gate in C too
         if not (self.sparse or fused):
             return down(F.relu(gate(x)) * up(x))
@@ -203,15 +233,7 @@ class SparseGatedMLP(nn.Module):
             threads = (torch.get_num_threads(), _native.GRAIN)
             if fused:
                 g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
-            if fused and self.sparse and self.screen and "gate_n" in self._buffers:
-                b = self._buffers
-                n_active = kernels.sparse_gated_screened_f32(x2.data_ptr(), gate.weight.data_ptr(), pointer(gate.bias),
-                                                             b["gate_q"].data_ptr(), b["gate_s"].data_ptr(),
-                                                             b["gate_r"].data_ptr(), b["gate_n"].data_ptr(),
-                                                             up.weight.data_ptr(), pointer(up.bias),
-                                                             b["down_t"].data_ptr(), pointer(down.bias),
-                                                             g.data_ptr(), y.data_ptr(), *sizes, *threads)
-            elif fused:
+            if fused:  # decoding unscreened (screen=False) or every unit computed (sparse=False)
                 n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), pointer(gate.bias),
                                                           up.weight.data_ptr(), pointer(up.bias),
                                                           self._buffers["down_t"].data_ptr(), pointer(down.bias),
