@@ -214,7 +214,8 @@ def _decode_section(d: dict) -> list[str]:
     lines = []
     h = d["header"]
     argv = (f" --tag {d['tag']}" if d.get("tag") else "") + f" --rounds {d['rounds']}"
-    lines += [f"## Decoding {d['model']}: gated FFNs sparsified", "",
+    cpu = h["machine"].split(", ")[-1]  # the same command's checkpoint may have been made on each CPU
+    lines += [f"## Decoding {d['model']} ({cpu}): gated FFNs sparsified", "",
               f"`python benchmarks/bench_decode.py --model {d['model']}{argv}` — greedy decoding of "
               f"{d['new_tokens']} tokens after a {d['prompt_tokens']}-token held-out prompt, batch 1, float32, by "
               "transformers' `generate` with its KV cache and by `lambda_gelu.hf.LeanDecoder` ("
