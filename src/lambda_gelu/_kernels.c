@@ -300,6 +300,56 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+/* s[i] = w · x[i·d : (i + 1)·d] for the m ≤ 4 rows of x, side by side where there are two or more: each of w's
+ * vectors read once for them, and four chains of multiply-adds in flight, where one dot_f32 after another waits on
+ * each one's chain (at 8 rows a gated block's loop was bound by those chains, not by reading its rows). Fewer than
+ * four rows repeat the first in the chains left over, whose sums are dropped. */
+static inline void dots4_f32(const float *w, const float *x, int m, int64_t d, float *s) {
+    if (m == 1) {
+        s[0] = dot_f32(w, x, d);
+        return;
+    }
+    const float *x0 = x, *x1 = x + d, *x2 = m > 2 ? x + 2 * d : x, *x3 = m > 3 ? x + 3 * d : x;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    #pragma omp simd reduction(+:s0, s1, s2, s3)
+    for (int64_t j = 0; j < d; j++) {
+        s0 += w[j] * x0[j];
+        s1 += w[j] * x1[j];
+        s2 += w[j] * x2[j];
+        s3 += w[j] * x3[j];
+    }
+    float all[4] = {s0, s1, s2, s3};
+    for (int i = 0; i < m; i++)
+        s[i] = all[i];
+}
+
+/* One unit k of a gated block over the n rows of x (n, d): adds g[r, k]·(u_row · x_r + u_b)·w to acc's row r (out
+ * wide) for each row r where g[r, k] ≠ 0 (every row if `dense`), the up products four rows at a time; returns
+ * whether some row's g was nonzero. */
+static inline int unit_rows_f32(const float *x, const float *g, int64_t k, const float *u_row, float u_b,
+                                const float *w, float *acc, int64_t n, int64_t d, int64_t ff, int64_t out, int dense) {
+    int active = 0;
+    for (int64_t r0 = 0; r0 < n; r0 += 4) {
+        int m = n - r0 < 4 ? (int)(n - r0) : 4, any = dense;
+        for (int i = 0; i < m; i++)
+            any |= g[(r0 + i) * ff + k] != 0.0f;
+        if (!any)
+            continue;
+        float u[4];
+        dots4_f32(u_row, x + r0 * d, m, d, u);
+        for (int i = 0; i < m; i++) {
+            float gk = g[(r0 + i) * ff + k];
+            if (gk == 0.0f && !dense)
+                continue;
+            active |= gk != 0.0f;
+            float h = gk * (u[i] + u_b), *yr = acc + (r0 + i) * out;
+            for (int64_t j = 0; j < out; j++)
+                yr[j] = FMA(h, w[j], yr[j]);
+        }
+    }
+    return active;
+}
+
 /* Sparse gated FFN, float32 (lambda_gelu.sparse_gated): y = Σ_k (g[:, k] · (x · up[k] + up_b[k])) downᵀ[k] over
  * the units k active in some row of g = relu(gate(x)) (n, ff), already computed (up_b: up's bias, or null for none).
  * up is (ff, d), downᵀ (ff, out): an active unit reads its row of each, contiguous, once for the whole batch; an
@@ -322,16 +372,7 @@ static void sparse_gated_rows_f32(int dense, const float *x, const float *g, con
             prefetch_row(up + active[a + PREFETCH_ROWS] * d, d);
             prefetch_row(down_t + active[a + PREFETCH_ROWS] * out, out);
         }
-        for (int64_t r = 0; r < n; r++) {
-            float gk = g[r * ff + k];
-            if (gk == 0.0f && !dense)
-                continue;
-            float u = dot_f32(u_row, x + r * d, d);
-            float h = gk * (up_b ? u + up_b[k] : u);
-            float *yr = acc + r * out;
-            for (int64_t j = 0; j < out; j++)
-                yr[j] = FMA(h, w[j], yr[j]);
-        }
+        unit_rows_f32(x, g, k, u_row, up_b ? up_b[k] : 0.0f, w, acc, n, d, ff, out, dense);
     }
 }
 
@@ -383,10 +424,23 @@ int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, con
     return sparse_gated_f32(0, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
 
-/* relu(row · x + b) in float32, NaN kept as torch keeps it: one unit's gate, the same sum wherever it is computed. */
-static inline float relu_gate_f32(const float *row, float b, const float *x, int64_t d) {
-    float v = dot_f32(row, x, d) + b;
-    return v > 0.0f || v != v ? v : 0.0f;
+/* g[r·ff] = relu(row · x_r + b) in float32 for the n rows of x (n, d), NaN kept as torch keeps it, four rows at a
+ * time (dots4_f32): one unit's gate, the same sums wherever it is computed; returns whether some row's is nonzero. */
+static inline int relu_gates_f32(const float *row, float b, const float *x, int64_t n, int64_t d, float *g,
+                                 int64_t ff) {
+    int active = 0;
+    for (int64_t r0 = 0; r0 < n; r0 += 4) {
+        int m = n - r0 < 4 ? (int)(n - r0) : 4;
+        float v[4];
+        dots4_f32(row, x + r0 * d, m, d, v);
+        for (int i = 0; i < m; i++) {
+            float gi = v[i] + b;
+            gi = gi > 0.0f || gi != gi ? gi : 0.0f;
+            g[(r0 + i) * ff] = gi;
+            active |= gi != 0.0f;
+        }
+    }
+    return active;
 }
 
 /* Threads for a gate's n·ff·d multiply-adds: one per `grain`, at least one, at most max_threads. */
@@ -407,8 +461,7 @@ int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < ff; k++)
-        for (int64_t r = 0; r < n; r++)
-            g[r * ff + k] = relu_gate_f32(gate + k * d, gate_b ? gate_b[k] : 0.0f, x + r * d, d);
+        relu_gates_f32(gate + k * d, gate_b ? gate_b[k] : 0.0f, x, n, d, g + k, ff);
     return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
 
@@ -610,13 +663,7 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
 struct screened_ctx { const float *x, *gate, *gate_b, *up, *up_b, *down_t; float *g; int64_t n, d, ff, out; };
 
 static inline void screened_gate(const struct screened_ctx *q, int64_t k) {
-    int active = 0;
-    for (int64_t r = 0; r < q->n; r++) {
-        float gk = relu_gate_f32(q->gate + k * q->d, q->gate_b ? q->gate_b[k] : 0.0f, q->x + r * q->d, q->d);
-        q->g[r * q->ff + k] = gk;
-        active |= gk != 0.0f;
-    }
-    if (active) {
+    if (relu_gates_f32(q->gate + k * q->d, q->gate_b ? q->gate_b[k] : 0.0f, q->x, q->n, q->d, q->g + k, q->ff)) {
         prefetch_row(q->up + k * q->d, q->d);
         prefetch_row(q->down_t + k * q->out, q->out);
     }
@@ -636,20 +683,8 @@ static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int
         if (a + UNITS_AHEAD < a1)
             screened_gate(q, cand[a + UNITS_AHEAD]);
         int64_t k = cand[a];
-        const float *u_row = q->up + k * d, *w = q->down_t + k * out;
-        int active = 0;
-        for (int64_t r = 0; r < n; r++) {
-            float gk = q->g[r * ff + k];
-            if (gk == 0.0f)
-                continue;
-            active = 1;
-            float u = dot_f32(u_row, q->x + r * d, d);
-            float h = gk * (q->up_b ? u + q->up_b[k] : u);
-            float *yr = acc + r * out;
-            for (int64_t j = 0; j < out; j++)
-                yr[j] = FMA(h, w[j], yr[j]);
-        }
-        n_active += active;
+        n_active += unit_rows_f32(q->x, q->g, k, q->up + k * d, q->up_b ? q->up_b[k] : 0.0f, q->down_t + k * out, acc,
+                                  n, d, ff, out, 0);
     }
     return n_active;
 }
