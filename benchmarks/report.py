@@ -190,6 +190,8 @@ def main():
                   f"{d['solve_gap']:.1e} (relative).", ""]
     for decode in _decodes():
         lines += _decode_section(json.loads(decode.read_text()))
+    if (RESULTS / "gated_rows.json").exists():
+        lines += _gated_rows_section(json.loads((RESULTS / "gated_rows.json").read_text()))
     lines += goals()
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
@@ -203,6 +205,21 @@ def _amdahl(gen: dict) -> str:
     share = gen["dense_share"]
     return (f" The layers `sparsify_` replaces take {share:.1%} of the dense generation's time: were they free, "
             f"generation would be at most {1 / (1 - share):.2f}× faster.")
+
+
+def _gated_rows_section(d: dict) -> list[str]:
+    h = d["header"]
+    return [f"## The gated FFN block at a few rows a call: {d['model']}", "",
+            f"`python benchmarks/bench_gated_rows.py --model {d['model']}` — the block's inputs from a held-out "
+            f"prompt, {d['calls']} calls of R consecutive positions for each of its blocks, every variant in "
+            f"{d['rounds']} interleaved rounds (cold caches). A unit is read if it is active in any row of the call. "
+            f"{h['threads']} threads, {h['machine']}; the code of commit {h['code']}.", "",
+            "| rows a call | units active in some row | dense µs | sparse µs | × dense (the rounds' middle half) | the "
+            "same C loop computing every unit, × dense | largest gap to dense (relative) |",
+            "|---|---|---|---|---|---|---|",
+            *[f"| {r['rows']} | {r['union_active']:.1%} | {r['us']['dense']:.0f} | {r['us']['sparse']:.0f} | "
+              f"{r['speedup']:.2f} ({r['speedup_quartiles'][0]:.2f}–{r['speedup_quartiles'][1]:.2f}) | "
+              f"{r['every_unit_over_dense']:.2f} | {r['largest_gap']:.1e} |" for r in d["rows"]], ""]
 
 
 def _decodes() -> list:
