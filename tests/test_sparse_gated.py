@@ -388,6 +388,25 @@ def test_the_derived_weights_follow_load_state_dict_and_the_state_dict_is_the_de
     assert ("int8=True" in repr(mlp)) == int8
 
 
+def test_a_sparsified_model_copies_and_pickles_and_each_copy_reads_its_own_weights():
+    import io
+    model = _relu_llama()
+    sparsify_(model, min_weights=0)
+    x = torch.randint(0, 100, (1, 1))
+    with torch.no_grad():
+        before = model(x).logits
+        twin = copy.deepcopy(model)
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        for layer in model.model.layers:  # the original changes; its copies keep what they were made from
+            layer.mlp.up_proj.weight.mul_(3)
+        assert not torch.allclose(model(x).logits, before)
+        torch.testing.assert_close(twin(x).logits, before, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(loaded(x).logits, before, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("int8", [False, True])
 def test_the_derived_weights_follow_a_weight_changed_in_place_or_replaced(int8):
     model = _relu_llama("llama-mlp-bias")

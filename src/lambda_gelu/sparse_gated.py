@@ -184,6 +184,10 @@ class SparseGatedMLP(nn.Module):
             self.register_buffer(f"{name}_q", q, persistent=False)
             self.register_buffer(f"{name}_s", s, persistent=False)
 
+    def __getstate__(self) -> dict:
+        """A copy or a pickle holds its own tensors at other addresses: it makes its copies again at its first call."""
+        return {**self.__dict__, "_made": None, "_screened": None}
+
     def _screened_call(self) -> tuple | None:
         """The screened C call and the addresses it reads that only a change of a weight or bias can move (the
         layers' weights and biases and the buffers made from them), or None where that call does not apply."""
@@ -203,7 +207,7 @@ class SparseGatedMLP(nn.Module):
         if torch.is_grad_enabled() and (x.requires_grad or gate.weight.requires_grad):
             raise RuntimeError("SparseGatedMLP is for inference and has no backward: run the model under "
                                "torch.inference_mode() or torch.no_grad() (or restore the dense blocks to train)")
-        if self._made.stale(self._sources()):
+        if self._made is None or self._made.stale(self._sources()):
             self._derive()
         if self.int8:
             return self._forward_int8(x, gate, up, down)
