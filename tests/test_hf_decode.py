@@ -1,4 +1,5 @@
-"""LeanDecoder: greedy decoding at batch 1 over a static cache gives transformers' generate()'s tokens on tiny random
+"""LeanDecoder: greedy decoding at batch 1 over a static cache gives transformers' generate()'s tokens, and sampled
+decoding its draws from the same seed, on tiny random
 Llama-layout models (Llama, Mistral, Qwen2 with its biases, Qwen3 with its query/key norms, Gemma with its scaled
 embedding), sparsified or not, and refuses in one line what it does not run: another layout (Gemma 2's extra norms,
 Gemma 3's rotary embeddings by layer type, GPT-2), a batch, a prompt beyond its cache. Its C decoding step gives the
@@ -101,6 +102,33 @@ def test_weights_changed_after_construction_are_decoded_as_they_are_now():
     with torch.inference_mode():
         want = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
     assert torch.equal(decoder.generate(ids, 12), want)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_sampled_decoding_draws_generates_tokens(fused):
+    model = _model(FAMILIES["llama"]())
+    model.generation_config.eos_token_id = None  # every draw counts: no stop and no end token held back
+    sparse = copy.deepcopy(model)
+    sparsify_(sparse, min_weights=0)
+    ids, decoder = _prompt(), LeanDecoder(sparse, fused=fused)
+    greedy = decoder.generate(ids, 24)
+    # flat distributions, with transformers' default top_k of 50 where none is given, and top-p alone
+    for settings in ({"temperature": 8.0}, {"temperature": 8.0, "top_k": 30, "top_p": 0.95},
+                     {"top_k": 0, "top_p": 0.6}):
+        torch.manual_seed(3)
+        with torch.inference_mode():
+            want = model.generate(ids, max_new_tokens=24, do_sample=True, **settings)
+        torch.manual_seed(3)
+        assert torch.equal(decoder.generate(ids, 24, do_sample=True, **settings), want)
+    assert not torch.equal(want, greedy)  # the flatter draws leave the greedy path
+    torch.manual_seed(3)
+    assert torch.equal(decoder.generate(ids, 24, do_sample=True, top_k=1), greedy)
+    for bad, message in (({"temperature": 0}, r"temperature is a number > 0 \(do_sample=False for greedy "
+                                                r"decoding\), got 0"),
+                         ({"top_k": -1}, r"top_k is a number of tokens ≥ 0 \(0 or None: no top-k\), got -1"),
+                         ({"top_p": 1.5}, r"top_p is a probability in \(0, 1\] \(1 or None: no top-p\), got 1.5")):
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            decoder.generate(ids, 4, do_sample=True, **bad)
 
 
 def test_decoding_stops_after_the_end_token():

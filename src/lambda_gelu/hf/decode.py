@@ -1,4 +1,4 @@
-"""Greedy decoding at batch 1 with fewer Python calls per token than transformers' ``generate``.
+"""Decoding at batch 1, greedy or sampled, with fewer Python calls per token than transformers' ``generate``.
 
 At batch 1 a small language model spends a sizeable share of each token in Python: ``generate`` runs its logits
 processors, stopping criteria and cache bookkeeping, and each decoder layer a few dozen small operations. That
@@ -23,6 +23,7 @@ rotary embedding by layer type, ...), or one whose own forward gives other logit
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
+    tokens = decoder.generate(input_ids, 64, do_sample=True, temperature=0.7, top_p=0.9)  # as model.generate draws
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 class LeanDecoder:
-    """Greedy decoding of a Llama-family causal LM at batch 1 (see the module's docstring); inference only.
+    """Greedy or sampled decoding of a Llama-family causal LM at batch 1 (see the module's docstring); inference only.
 
     Args:
         model: a ``...ForCausalLM`` of the Llama layout (``model.model.layers[i].self_attn.q_proj`` ..., a rotary
@@ -182,9 +183,19 @@ class LeanDecoder:
         return inner.norm(h[:, -1])
 
     @torch.inference_mode()
-    def generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None) -> Tensor:
-        """The prompt (1, T) followed by up to ``max_new_tokens`` greedy tokens, stopping after ``eos_token_id`` if
-        given — the tokens ``model.generate(input_ids, max_new_tokens=..., do_sample=False)`` gives."""
+    def generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None, *,
+                 do_sample: bool = False, temperature: float | None = None, top_k: int | None = None,
+                 top_p: float | None = None) -> Tensor:
+        """The prompt (1, T) followed by up to ``max_new_tokens`` tokens, stopping after ``eos_token_id`` if given:
+        greedy — the tokens ``model.generate(input_ids, max_new_tokens=..., do_sample=False)`` gives — or with
+        ``do_sample=True`` drawn as ``model.generate(..., do_sample=True, temperature=, top_k=, top_p=)`` draws them:
+        transformers' own temperature, top-k and top-p warpers on the float32 logits, each setting not given taken
+        from ``model.generation_config`` as ``generate`` takes it (transformers' default top_k is 50), then one
+        ``torch.multinomial`` a token from torch's global generator (``torch.manual_seed`` repeats a draw). Sampling
+        computes every logit; only greedy decoding takes the output layer's screen."""
+        config = self.model.generation_config
+        warpers = _warpers(*(_setting(config, name, given) for name, given in (
+            ("temperature", temperature), ("top_k", top_k), ("top_p", top_p)))) if do_sample else None
         if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
             raise ValueError(f"LeanDecoder decodes one sequence: input_ids of shape (1, T ≥ 1), got "
                              f"{tuple(input_ids.shape)}")
@@ -202,7 +213,11 @@ class LeanDecoder:
         for _ in range(max_new_tokens):
             hidden = self._forward(step, start, keys, values)
             start += step.shape[1]
-            token = self.head(hidden) if self.head is not None else self.model.lm_head(hidden).argmax(-1)
+            if warpers is not None:
+                scores = warpers(torch.cat(out, 1), self.model.lm_head(hidden).float())
+                token = torch.multinomial(F.softmax(scores, -1), 1)
+            else:
+                token = self.head(hidden) if self.head is not None else self.model.lm_head(hidden).argmax(-1)
             step = token.reshape(1, 1).to(input_ids.dtype)
             out.append(step)
             if eos_token_id is not None and int(step) == eos_token_id:
@@ -230,6 +245,37 @@ class LeanDecoder:
         gap = float((torch.stack(ours) - theirs).abs().max() / scale)
         return None if gap <= PROBE_TOLERANCE else (f"gives other logits on a probe prompt than this decoder (by "
                                                     f"{gap:.2g} of their scale)")
+
+
+def _setting(config, name: str, given):
+    """A sampling setting as ``generate`` takes it: given, else the model's generation config's, else transformers'
+    default (which transformers 5 leaves unset in the config and fills in at ``generate``)."""
+    if given is not None:
+        return given
+    value = getattr(config, name, None)
+    return value if value is not None else getattr(type(config), "_get_default_generation_params", dict)().get(name)
+
+
+def _warpers(temperature: float | None, top_k: int | None, top_p: float | None):
+    """transformers' warpers for these settings, in the order and on the conditions its ``generate`` applies them
+    (None: that warper left out)."""
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+    temperature = 1.0 if temperature is None else temperature
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        raise ValueError(f"temperature is a number > 0 (do_sample=False for greedy decoding), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        raise ValueError(f"top_k is a number of tokens ≥ 0 (0 or None: no top-k), got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p is a probability in (0, 1] (1 or None: no top-p), got {top_p!r}")
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(float(temperature)))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p is not None and top_p < 1.0:
+        warpers.append(TopPLogitsWarper(float(top_p)))
+    return warpers
 
 
 def _layout_problem(model) -> str | None:
