@@ -869,14 +869,18 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
 }
 
 /* The attention half of a decoder layer for the token at position pos, in place on its hidden state h (d):
- *     x = rms_norm(h)·norm_w;   q | k | v = x·qkvᵀ + qkv_b;   q, k rotated by cos, sin (this position's);
+ *     x = rms_norm(h)·norm_w;   q | k | v = x·qkvᵀ + qkv_b;   each head of q and of k normalized over head_dim by
+ *     its own RMS norm if q_norm_w, k_norm_w are given (Qwen3's; NULL: none);   q, k rotated by cos, sin (this
+ *     position's);
  *     the cache's position pos ← k, v;   o = softmax(q·Kᵀ·scaling)·V per query head, over positions 0..pos of its
  *     key head (query head j reads key head j / (heads / kv_heads), as torch's grouped-query attention);
  *     h += o·o_wᵀ + o_b.
  * qkv is the query, key and value projections' weights stacked (heads + 2·kv_heads)·head_dim rows of d; k_cache and
  * v_cache are (kv_heads, length, head_dim). The projections' rows and the heads are split over the threads.
  * Returns 0, or −1 if buffers could not be allocated (h and the caches unchanged). */
-int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *qkv,
+int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *q_norm_w,
+                            double q_eps, int q_plus_one, const float *k_norm_w, double k_eps, int k_plus_one,
+                            const float *qkv,
                             const float *qkv_b, const float *o_w, const float *o_b, const float *cos, const float *sin,
                             float *k_cache, float *v_cache, int64_t pos, int64_t length, int64_t d, int64_t heads,
                             int64_t kv_heads, int64_t head_dim, double scaling, int max_threads) {
@@ -894,7 +898,12 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
             p[r] = dot_f32(qkv + r * d, x, d) + (qkv_b ? qkv_b[r] : 0.0f);
         #pragma omp for schedule(static)
         for (int64_t j = 0; j < heads + kv_heads; j++) {  /* the query heads, then the key heads */
-            rotate_f32(p + j * head_dim, cos, sin, head_dim);
+            float *v = p + j * head_dim;
+            if (j < heads && q_norm_w)
+                lg_rms_norm_f32(v, q_norm_w, v, head_dim, q_eps, q_plus_one);
+            else if (j >= heads && k_norm_w)
+                lg_rms_norm_f32(v, k_norm_w, v, head_dim, k_eps, k_plus_one);
+            rotate_f32(v, cos, sin, head_dim);
             if (j >= heads) {
                 int64_t g = j - heads, at = (g * length + pos) * head_dim;
                 memcpy(k_cache + at, p + j * head_dim, (size_t)head_dim * sizeof *p);

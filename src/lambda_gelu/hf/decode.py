@@ -10,7 +10,7 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
 - ``scaled_dot_product_attention`` over the cache with grouped-query heads (no repeated keys), for the prompt;
 - for each new token, one C call per layer from the input norm to the attention's residual (the projections, the
   rotary embedding, the cache write, the attention) and one for the FFN's norm, where the model allows it (float32
-  on CPU, RMS norms of the Llama or Gemma kind, no per-head norms; ``fused=False``: the torch path above, its
+  on CPU, RMS norms of the Llama or Gemma kind, Qwen3's per-head ones too; ``fused=False``: the torch path above, its
   reference);
 - the next token from the output layer through its int8 screen (:class:`~lambda_gelu.screened_argmax.ScreenedArgmax`:
   the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
@@ -59,7 +59,7 @@ class LeanDecoder:
         screen_head: the next token through the output layer's int8 screen (the default; an int8 copy of its rows
             is held, a quarter more of its bytes), or ``False``: every logit computed and their argmax taken.
         fused: each new token's norms and attention in one C call per layer and one for the FFN's norm (the
-            default, where it applies: float32 on CPU, RMS norms of the Llama or Gemma kind, no per-head norms;
+            default, where it applies: float32 on CPU, RMS norms of the Llama or Gemma kind, per head too;
             :attr:`fused` says whether it does), or ``False``: the torch path, which is its reference.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
@@ -119,8 +119,8 @@ class LeanDecoder:
 
     def _fused_steps(self) -> list[tuple] | None:
         """What the C decoding step reads per layer (the model's tensors and :attr:`qkv`'s: the norms' weights with
-        eps and plus_one, q/k/v stacked and its bias, o_proj's weight and bias), then the final norm's; None where it
-        does not apply."""
+        eps and plus_one, the per-head query and key norms' (Qwen3's; None, 0.0, 0 for none), q/k/v stacked and its
+        bias, o_proj's weight and bias), then the final norm's; None where it does not apply."""
         kernels, inner = _native.library(), self.model.model
         if kernels is None or self.head_dim % 2 or self.heads % self.kv_heads:
             return None
@@ -129,12 +129,13 @@ class LeanDecoder:
         for layer, (weight, bias, _) in zip(inner.layers, self.qkv):
             a = layer.self_attn
             norms = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
+            per_head = (_rms_norm(a.q_norm), _rms_norm(a.k_norm)) if hasattr(a, "q_norm") else ((None, 0.0, 0),) * 2
             tensors = [weight, bias, a.o_proj.weight, a.o_proj.bias]
-            if (None in norms or final is None or hasattr(a, "q_norm") or type(a.o_proj) is not nn.Linear
+            if (None in norms or None in per_head or final is None or type(a.o_proj) is not nn.Linear
                     or not all(t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
                                for t in tensors)):
                 return None
-            steps.append((*norms, *tensors))
+            steps.append((*norms, per_head[0] + per_head[1], *tensors))
         return steps + [final]
 
     def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
@@ -144,9 +145,11 @@ class LeanDecoder:
         x = torch.empty(1, 1, d, dtype=h.dtype)
         cos, sin = self.cos[start].contiguous(), self.sin[start].contiguous()
         threads, scaling = torch.get_num_threads(), float(self.model.model.layers[0].self_attn.scaling)
-        for layer, (norm, post, qkv, qkv_b, o_w, o_b), k_cache, v_cache in zip(inner.layers, self._steps, keys,
-                                                                                values):
-            if kernels.decode_attention_f32(h.data_ptr(), norm[0].data_ptr(), *norm[1:], qkv.data_ptr(), pointer(qkv_b),
+        for layer, (norm, post, per_head, qkv, qkv_b, o_w, o_b), k_cache, v_cache in zip(inner.layers, self._steps,
+                                                                                          keys, values):
+            q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one = per_head
+            if kernels.decode_attention_f32(h.data_ptr(), norm[0].data_ptr(), *norm[1:], pointer(q_w), q_eps,
+                                            q_plus_one, pointer(k_w), k_eps, k_plus_one, qkv.data_ptr(), pointer(qkv_b),
                                             o_w.data_ptr(), pointer(o_b), cos.data_ptr(), sin.data_ptr(),
                                             k_cache.data_ptr(), v_cache.data_ptr(), start, k_cache.shape[2], d,
                                             self.heads, self.kv_heads, self.head_dim, scaling, threads) < 0:
