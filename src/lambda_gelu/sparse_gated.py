@@ -130,7 +130,8 @@ class SparseGatedMLP(nn.Module):
     """A gated FFN whose gate is an exact ReLU, computed from its active units; inference only.
 
     Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the
-    dense block's) and, as non-persistent buffers made again by ``load_state_dict``, ``downᵀ`` (one more copy of
+    dense block's) and, as non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight
+    or bias changed (:class:`~lambda_gelu.derived.Made`; a copy or a pickle makes its own), ``downᵀ`` (one more copy of
     ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
     ``down_q`` holds the rows of ``downᵀ``). In float32, ``screen=True`` (the default) also holds the gate's screen
     (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``, ``gate_n``, a quarter more of the gate's bytes) and
