@@ -670,17 +670,17 @@ static inline void screened_gate(const struct screened_ctx *q, int64_t k) {
 }
 
 static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int64_t *cand, int64_t m) {
-    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out, a0 = 0, a1 = m, n_active = 0;
+    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out, n_active = 0;
     for (int64_t k = 0; k < n * out; k++)
         acc[k] = 0.0f;
-    for (int64_t a = a0; a < a1 && a < a0 + 2 * UNITS_AHEAD; a++)
+    for (int64_t a = 0; a < m && a < 2 * UNITS_AHEAD; a++)
         prefetch_row(q->gate + cand[a] * d, d);
-    for (int64_t a = a0; a < a1 && a < a0 + UNITS_AHEAD; a++)
+    for (int64_t a = 0; a < m && a < UNITS_AHEAD; a++)
         screened_gate(q, cand[a]);
-    for (int64_t a = a0; a < a1; a++) {
-        if (a + 2 * UNITS_AHEAD < a1)
+    for (int64_t a = 0; a < m; a++) {
+        if (a + 2 * UNITS_AHEAD < m)
             prefetch_row(q->gate + cand[a + 2 * UNITS_AHEAD] * d, d);
-        if (a + UNITS_AHEAD < a1)
+        if (a + UNITS_AHEAD < m)
             screened_gate(q, cand[a + UNITS_AHEAD]);
         int64_t k = cand[a];
         n_active += unit_rows_f32(q->x, q->g, k, q->up + k * d, q->up_b ? q->up_b[k] : 0.0f, q->down_t + k * out, acc,

@@ -189,14 +189,18 @@ class SparseGatedMLP(nn.Module):
         """A copy or a pickle holds its own tensors at other addresses: it makes its copies again at its first call."""
         return {**self.__dict__, "_made": None, "_screened": None}
 
+    def _kernels_read_weights(self) -> bool:
+        """Whether the float32 C kernels can read the weights, ``downᵀ`` and the biases as they are."""
+        gate, up, down = self._parts()
+        return biases_fit(gate, up, down) and all(t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
+                                                  for t in (gate.weight, up.weight, self._buffers["down_t"]))
+
     def _screened_call(self) -> tuple | None:
         """The screened C call and the addresses it reads that only a change of a weight or bias can move (the
         layers' weights and biases and the buffers made from them), or None where that call does not apply."""
         gate, up, down = self._parts()
         kernels, b = _native.library(), self._buffers
-        if kernels is None or not (biases_fit(gate, up, down) and all(
-                t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() for t in (gate.weight, up.weight,
-                                                                                      b["down_t"]))):
+        if kernels is None or not self._kernels_read_weights():
             return None
         return kernels.sparse_gated_screened_f32, (
             gate.weight.data_ptr(), pointer(gate.bias), *(b[n].data_ptr() for n in ("gate_q", "gate_s", "gate_r",
@@ -222,10 +226,8 @@ class SparseGatedMLP(nn.Module):
                     down.out_features, torch.get_num_threads(), _native.GRAIN) < 0:
                 raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
             return y.reshape(*x.shape[:-1], down.out_features)
-        kernels = _native.library() if (x.dtype is up.weight.dtype is gate.weight.dtype is torch.float32 and x.is_cpu
-                                        and up.weight.is_contiguous() and gate.weight.is_contiguous()
-                                        and self._buffers["down_t"].dtype is torch.float32
-                                        and biases_fit(gate, up, down)) else None
+        kernels = _native.library() if (x.dtype is torch.float32 and x.is_cpu
+                                        and self._kernels_read_weights()) else None
         fused = kernels is not None and len(x2) <= FUSED_ROWS  # decoding: the gate in C too
         if not (self.sparse or fused):
             return down(F.relu(gate(x)) * up(x))
@@ -236,9 +238,8 @@ class SparseGatedMLP(nn.Module):
             y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
             sizes = (len(x2), x2.shape[1], gate.out_features, down.out_features)
             threads = (torch.get_num_threads(), _native.GRAIN)
-            if fused:
-                g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
             if fused:  # decoding unscreened (screen=False) or every unit computed (sparse=False)
+                g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
                 n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), pointer(gate.bias),
                                                           up.weight.data_ptr(), pointer(up.bias),
                                                           self._buffers["down_t"].data_ptr(), pointer(down.bias),
