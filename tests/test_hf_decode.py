@@ -1,9 +1,10 @@
 """LeanDecoder: greedy decoding at batch 1 over a static cache gives transformers' generate()'s tokens, and sampled
-decoding its draws from the same seed, on tiny random
-Llama-layout models (Llama, Mistral, Qwen2 with its biases, Qwen3 with its query/key norms, Gemma with its scaled
-embedding), sparsified or not, and refuses in one line what it does not run: another layout (Gemma 2's extra norms,
-Gemma 3's rotary embeddings by layer type, GPT-2), a batch, a prompt beyond its cache. Its C decoding step gives the
-torch path's logits, which are the model's own, and stands aside where a norm is of another kind."""
+decoding its draws from the same seed, on tiny random models of the Llama layout (Llama, Mistral past its sliding
+window, Qwen2 with its biases, Qwen3 with its query/key norms) and the Gemma family's (Gemma's scaled embedding; Gemma 2's
+norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by layer type, local and
+global layers), sparsified or not, and refuses in one line what it does not run: another layout (GPT-2, attention both
+ways, a layer computing otherwise), a batch, a prompt beyond its cache. Its C decoding step gives the torch path's
+logits, which are the model's own, and stands aside where a norm is of another kind."""
 import copy
 
 import pytest
@@ -18,10 +19,14 @@ SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_atte
              vocab_size=100, max_position_embeddings=128, hidden_act="relu")
 FAMILIES = {
     "llama": lambda: transformers.LlamaConfig(**SMALL),
-    "mistral": lambda: transformers.MistralConfig(**SMALL, sliding_window=None),
+    "mistral": lambda: transformers.MistralConfig(**SMALL, sliding_window=6),  # decoded past it
     "qwen2": lambda: transformers.Qwen2Config(**SMALL),
     "qwen3": lambda: transformers.Qwen3Config(**SMALL, head_dim=8),
     "gemma": lambda: transformers.GemmaConfig(**{**SMALL, "hidden_activation": "relu"}, head_dim=8),
+    "gemma2": lambda: transformers.Gemma2Config(**{**SMALL, "hidden_activation": "relu"}, head_dim=8, sliding_window=6,
+                                                final_logit_softcapping=10.0),
+    "gemma3": lambda: transformers.Gemma3TextConfig(**{**SMALL, "hidden_activation": "relu"}, head_dim=8,
+                                                    sliding_window=6, sliding_window_pattern=2),  # local, global
 }
 
 
@@ -74,8 +79,43 @@ def test_the_logits_at_each_step_are_the_models_own(family, fused):
         full = model(tokens).logits[0]
         ours = [decoder._forward(ids, 0, keys, values)[0]]
         ours += [decoder._forward(tokens[:, i:i + 1], i, keys, values)[0] for i in range(10, tokens.shape[1] - 1)]
-        ours = model.lm_head(torch.stack(ours))
+        ours = decoder._logits(torch.stack(ours))  # soft-capped as the model caps them
     assert torch.allclose(ours, full[9:-1], rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
+@pytest.mark.parametrize("fused", [True, False])
+def test_sliding_windows_and_soft_caps_are_the_models_own(family, fused):
+    model, ids = _model(FAMILIES[family]()), _prompt()
+    with torch.no_grad():  # sharp attention, so a window left out or a soft cap not applied shows in the logits
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(50)
+    if family == "gemma2":
+        model.config.attn_logit_softcapping = 0.5
+        for layer in model.model.layers:
+            layer.self_attn.attn_logit_softcapping = 0.5
+    tokens = LeanDecoder(model).generate(ids, 20)  # past the window of 6
+    with torch.inference_mode():
+        full = model(tokens).logits[0, 9:-1]
+
+    def gap(decoder):
+        keys, values = decoder._cache(tokens.shape[1]), decoder._cache(tokens.shape[1])
+        with torch.inference_mode():
+            ours = [decoder._forward(ids, 0, keys, values)[0]]
+            ours += [decoder._forward(tokens[:, i:i + 1], i, keys, values)[0] for i in range(10, tokens.shape[1] - 1)]
+            return float((decoder._logits(torch.stack(ours)) - full).abs().max() / full.abs().max())
+
+    decoder = LeanDecoder(model, fused=fused)
+    assert decoder.fused == fused and gap(decoder) < 1e-5
+    decoder.windows = [None] * len(decoder.windows)  # every position attended
+    assert gap(decoder) > 1e-3
+    if family == "gemma2":
+        decoder = LeanDecoder(model, fused=fused)
+        decoder.softcaps = [None] * len(decoder.softcaps)
+        assert gap(decoder) > 1e-3
+        decoder = LeanDecoder(model, fused=fused)
+        decoder.final_softcap = None
+        assert gap(decoder) > 1e-3
 
 
 def test_a_norm_of_another_kind_decodes_by_the_torch_path():
@@ -142,15 +182,17 @@ def test_decoding_stops_after_the_end_token():
 
 def test_what_it_does_not_run_is_refused_in_one_line():
     gemma = _model(transformers.Gemma3TextConfig(**{**SMALL, "hidden_activation": "relu"}, head_dim=8,
-                                                 sliding_window=16))
-    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and Gemma3ForCausalLM does not run as "
-                                         r"it \(TypeError: .*\): use its generate\(\) instead$"):
+                                                 use_bidirectional_attention=True))
+    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and Gemma3ForCausalLM attends both "
+                                         r"ways \(not a causal decoder\): use its generate\(\) instead$"):
         LeanDecoder(gemma)
-    gemma = _model(transformers.Gemma2Config(**{**SMALL, "hidden_activation": "relu"}, head_dim=8, sliding_window=64))
-    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and Gemma2ForCausalLM gives other "
+    llama = _model(FAMILIES["llama"]())
+    layer = llama.model.layers[1]
+    layer.forward = lambda *args, forward=layer.forward, **kwargs: forward(*args, **kwargs) + 1.0
+    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and LlamaForCausalLM gives other "
                                          r"logits on a probe prompt than this decoder \(by .* of their scale\): use "
                                          r"its generate\(\) instead$"):
-        LeanDecoder(gemma)
+        LeanDecoder(llama)
     with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and GPT2LMHeadModel has no "
                                          r"model.layers and lm_head: use its generate\(\) instead$"):
         LeanDecoder(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)))
@@ -165,11 +207,3 @@ def test_what_it_does_not_run_is_refused_in_one_line():
         decoder.generate(_prompt(), -1)
     with pytest.raises(ValueError, match=r"^max_length is a number of tokens ≥ 2, got 1$"):
         LeanDecoder(_model(FAMILIES["llama"]()), max_length=1)
-
-
-def test_a_sliding_window_caps_the_cache():
-    model = _model(transformers.MistralConfig(**SMALL, sliding_window=12))
-    decoder = LeanDecoder(model, max_length=100)
-    assert decoder.max_length == 12
-    with pytest.raises(ValueError, match=r"sliding window caps it at 12\)$"):
-        decoder.generate(_prompt(), 4)

@@ -872,23 +872,28 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
  *     x = rms_norm(h)·norm_w;   q | k | v = x·qkvᵀ + qkv_b;   each head of q and of k normalized over head_dim by
  *     its own RMS norm if q_norm_w, k_norm_w are given (Qwen3's; NULL: none);   q, k rotated by cos, sin (this
  *     position's);
- *     the cache's position pos ← k, v;   o = softmax(q·Kᵀ·scaling)·V per query head, over positions 0..pos of its
- *     key head (query head j reads key head j / (heads / kv_heads), as torch's grouped-query attention);
- *     h += o·o_wᵀ + o_b.
+ *     the cache's position pos ← k, v;   o = softmax(c(q·Kᵀ·scaling))·V per query head, over positions 0..pos of
+ *     its key head (query head j reads key head j / (heads / kv_heads), as torch's grouped-query attention), c the
+ *     identity or, with softcap > 0 (Gemma 2's), c(s) = softcap·tanh(s / softcap);
+ *     h += o·o_wᵀ + o_b, or h += rms_norm(o·o_wᵀ + o_b)·post_w if post_w is given (Gemma 2's and 3's norm after the
+ *     attention; NULL: none).
  * qkv is the query, key and value projections' weights stacked (heads + 2·kv_heads)·head_dim rows of d; k_cache and
- * v_cache are (kv_heads, length, head_dim). The projections' rows and the heads are split over the threads.
+ * v_cache are (kv_heads, length, head_dim) (a sliding window's caller passes them from its first position, and pos
+ * counted from there). The projections' rows and the heads are split over the threads.
  * Returns 0, or −1 if buffers could not be allocated (h and the caches unchanged). */
 int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *q_norm_w,
                             double q_eps, int q_plus_one, const float *k_norm_w, double k_eps, int k_plus_one,
-                            const float *qkv,
+                            const float *post_w, double post_eps, int post_plus_one, const float *qkv,
                             const float *qkv_b, const float *o_w, const float *o_b, const float *cos, const float *sin,
                             float *k_cache, float *v_cache, int64_t pos, int64_t length, int64_t d, int64_t heads,
-                            int64_t kv_heads, int64_t head_dim, double scaling, int max_threads) {
+                            int64_t kv_heads, int64_t head_dim, double scaling, double softcap, int max_threads) {
     int64_t nq = heads * head_dim, nk = kv_heads * head_dim, rows = nq + 2 * nk, group = heads / kv_heads;
-    float *x = malloc((size_t)(d + rows + nq + heads * (pos + 1)) * sizeof *x);
+    float *x = malloc((size_t)(2 * d + rows + nq + heads * (pos + 1)) * sizeof *x);
     if (!x)
         return -1;
-    float *p = x + d, *o = p + rows, *scores = o + nq;  /* the projections, the heads' outputs, their weights */
+    /* the projections, the heads' outputs, their weights, the attention's output before its norm */
+    float *p = x + d, *o = p + rows, *scores = o + nq, *y = scores + heads * (pos + 1);
+    float cap = (float)softcap;
     lg_rms_norm_f32(h, norm_w, x, d, eps, plus_one);
     int nt = max_threads > 1 ? max_threads : 1;
     #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -917,6 +922,8 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
             float *s = scores + j * (pos + 1), top = -INFINITY, total = 0.0f;
             for (int64_t t = 0; t <= pos; t++) {
                 s[t] = dot_f32(q, keys + t * head_dim, head_dim) * (float)scaling;
+                if (cap > 0.0f)
+                    s[t] = tanhf(s[t] / cap) * cap;
                 top = s[t] > top ? s[t] : top;
             }
             for (int64_t t = 0; t <= pos; t++)
@@ -932,8 +939,18 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
             }
         }
         #pragma omp for schedule(static)
+        for (int64_t r = 0; r < d; r++) {
+            float out = dot_f32(o_w + r * nq, o, nq) + (o_b ? o_b[r] : 0.0f);
+            if (post_w)
+                y[r] = out;
+            else
+                h[r] += out;
+        }
+    }
+    if (post_w) {
+        lg_rms_norm_f32(y, post_w, y, d, post_eps, post_plus_one);
         for (int64_t r = 0; r < d; r++)
-            h[r] += dot_f32(o_w + r * nq, o, nq) + (o_b ? o_b[r] : 0.0f);
+            h[r] += y[r];
     }
     free(x);
     return 0;

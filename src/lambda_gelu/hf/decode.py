@@ -6,20 +6,24 @@ share does not shrink when the FFN blocks are sparsified (:func:`lambda_gelu.spa
 their speed-up can give end to end. :class:`LeanDecoder` runs the same model, its own modules and weights, with
 
 - one matrix product for the query, key and value projections (their weights stacked once, at construction);
-- a static key-value cache, written in place, and the rotary embedding's cos/sin tabulated for every position;
-- ``scaled_dot_product_attention`` over the cache with grouped-query heads (no repeated keys), for the prompt;
+- a static key-value cache, written in place, and the rotary embedding's cos/sin tabulated for every position (a
+  table per layer type where the model has several, as Gemma 3's local and global layers);
+- ``scaled_dot_product_attention`` over the cache with grouped-query heads (no repeated keys), for the prompt; a
+  layer with a sliding window attends to its last ``window`` positions, and Gemma 2's logit soft-capping is applied
+  as its own attention applies it;
 - for each new token, one C call per layer from the input norm to the attention's residual (the projections, the
-  rotary embedding, the cache write, the attention) and one for the FFN's norm, where the model allows it (float32
-  on CPU, RMS norms of the Llama or Gemma kind, Qwen3's per-head ones too; ``fused=False``: the torch path above, its
-  reference);
+  rotary embedding, the cache write, the attention, Gemma 2's and 3's norm after it) and one for each of the FFN's
+  norms, where the model allows it (float32 on CPU, RMS norms of the Llama or Gemma kind, Qwen3's and Gemma 3's
+  per-head ones too; ``fused=False``: the torch path above, its reference);
 - the next token from the output layer through its int8 screen (:class:`~lambda_gelu.screened_argmax.ScreenedArgmax`:
   the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
 
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
-``generate``. The layout is the Llama family's (Llama, Mistral, Qwen2, Qwen3's per-head query/key norms, SmolLM;
-Gemma too, whose embedding module scales its output); a model of another layout (Gemma 2's extra norms, Gemma 3's
-rotary embedding by layer type, ...), or one whose own forward gives other logits than this one on a probe prompt
-(checked at construction, the C step included), is refused with one line.
+``generate``. The layout is the Llama family's (Llama, Mistral and Qwen2 with their sliding windows, Qwen3's per-head
+query/key norms, SmolLM) and the Gemma family's (Gemma, whose embedding module scales its output; Gemma 2 and 3, a
+norm after the attention and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type);
+a model of another layout, or one whose own forward gives other logits than this one on a probe prompt (checked at
+construction, the C step included), is refused with one line.
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
@@ -50,12 +54,13 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 class LeanDecoder:
-    """Greedy or sampled decoding of a Llama-family causal LM at batch 1 (see the module's docstring); inference only.
+    """Greedy or sampled decoding of a Llama- or Gemma-family causal LM at batch 1 (see the module's docstring);
+    inference only.
 
     Args:
         model: a ``...ForCausalLM`` of the Llama layout (``model.model.layers[i].self_attn.q_proj`` ..., a rotary
             embedding at ``model.model.rotary_emb``, ``model.lm_head``), in float32 or another floating dtype.
-        max_length: tokens the cache holds, prompt included (capped by the model's sliding window, if it has one).
+        max_length: tokens the cache holds, prompt included.
         screen_head: the next token through the output layer's int8 screen (the default; an int8 copy of its rows
             is held, a quarter more of its bytes), or ``False``: every logit computed and their argmax taken.
         fused: each new token's norms and attention in one C call per layer and one for the FFN's norm (the
@@ -76,9 +81,10 @@ class LeanDecoder:
             raise ValueError(f"LeanDecoder runs the Llama layout, and {type(model).__name__} {problem}: "
                              "use its generate() instead")
         config = model.config
-        window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
-        self.model, self.window, self.screen_head, self.fused = model, window, bool(screen_head), bool(fused)
-        self.max_length = min(max_length, window) if window else max_length
+        self.model, self.max_length, self.screen_head, self.fused = model, max_length, bool(screen_head), bool(fused)
+        self.windows = [_window(layer.self_attn, config) for layer in model.model.layers]
+        self.softcaps = [getattr(layer.self_attn, "attn_logit_softcapping", None) for layer in model.model.layers]
+        self.final_softcap = getattr(config, "final_logit_softcapping", None)
         attention = model.model.layers[0].self_attn
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
@@ -106,10 +112,16 @@ class LeanDecoder:
                  for b, p in zip(biases, (a.q_proj, a.k_proj, a.v_proj))])
             self.qkv.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), bias,
                              [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]))
-        weight = self.model.model.layers[0].self_attn.q_proj.weight
+        weight, rotary = self.model.model.layers[0].self_attn.q_proj.weight, self.model.model.rotary_emb
         position = torch.arange(self.max_length, device=weight.device)[None]
-        cos, sin = self.model.model.rotary_emb(torch.zeros((), dtype=weight.dtype, device=weight.device), position)
-        self.cos, self.sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
+        tables, zero = {}, torch.zeros((), dtype=weight.dtype, device=weight.device)
+        self.rotary = []  # each layer's (cos, sin) for every position: Gemma 3's differ by the layer's type
+        for layer in self.model.model.layers:
+            kind = getattr(layer.self_attn, "layer_type", None) if hasattr(rotary, "layer_types") else None
+            if kind not in tables:
+                cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
+                tables[kind] = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
+            self.rotary.append(tables[kind])
         self.head = ScreenedArgmax(self.model.lm_head) if self.screen_head else None
         self._steps = self._fused_steps() if self.fused else None
         self.fused = self._steps is not None
@@ -118,44 +130,58 @@ class LeanDecoder:
         return [*self.model.parameters(), *self.model.buffers()]
 
     def _fused_steps(self) -> list[tuple] | None:
-        """What the C decoding step reads per layer (the model's tensors and :attr:`qkv`'s: the norms' weights with
-        eps and plus_one, the per-head query and key norms' (Qwen3's; None, 0.0, 0 for none), q/k/v stacked and its
-        bias, o_proj's weight and bias), then the final norm's; None where it does not apply."""
-        kernels, inner = _native.library(), self.model.model
+        """What the C decoding step reads per layer (the model's tensors and :attr:`qkv`'s: the input norm's weight
+        with eps and plus_one, the per-head query and key norms' and the norm after the attention (Qwen3's, Gemma's;
+        None, 0.0, 0 for none), q/k/v stacked and its bias, o_proj's weight and bias, then the FFN's norm before it
+        and the one after it (Gemma 2's and 3's; None for none)), then the final norm's; None where it does not
+        apply."""
+        kernels, inner, none = _native.library(), self.model.model, (None, 0.0, 0)
         if kernels is None or self.head_dim % 2 or self.heads % self.kv_heads:
             return None
         final = _rms_norm(inner.norm)
         steps = []
         for layer, (weight, bias, _) in zip(inner.layers, self.qkv):
             a = layer.self_attn
-            norms = _rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm)
-            per_head = (_rms_norm(a.q_norm), _rms_norm(a.k_norm)) if hasattr(a, "q_norm") else ((None, 0.0, 0),) * 2
+            per_head = (_rms_norm(a.q_norm), _rms_norm(a.k_norm)) if hasattr(a, "q_norm") else (none, none)
+            if _sandwiched(layer):
+                norms = (_rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm),
+                         _rms_norm(layer.pre_feedforward_layernorm), _rms_norm(layer.post_feedforward_layernorm))
+            else:
+                norms = _rms_norm(layer.input_layernorm), none, _rms_norm(layer.post_attention_layernorm), none
             tensors = [weight, bias, a.o_proj.weight, a.o_proj.bias]
             if (None in norms or None in per_head or final is None or type(a.o_proj) is not nn.Linear
                     or not all(t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
                                for t in tensors)):
                 return None
-            steps.append((*norms, per_head[0] + per_head[1], *tensors))
+            steps.append((norms[0], per_head[0] + per_head[1] + norms[1], *tensors, norms[2],
+                          norms[3] if norms[3] is not none else None))
         return steps + [final]
 
     def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         """:meth:`_forward` for one token, by the C decoding step."""
         kernels, inner, d = _native.library(), self.model.model, self.model.config.hidden_size
         h = inner.embed_tokens(ids).reshape(d).contiguous()
-        x = torch.empty(1, 1, d, dtype=h.dtype)
-        cos, sin = self.cos[start].contiguous(), self.sin[start].contiguous()
-        threads, scaling = torch.get_num_threads(), float(self.model.model.layers[0].self_attn.scaling)
-        for layer, (norm, post, per_head, qkv, qkv_b, o_w, o_b), k_cache, v_cache in zip(inner.layers, self._steps,
-                                                                                          keys, values):
-            q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one = per_head
-            if kernels.decode_attention_f32(h.data_ptr(), norm[0].data_ptr(), *norm[1:], pointer(q_w), q_eps,
-                                            q_plus_one, pointer(k_w), k_eps, k_plus_one, qkv.data_ptr(), pointer(qkv_b),
-                                            o_w.data_ptr(), pointer(o_b), cos.data_ptr(), sin.data_ptr(),
-                                            k_cache.data_ptr(), v_cache.data_ptr(), start, k_cache.shape[2], d,
-                                            self.heads, self.kv_heads, self.head_dim, scaling, threads) < 0:
+        x, y = torch.empty(1, 1, d, dtype=h.dtype), torch.empty(d, dtype=h.dtype)
+        threads, row = torch.get_num_threads(), self.head_dim * h.element_size()
+        for layer, (norm, norms, qkv, qkv_b, o_w, o_b, ffn, ffn_post), (cos, sin), window, softcap, k_cache, \
+                v_cache in zip(inner.layers, self._steps, self.rotary, self.windows, self.softcaps, keys, values):
+            q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one, post_w, post_eps, post_plus_one = norms
+            first = 0 if window is None else max(0, start + 1 - window)  # the window's first position
+            if kernels.decode_attention_f32(
+                    h.data_ptr(), norm[0].data_ptr(), *norm[1:], pointer(q_w), q_eps, q_plus_one, pointer(k_w), k_eps,
+                    k_plus_one, pointer(post_w), post_eps, post_plus_one, qkv.data_ptr(), pointer(qkv_b),
+                    o_w.data_ptr(), pointer(o_b), cos[start].data_ptr(), sin[start].data_ptr(),
+                    k_cache.data_ptr() + first * row, v_cache.data_ptr() + first * row, start - first,
+                    k_cache.shape[2], d, self.heads, self.kv_heads, self.head_dim, float(layer.self_attn.scaling),
+                    float(softcap or 0.0), threads) < 0:
                 raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
-            kernels.rms_norm_f32(h.data_ptr(), post[0].data_ptr(), x.data_ptr(), d, *post[1:])
-            h += layer.mlp(x).reshape(d)
+            kernels.rms_norm_f32(h.data_ptr(), ffn[0].data_ptr(), x.data_ptr(), d, *ffn[1:])
+            if ffn_post is None:
+                h += layer.mlp(x).reshape(d)
+            else:  # Gemma 2's and 3's norm of the FFN's output
+                out = layer.mlp(x).reshape(d).contiguous()  # held while the C call reads it
+                kernels.rms_norm_f32(out.data_ptr(), ffn_post[0].data_ptr(), y.data_ptr(), d, *ffn_post[1:])
+                h += y
         out, final = torch.empty(1, d, dtype=h.dtype), self._steps[-1]
         kernels.rms_norm_f32(h.data_ptr(), final[0].data_ptr(), out.data_ptr(), d, *final[1:])
         return out
@@ -168,22 +194,49 @@ class LeanDecoder:
         n, end = ids.shape[1], start + ids.shape[1]
         inner = self.model.model
         h = inner.embed_tokens(ids)
-        cos, sin = self.cos[start:end], self.sin[start:end]
-        for layer, (weight, bias, split), k_cache, v_cache in zip(inner.layers, self.qkv, keys, values):
+        for layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache in zip(
+                inner.layers, self.qkv, self.rotary, self.windows, self.softcaps, keys, values):
             a = layer.self_attn
             q, k, v = F.linear(layer.input_layernorm(h), weight, bias).split(split, -1)
             q, k = q.view(1, n, -1, self.head_dim), k.view(1, n, -1, self.head_dim)
-            if hasattr(a, "q_norm"):  # Qwen3: a norm over each head's query and key
+            if hasattr(a, "q_norm"):  # Qwen3, Gemma 3: a norm over each head's query and key
                 q, k = a.q_norm(q), a.k_norm(k)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
+            cos, sin = cos[start:end], sin[start:end]
             q = q * cos + _rotate_half(q) * sin
             k_cache[:, :, start:end] = k * cos + _rotate_half(k) * sin
             v_cache[:, :, start:end] = v.view(1, n, -1, self.head_dim).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], is_causal=n > 1,
-                                               scale=a.scaling, enable_gqa=self.kv_heads != self.heads)
-            h = h + a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            o = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], a.scaling, start, window, softcap)
+            o = a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+            if _sandwiched(layer):  # Gemma 2, 3: the attention's output and the FFN's normalized too
+                h = h + layer.post_attention_layernorm(o)
+                h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+            else:
+                h = h + o
+                h = h + layer.mlp(layer.post_attention_layernorm(h))
         return inner.norm(h[:, -1])
+
+    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, scaling: float, start: int, window: int | None,
+                softcap: float | None) -> Tensor:
+        """Causal attention of the queries at positions start.. over the keys and values at 0..: each query over
+        the last ``window`` positions up to its own if a window is given, the scores soft-capped as
+        softcap·tanh(score / softcap) if a softcap is (Gemma 2's)."""
+        n, end, gqa = q.shape[2], keys.shape[2], self.kv_heads != self.heads
+        if window is None and softcap is None:
+            return F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1, scale=scaling, enable_gqa=gqa)
+        at, to = torch.arange(start, start + n, device=q.device)[:, None], torch.arange(end, device=q.device)
+        allowed = (to <= at) & (to > at - window) if window is not None else to <= at
+        if softcap is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=scaling, enable_gqa=gqa)
+        group = self.heads // self.kv_heads
+        scores = q @ keys.repeat_interleave(group, 1).transpose(-1, -2) * scaling
+        scores = (torch.tanh(scores / softcap) * softcap).masked_fill(~allowed, float("-inf"))
+        return F.softmax(scores, -1, dtype=torch.float32).to(q.dtype) @ values.repeat_interleave(group, 1)
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        """The output layer's logits, soft-capped as the model caps them (Gemma 2's final_logit_softcapping)."""
+        logits, cap = self.model.lm_head(hidden), self.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @torch.inference_mode()
     def generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None, *,
@@ -207,8 +260,7 @@ class LeanDecoder:
         total = input_ids.shape[1] + max_new_tokens
         if total > self.max_length:
             raise ValueError(f"the prompt's {input_ids.shape[1]} tokens and {max_new_tokens} new ones exceed the "
-                             f"decoder's max_length {self.max_length}: build it with a larger max_length"
-                             + (f" (the model's sliding window caps it at {self.window})" if self.window else ""))
+                             f"decoder's max_length {self.max_length}: build it with a larger max_length")
         if self._made.stale(self._sources()):
             self.refresh()
         keys, values = self._cache(total), self._cache(total)
@@ -217,10 +269,10 @@ class LeanDecoder:
             hidden = self._forward(step, start, keys, values)
             start += step.shape[1]
             if warpers is not None:
-                scores = warpers(torch.cat(out, 1), self.model.lm_head(hidden).float())
+                scores = warpers(torch.cat(out, 1), self._logits(hidden).float())
                 token = torch.multinomial(F.softmax(scores, -1), 1)
-            else:
-                token = self.head(hidden) if self.head is not None else self.model.lm_head(hidden).argmax(-1)
+            else:  # the screen's argmax of the logits before a soft cap is theirs after it: tanh is increasing
+                token = self.head(hidden) if self.head is not None else self._logits(hidden).argmax(-1)
             step = token.reshape(1, 1).to(input_ids.dtype)
             out.append(step)
             if eos_token_id is not None and int(step) == eos_token_id:
@@ -241,8 +293,8 @@ class LeanDecoder:
         ids = torch.randint(0, self.model.config.vocab_size, (1, 8), generator=generator).to(self.qkv[0][0].device)
         full = self.model(ids).logits[0]
         keys, values = self._cache(8), self._cache(8)
-        ours = [self.model.lm_head(self._forward(ids[:, :6], 0, keys, values))[0]]
-        ours += [self.model.lm_head(self._forward(ids[:, i:i + 1], i, keys, values))[0] for i in (6, 7)]
+        ours = [self._logits(self._forward(ids[:, :6], 0, keys, values))[0]]
+        ours += [self._logits(self._forward(ids[:, i:i + 1], i, keys, values))[0] for i in (6, 7)]
         theirs = full[[5, 6, 7]]
         scale = theirs.abs().max().clamp(min=1e-6)
         gap = float((torch.stack(ours) - theirs).abs().max() / scale)
@@ -293,7 +345,23 @@ def _layout_problem(model) -> str | None:
     attention = getattr(layer, "self_attn", None)
     if attention is not None:
         missing += [p for p in _PROJECTIONS + ("head_dim", "scaling") if not hasattr(attention, p)]
+        if not missing and not getattr(attention, "is_causal", True):
+            return "attends both ways (not a causal decoder)"
     return f"lacks {', '.join(missing)}" if missing else None
+
+
+def _sandwiched(layer) -> bool:
+    """Whether the layer normalizes the FFN's input and output by norms of its own (Gemma 2's and 3's), its
+    post_attention_layernorm then being the attention output's."""
+    return hasattr(layer, "pre_feedforward_layernorm") and hasattr(layer, "post_feedforward_layernorm")
+
+
+def _window(attention, config) -> int | None:
+    """The layer's sliding window: its attention's own where it has one (Qwen2, Gemma 2 and 3: None on the global
+    layers), else the config's (Mistral's, every layer), None for none."""
+    if hasattr(attention, "sliding_window"):
+        return attention.sliding_window
+    return getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
 
 
 def _rms_norm(norm: nn.Module) -> tuple[Tensor, float, int] | None:
