@@ -143,18 +143,18 @@ class LeanDecoder:
         for layer, (weight, bias, _) in zip(inner.layers, self.qkv):
             a = layer.self_attn
             per_head = (_rms_norm(a.q_norm), _rms_norm(a.k_norm)) if hasattr(a, "q_norm") else (none, none)
-            if _sandwiched(layer):
-                norms = (_rms_norm(layer.input_layernorm), _rms_norm(layer.post_attention_layernorm),
-                         _rms_norm(layer.pre_feedforward_layernorm), _rms_norm(layer.post_feedforward_layernorm))
-            else:
-                norms = _rms_norm(layer.input_layernorm), none, _rms_norm(layer.post_attention_layernorm), none
+            sandwich = _sandwiched(layer)  # the input's, the FFN's, the attention output's, the FFN output's
+            norms = (_rms_norm(layer.input_layernorm),
+                     _rms_norm(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm),
+                     _rms_norm(layer.post_attention_layernorm) if sandwich else none,
+                     _rms_norm(layer.post_feedforward_layernorm) if sandwich else none)
             tensors = [weight, bias, a.o_proj.weight, a.o_proj.bias]
             if (None in norms or None in per_head or final is None or type(a.o_proj) is not nn.Linear
                     or not all(t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
                                for t in tensors)):
                 return None
-            steps.append((norms[0], per_head[0] + per_head[1] + norms[1], *tensors, norms[2],
-                          norms[3] if norms[3] is not none else None))
+            steps.append((norms[0], per_head[0] + per_head[1] + norms[2], *tensors, norms[1],
+                          norms[3] if sandwich else None))
         return steps + [final]
 
     def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
