@@ -1,10 +1,10 @@
 """What should the distillation's hidden-state term weigh? SmolLM2-135M at 85% exact gate zeros, converted by the
 command of docs/smollm2_budget_zeros.md in 30 minutes (`--text E E E --minutes 30 --gate-zeros 0.85`) with the loss's
-hidden-state term as it is, as each position's own relative error, and left out. Writes
+hidden-state term as it is, four times as heavy, as each position's own relative error, and left out. Writes
 docs/smollm2_hidden_states.md.
 
-    python experiments/smollm2_hidden_states.py   # seed 0: two conversions of 30 minutes on 2 cores (and the one
-                                                  # as it is, if missing), then ~8 minutes measuring
+    python experiments/smollm2_hidden_states.py   # seed 0: three conversions of 30 minutes on 2 cores (and the one
+                                                  # as it is, if missing), then ~10 minutes measuring
 
 `logits-kl`, the loss of a causal LM, adds to the KL the mean over the hidden states (the embeddings' and each
 layer's) of their relative squared error, ‖s − t‖² / ‖t‖² summed over every position of the batch. In a Llama-family
@@ -12,6 +12,7 @@ model one position, the first, holds nearly all of a middle layer's squared norm
 preface's table), so that sum weighs the other positions' hidden states next to nothing in those layers. The arms:
 
 - `sum`: the term as it is (smollm2_budget.py's run `budget<M>-zeros<Z>-english3-S`, reused where it exists);
+- `sum4`: the term as it is, four times as heavy beside the KL (runs `...-english3-hidden4-S`);
 - `tokens`: each position's ‖s − t‖² / ‖t‖², averaged over the positions (runs `...-english3-tokens-S`);
 - `none`: the KL alone (runs `...-english3-nohidden-S`).
 
@@ -33,9 +34,10 @@ from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
 ARMS = {"sum": "the relative squared error summed over every position (the library's)",
+        "sum4": "the library's term, four times as heavy beside the KL",
         "tokens": "each position's relative squared error, averaged over the positions",
         "none": "no hidden-state term: the KL alone"}
-SUFFIX = {"sum": "", "tokens": "-tokens", "none": "-nohidden"}
+SUFFIX = {"sum": "", "sum4": "-hidden4", "tokens": "-tokens", "none": "-nohidden"}
 
 
 def token_relative_error(s: torch.Tensor, t: torch.Tensor, mask) -> torch.Tensor:
@@ -50,8 +52,11 @@ def token_relative_error(s: torch.Tensor, t: torch.Tensor, mask) -> torch.Tensor
 def hidden_term(arm: str):
     """The loss's ``_plus_hidden_states`` for ``arm``."""
     losses = importlib.import_module("lambda_gelu.reluize.losses")
+    library = losses._plus_hidden_states
 
     def plus(value, student, teacher, mask):
+        if arm == "sum4":
+            return value + 4 * library(0.0, student, teacher, mask)
         hidden_s, hidden_t = losses._field(student, "hidden_states"), losses._field(teacher, "hidden_states")
         if arm == "none" or not hidden_s:
             return value
@@ -62,8 +67,8 @@ def hidden_term(arm: str):
 def convert_with(arm: str, argv: list[str]) -> int:
     """`lambda-gelu reluize` ``argv`` with ``arm``'s hidden-state term."""
     from lambda_gelu_lab.cli import main as cli
-    if arm not in ("tokens", "none"):
-        raise SystemExit(f"--convert-with takes tokens or none, got {arm!r}")
+    if arm not in ("sum4", "tokens", "none"):
+        raise SystemExit(f"--convert-with takes sum4, tokens or none, got {arm!r}")
     importlib.import_module("lambda_gelu.reluize.losses")._plus_hidden_states = hidden_term(arm)
     return cli(argv)
 
@@ -110,8 +115,23 @@ def main() -> None:
           sets=sets, title=f"SmolLM2-135M{f' at {zeros:.0%} gate zeros' if zeros else ''}: the distillation's "
                            "hidden-state term",
           preface=preface(args, shares, len(english), packages, runs),
-          after=[steps_run(every), "", *(zeros_by_layer(every, made) if zeros else []),
-                 *along_the_way(every, made, zeros=zeros)])
+          after=lambda ratios: [*reading(ratios, runs), "", steps_run(every), "",
+                                *(zeros_by_layer(every, made) if zeros else []),
+                                *along_the_way(every, made, zeros=zeros)])
+
+
+def reading(ratios: dict, runs: dict[str, list[Path]]) -> list[str]:
+    """The arms in order of what they kept of English outside Python, and each one's three held-out sets."""
+    def mean(arm, name):
+        return sum(ratios[str(run)][name] for run in runs[arm]) / len(runs[arm])
+    sets = list(next(iter(ratios.values())))
+    order = sorted(runs, key=lambda arm: mean(arm, "English outside Python"))
+    best_everywhere = all(min(runs, key=lambda arm: mean(arm, name)) == order[0] for name in sets)
+    seeds = len(runs[order[0]])
+    return [f"Reading: `{order[0]}` keeps the most of English outside Python"
+            + (" and of every held-out set" if best_everywhere else "") + ": "
+            + "; ".join(f"`{arm}` " + ", ".join(f"{name} ×{mean(arm, name):.3f}" for name in sets) for arm in order)
+            + f" ({seeds} seed{'s' * (seeds > 1)} each)."]
 
 
 def preface(args: argparse.Namespace, shares: list[float], sentences: int, packages: int,
