@@ -143,9 +143,9 @@ def preface(args: argparse.Namespace, shares: list[float], sentences: int, packa
              "packages' READMEs, none held out), its loss's hidden-state term in each arm:", ""]
     lines += [f"- `{arm}` ({', '.join(f'`{run.name}`' for run in arm_runs)}): {ARMS[arm]};"
               for arm, arm_runs in runs.items()]
-    lines += ["", "Why the sum over positions may weigh the wrong thing: the share of each hidden state's squared "
-              "norm (summed over the positions of 16 English training sentences) that the first position holds, in "
-              "the original model (0: the embeddings; i: layer i's output; the last is after the final norm):", "",
+    lines += ["", "What the sum over positions weighs: the share of each hidden state's squared norm (summed over "
+              "the positions of 16 English training sentences) that the first position holds, in the original model "
+              "(0: the embeddings; i: layer i's output; the last is after the final norm):", "",
               "| hidden state | " + " | ".join(str(i) for i in range(len(shares))) + " |",
               "|---|" + "---|" * len(shares),
               "| first position's share | " + " | ".join(f"{100 * s:.1f}%" for s in shares) + " |"]
