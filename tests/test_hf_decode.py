@@ -1,8 +1,8 @@
 """LeanDecoder: greedy decoding at batch 1 over a static cache gives transformers' generate()'s tokens, and sampled
 decoding its draws from the same seed, on tiny random models of the Llama layout (Llama, Mistral past its sliding
-window, Qwen2 with its biases, Qwen3 with its query/key norms) and the Gemma family's (Gemma's scaled embedding; Gemma 2's
-norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by layer type, local and
-global layers), sparsified or not, and refuses in one line what it does not run: another layout (GPT-2, attention both
+window, Qwen2 with its biases, Qwen3 with its query/key norms) and the Gemma family's (Gemma's scaled embedding;
+Gemma 2's norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by layer type,
+local and global layers), sparsified or not, and refuses in one line what it does not run: another layout (GPT-2, attention both
 ways, a layer computing otherwise), a batch, a prompt beyond its cache. Its C decoding step gives the torch path's
 logits, which are the model's own, and stands aside where a norm is of another kind."""
 import copy
