@@ -1,10 +1,10 @@
 """What should the distillation's hidden-state term weigh? SmolLM2-135M at 85% exact gate zeros, converted by the
 command of docs/smollm2_budget_zeros.md in 30 minutes (`--text E E E --minutes 30 --gate-zeros 0.85`) with the loss's
-hidden-state term as it is, four times as heavy, as each position's own relative error, and left out. Writes
-docs/smollm2_hidden_states.md.
+hidden-state term as it is, four and sixteen times as heavy, as each position's own relative error, and left out.
+Writes docs/smollm2_hidden_states.md.
 
-    python experiments/smollm2_hidden_states.py   # seed 0: three conversions of 30 minutes on 2 cores (and the one
-                                                  # as it is, if missing), then ~10 minutes measuring
+    python experiments/smollm2_hidden_states.py   # seed 0: four conversions of 30 minutes on 2 cores (and the one
+                                                  # as it is, if missing), then ~15 minutes measuring
 
 `logits-kl`, the loss of a causal LM, adds to the KL the mean over the hidden states (the embeddings' and each
 layer's) of their relative squared error, ‖s − t‖² / ‖t‖² summed over every position of the batch. In a Llama-family
@@ -12,7 +12,8 @@ model one position, the first, holds nearly all of a middle layer's squared norm
 preface's table), so that sum weighs the other positions' hidden states next to nothing in those layers. The arms:
 
 - `sum`: the term as it is (smollm2_budget.py's run `budget<M>-zeros<Z>-english3-S`, reused where it exists);
-- `sum4`: the term as it is, four times as heavy beside the KL (runs `...-english3-hidden4-S`);
+- `sum4`, `sum16`: the term as it is, four or sixteen times as heavy beside the KL (runs `...-english3-hidden4-S`,
+  `...-english3-hidden16-S`);
 - `tokens`: each position's ‖s − t‖² / ‖t‖², averaged over the positions (runs `...-english3-tokens-S`);
 - `none`: the KL alone (runs `...-english3-nohidden-S`).
 
@@ -35,9 +36,10 @@ from smollm2_prose import given, text_sets, write
 MODEL = "smollm2-135m-instruct"
 ARMS = {"sum": "the relative squared error summed over every position (the library's)",
         "sum4": "the library's term, four times as heavy beside the KL",
+        "sum16": "the library's term, sixteen times as heavy beside the KL",
         "tokens": "each position's relative squared error, averaged over the positions",
         "none": "no hidden-state term: the KL alone"}
-SUFFIX = {"sum": "", "sum4": "-hidden4", "tokens": "-tokens", "none": "-nohidden"}
+SUFFIX = {"sum": "", "sum4": "-hidden4", "sum16": "-hidden16", "tokens": "-tokens", "none": "-nohidden"}
 
 
 def token_relative_error(s: torch.Tensor, t: torch.Tensor, mask) -> torch.Tensor:
@@ -55,8 +57,8 @@ def hidden_term(arm: str):
     library = losses._plus_hidden_states
 
     def plus(value, student, teacher, mask):
-        if arm == "sum4":
-            return value + 4 * library(0.0, student, teacher, mask)
+        if arm.startswith("sum"):
+            return value + int(arm[3:]) * library(0.0, student, teacher, mask)
         hidden_s, hidden_t = losses._field(student, "hidden_states"), losses._field(teacher, "hidden_states")
         if arm == "none" or not hidden_s:
             return value
@@ -67,8 +69,8 @@ def hidden_term(arm: str):
 def convert_with(arm: str, argv: list[str]) -> int:
     """`lambda-gelu reluize` ``argv`` with ``arm``'s hidden-state term."""
     from lambda_gelu_lab.cli import main as cli
-    if arm not in ("sum4", "tokens", "none"):
-        raise SystemExit(f"--convert-with takes sum4, tokens or none, got {arm!r}")
+    if arm == "sum" or arm not in ARMS:
+        raise SystemExit(f"--convert-with takes {', '.join(a for a in ARMS if a != 'sum')}, got {arm!r}")
     importlib.import_module("lambda_gelu.reluize.losses")._plus_hidden_states = hidden_term(arm)
     return cli(argv)
 
