@@ -15,6 +15,7 @@ from lambda_gelu.hf import evaluate as hf_evaluate
 from lambda_gelu.hf import text as hf_text
 from lambda_gelu.hf.save import write_atomically
 from lambda_gelu.reluize.config import CAUSAL_LR
+from lambda_gelu.reluize.losses import get_loss
 from lambda_gelu_lab.cli import main
 from lambda_gelu_lab.report.stats import mean_sd
 from small_vocab import VOCAB, save_small_tokenizer
@@ -580,8 +581,9 @@ def test_a_step_is_timed_in_its_parts_without_touching_the_model():
         vocab_size=100, max_position_embeddings=64))
     teacher, before = copy.deepcopy(model), copy.deepcopy(model.state_dict())
     batch = {"input_ids": torch.randint(0, 100, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
-    assert hf_convert._step_seconds(model, teacher, batch, "auto") > 0
-    assert hf_convert._step_seconds(model, teacher, batch, "auto", torch.bfloat16) > 0  # timed as a bfloat16 step runs
+    loss = get_loss("auto")
+    assert hf_convert._step_seconds(model, teacher, batch, loss) > 0
+    assert hf_convert._step_seconds(model, teacher, batch, loss, torch.bfloat16) > 0  # timed as a bfloat16 step runs
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert all(p.grad is None for p in model.parameters())
     big = [torch.nn.Parameter(torch.ones(2 ** 22 + 1))]
@@ -609,6 +611,8 @@ def test_a_recipe_names_the_settings_it_changed_and_only_those():
     # with the threshold the default lr is 5e-4: a run at 5e-4 names none, one at the swap's 5e-5 names it
     assert _schedule(base | {"settings": changed | {"lr": 5e-4}}).startswith("swap, gate zeros 0.87,")
     assert _schedule(base | {"settings": changed | {"lr": 5e-5}}).startswith("swap, lr 5e-05, gate zeros 0.87,")
+    assert _schedule(base | {"settings": defaults | {"hidden_weight": 4.0}}) == \
+        "swap, hidden weight 4, length batches, linear lr decay"
     # a report over several time budgets names each run's (and none where it ran a number of steps)
     assert _schedule(base | {"settings": {}, "budget_minutes": 120}, budget=True) == \
         "swap, 120-minute budget, length batches, linear lr decay"

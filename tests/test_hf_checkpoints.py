@@ -293,6 +293,17 @@ def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_fam
         "out")
 
 
+def test_the_hidden_state_weight_is_recorded_and_said_or_refused(tmp_path, capsys):
+    source, weighed = _tiny_llama(tmp_path / "model"), tmp_path / "weighed"
+    assert main(["reluize", str(source), "--out", str(weighed), "--steps", "2", "--batch-size", "4",
+                 "--hidden-weight", "4", "--quiet"]) == 0
+    assert json.loads((weighed / "reluize_report.json").read_text())["settings"]["hidden_weight"] == 4.0
+    assert "the loss's hidden-state term weighed 4" in (weighed / "reluize_report.md").read_text()
+    assert main(["reluize", str(source), "--out", str(tmp_path / "no"), "--hidden-weight", "-1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: hidden_weight is a finite weight ≥ 0, got -1.0"
+    assert not (tmp_path / "no").exists()
+
+
 def test_a_gguf_file_loads_dequantised_as_a_plain_checkpoint(tmp_path):
     from lambda_gelu.hf import load, model_directory
     try:

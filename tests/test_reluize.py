@@ -14,6 +14,7 @@ import lambda_gelu as lg
 from lambda_gelu.reluize import (RECALIBRATE, AnnealedGELU, distillation_loss, reconstruction_blocks,
                                  recalibrate_batchnorm_, refit_after_swap_, refit_consumers, reluize)
 from lambda_gelu.reluize.blockwise import _block_input, _block_output
+from lambda_gelu.reluize.losses import LogitsKL
 from lambda_gelu.reluize.reluizer import paced_lambda as _paced_lambda
 from lambda_gelu.reluize.probes import functional_gelu_calls as _functional_gelu_calls
 
@@ -195,6 +196,25 @@ def test_distillation_loss_is_zero_for_identical_outputs_and_kl_for_logits():
     torch.testing.assert_close(distillation_loss(other, out), kl)
     with pytest.raises(TypeError, match="give reluize a loss="):
         distillation_loss({"pooled": torch.ones(1)}, {"pooled": torch.ones(1)})
+
+
+@pytest.mark.parametrize("name", ["auto", "logits-kl"])
+def test_the_hidden_state_term_weighs_what_hidden_weight_says(name):
+    """The KL plus hidden_weight times the mean over the hidden states of their relative squared error (the padded
+    position left out); 0 leaves the term out, and the default 1 is the loss as it was."""
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    teacher = {"logits": torch.randn(2, 4, 7), "hidden_states": (torch.randn(2, 4, 3), torch.randn(2, 4, 3))}
+    student = {"logits": torch.randn(2, 4, 7), "hidden_states": tuple(torch.randn(2, 4, 3) for _ in range(2))}
+    batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long), "attention_mask": mask}
+    kl = LogitsKL(hidden=0.0)(student, teacher, batch)
+    real = mask.bool()
+    error = sum((s - t)[real].pow(2).sum() / t[real].pow(2).sum()
+                for s, t in zip(student["hidden_states"], teacher["hidden_states"])) / 2
+    for weight in (0.0, 1.0, 4.0):
+        loss = lg.ReluizeConfig(loss=name, hidden_weight=weight).distillation_loss()
+        torch.testing.assert_close(loss(student, teacher, batch), kl + weight * error)
+    torch.testing.assert_close(distillation_loss(student, teacher, batch), kl + error)
 
 
 def test_distillation_loss_of_sentence_transformers_outputs_is_the_cosine_and_the_token_error():
@@ -688,6 +708,9 @@ def test_bad_input_is_refused_before_the_model_changes():
                             ({"steps": 3, "anneal": 0.0}, r"anneal is the fraction of steps"),
                             ({"steps": 3, "epsilon": 2.0}, "epsilon must be in"),
                             ({"steps": 3, "sparsity": -0.1}, "sparsity is the activation penalty's final factor"),
+                            ({"steps": 3, "hidden_weight": -1.0}, "hidden_weight is a finite weight ≥ 0"),
+                            ({"steps": 3, "hidden_weight": 4.0, "loss": distillation_loss},
+                             "a loss= callable weighs its own terms: leave hidden_weight out"),
                             ({"steps": 3, "schedule": "blockwise", "repair": 1.0}, r"repair is the fraction .* in \[0, 1\)"),
                             ({"steps": 3, "repair": 0.5}, "repair: used by schedule='blockwise' only"),
                             ({"steps": 3, "refit": -1}, "refit is a number of batches ≥ 0"),
@@ -703,6 +726,7 @@ def test_bad_input_is_refused_before_the_model_changes():
         reluize(gelu_net, [], steps=3)
     for kwargs, message in [({"loss": distillation_loss}, r"loss: not used by schedule='blockwise'.*give repair > 0"),
                             ({"sparsity": 1.0, "repair": 0.5}, "sparsity: not used by"),
+                            ({"hidden_weight": 4.0}, r"hidden_weight: not used by .*give repair > 0"),
                             ({"sparsity": 1.0}, "sparsity: not used by"),
                             ({"optimizer": torch.optim.SGD(gelu_net.parameters(), 0.1)}, "optimizer: not used by")]:
         with pytest.raises(ValueError, match=message):

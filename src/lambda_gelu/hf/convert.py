@@ -23,7 +23,6 @@ import torch
 
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
-from ..reluize.losses import get_loss
 from ..reluize.precision import autocast_dtype
 from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
@@ -208,7 +207,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                 log(f"note: {refit_note}")
         repair = config.reluize.repair
         step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
-        step_seconds = _step_seconds(model, original, typical, config.reluize.loss, autocast) * step_cost
+        step_loss = config.reluize.distillation_loss()
+        step_seconds = _step_seconds(model, original, typical, step_loss, autocast) * step_cost
         planning = time.perf_counter() - started
         budget = BUDGET_SHARE * minutes * 60
 
@@ -340,10 +340,10 @@ def _step_seconds(model, teacher, batch, loss, autocast: torch.dtype | None = No
     """What one conversion step takes on ``batch``, timed in its parts: the teacher's forward, the student's forward
     (both under an ``autocast`` to that dtype, if given), ``loss`` and backward (the best of three), and AdamW's update
     of the trainable weights (:func:`_update_seconds`). The gradients are dropped again; the weights are not touched."""
-    loss_fn, times, device = get_loss(loss), [], next(model.parameters()).device
+    times, device = [], next(model.parameters()).device
     for _ in range(3):
         t = time.perf_counter()
-        teacher_student_loss(model, teacher, batch, loss_fn, autocast, device).backward()
+        teacher_student_loss(model, teacher, batch, loss, autocast, device).backward()
         times.append(time.perf_counter() - t)
     model.zero_grad(set_to_none=True)
     return min(times) + _update_seconds([p for p in model.parameters() if p.requires_grad])

@@ -155,6 +155,8 @@ def markdown(r: dict) -> str:
                 else "")
              + (f", an L1 penalty on the activations rising to {settings['sparsity']:g}" if settings.get("sparsity")
                 else "")
+             + (f", the loss's hidden-state term weighed {settings['hidden_weight']:g}"
+                if settings.get("hidden_weight", 1.0) != 1.0 else "")
              + (f", the gates' threshold lowered {'at once to' if settings.get('gate_zeros_at_once') else 'towards'} "
                 f"{settings['gate_zeros']:.0%} exact zeros" if settings.get("gate_zeros") else "")
              + f" in {r['seconds'] / 60:.1f} min"

@@ -15,7 +15,6 @@ from .batchnorm import NO_BATCHNORM, batchnorms, recalibrate_batchnorm_, two_val
 from .blockwise import blockwise
 from .config import RECALIBRATE, ReluizeConfig, configured
 from .distill import distill
-from .losses import get_loss
 from .probes import functional_gelu_calls
 from .refit import refit_consumers, swap_and_refit
 from .reluizer import AnnealedGELU, Reluizer, check_steps
@@ -109,7 +108,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
     if teacher is None:
         teacher = snapshot.copy
     teacher.eval().requires_grad_(False)
-    loss_fn = get_loss(loss if loss is not None else config.loss)
+    loss_fn = config.distillation_loss(loss)
     try:
         result = _convert(model, teacher, stream_with_first, first, steps, config, loss_fn, optimizer, recalibrate,
                           consumers, progress, callback)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..config import DEFAULTS
 from ..functional import lambda_target
-from .losses import LOSSES
+from .losses import LOSSES, get_loss
 from .precision import PRECISIONS
 
 __all__ = ["ReluizeConfig", "SCHEDULES", "LR_SCHEDULES", "LR", "GATE_ZEROS_LR", "CAUSAL_LR", "RIDGE", "RECALIBRATE",
@@ -57,6 +57,10 @@ class ReluizeConfig:
     loss: str = field(default="auto", metadata=_help(
         "what the network is trained to keep: auto picks by the output's type (logits: KL; sentence embeddings, "
         "pooled hidden states: cosine; a tensor: relative error) and the result says which", choices=LOSS_NAMES))
+    hidden_weight: float = field(default=1.0, metadata=_help(
+        "the weight, beside the loss's own term, of the mean over the hidden states (the embeddings' and each "
+        "layer's) of their relative squared error to the teacher's, which the named losses add when the model "
+        "gives hidden states (0: none)"))
     lr: float | None = field(default=None, metadata=_help(
         f"AdamW's learning rate, the default optimizer's (default {LR:g}, or {GATE_ZEROS_LR:g} with gate_zeros; "
         f"{CAUSAL_LR:g} for a causal language model in `lambda-gelu reluize`)"))
@@ -110,6 +114,7 @@ class ReluizeConfig:
         need(self.lr_schedule in LR_SCHEDULES,
              f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         need(self.loss in LOSS_NAMES, f"loss must be one of {', '.join(LOSS_NAMES)}, got {self.loss!r}")
+        need(number("hidden_weight"), f"hidden_weight is a finite weight ≥ 0, got {self.hidden_weight!r}")
         need(number("anneal", 0.0, 1.0, low_open=True, high_open=False),
              f"anneal is the fraction of steps spent annealing, in (0, 1]; got {self.anneal!r}")
         need(number("repair", 0.0, 1.0),
@@ -140,11 +145,13 @@ class ReluizeConfig:
         need(not self.recalibrate or schedule != "blockwise", "recalibrate: used by schedule='swap' or 'anneal' only "
              "(blockwise trains each block, BatchNorm's affine parameters included, against its teacher block); "
              "leave it out")
-        given = [name for name in ("loss", "sparsity", "gate_zeros") if getattr(self, name) not in ("auto", 0, 0.0)
-                 and (name != "loss" or not self.repair)]
+        end_to_end = ("loss", "hidden_weight")  # used by blockwise's repair steps
+        given = [name for name in (*end_to_end, "sparsity", "gate_zeros")
+                 if getattr(self, name) != _DEFAULTS[name] and (name not in end_to_end or not self.repair)]
+        hint = " (give repair > 0 for end-to-end steps that use it)" if set(given) <= set(end_to_end) else ""
         need(schedule != "blockwise" or not given, f"{', '.join(given)}: not used by schedule='blockwise', which "
-             "reconstructs each block's output (relative squared error) with an AdamW of its own per block"
-             f"{'' if given != ['loss'] else ' (give repair > 0 for end-to-end steps that use it)'}; leave them out")
+             f"reconstructs each block's output (relative squared error) with an AdamW of its own per block{hint}; "
+             "leave them out")
 
     @property
     def learning_rate(self) -> float:
@@ -156,12 +163,18 @@ class ReluizeConfig:
         """The λ at which an annealed gate is within ``epsilon`` of the step."""
         return lambda_target(self.epsilon)
 
+    def distillation_loss(self, loss=None):
+        """The loss of the steps: ``loss`` if it is a callable, else the one ``loss`` (default: :attr:`loss`)
+        names, its hidden-state term weighed by :attr:`hidden_weight`."""
+        return get_loss(loss if loss is not None else self.loss, self.hidden_weight)
+
     def replace(self, **changes) -> "ReluizeConfig":
         """A copy with ``changes``, checked again; an unknown name is a TypeError naming it."""
         return dataclasses.replace(self, **changes)
 
 
 _SETTINGS = frozenset(f.name for f in dataclasses.fields(ReluizeConfig))
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ReluizeConfig)}
 
 
 def configured(config: ReluizeConfig | None, settings: dict, loss=None) -> ReluizeConfig:
@@ -177,4 +190,8 @@ def configured(config: ReluizeConfig | None, settings: dict, loss=None) -> Relui
         settings = {**settings, "loss": loss}
     elif loss is not None and not callable(loss):
         raise TypeError(f"loss must be a name or a callable, got {type(loss).__name__}")
-    return config.replace(**settings) if settings else config
+    config = config.replace(**settings) if settings else config
+    if callable(loss) and config.hidden_weight != _DEFAULTS["hidden_weight"]:
+        raise ValueError(f"hidden_weight={config.hidden_weight!r} weighs the named losses' hidden-state term; a "
+                         "loss= callable weighs its own terms: leave hidden_weight out, or give the loss by name")
+    return config

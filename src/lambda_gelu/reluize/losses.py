@@ -14,7 +14,8 @@ name                   for outputs with ... (what it measures)
 =====================  ==========================================================================================
 
 The first three add the mean over layers of each hidden state's relative squared error when the outputs carry
-``hidden_states`` (``reluize`` asks a Hugging Face model for them).
+``hidden_states`` (``reluize`` asks a Hugging Face model for them), times ``hidden`` (``ReluizeConfig.hidden_weight``;
+default 1, 0 leaves the term out).
 """
 from __future__ import annotations
 
@@ -29,21 +30,25 @@ __all__ = ["LOSSES", "AutoLoss", "LogitsKL", "SentenceCosine", "PooledCosine", "
 
 
 class LogitsKL:
-    """``kl``: the chunked :func:`~lambda_gelu.reluize.kl.kl_divergence`, or its reference ``kl_reference``."""
+    """``kl``: the chunked :func:`~lambda_gelu.reluize.kl.kl_divergence`, or its reference ``kl_reference``;
+    ``hidden``: the hidden-state term's weight."""
     name = "logits-kl"
 
-    def __init__(self, kl=kl_divergence):
-        self.kl = kl
+    def __init__(self, kl=kl_divergence, hidden: float = 1.0):
+        self.kl, self.hidden = kl, hidden
 
     def __call__(self, student, teacher, batch=None) -> torch.Tensor:
         mask = attention_mask(batch)
         logits = _field(student, "logits")
         kl = self.kl(logits, _field(teacher, "logits"), _mean_weights(logits.shape[:-1], mask, logits.device))
-        return _plus_hidden_states(kl, student, teacher, mask)
+        return _plus_hidden_states(kl, student, teacher, mask, self.hidden)
 
 
 class SentenceCosine:
     name = "sentence-cosine"
+
+    def __init__(self, hidden: float = 1.0):
+        self.hidden = hidden
 
     def __call__(self, student, teacher, batch=None) -> torch.Tensor:
         mask = attention_mask(batch)
@@ -53,21 +58,27 @@ class SentenceCosine:
         if tokens is not None:
             value = value + relative_error(tokens, _field(teacher, "token_embeddings"),
                                            _field(student, "attention_mask") if mask is None else mask)
-        return _plus_hidden_states(value, student, teacher, mask)
+        return _plus_hidden_states(value, student, teacher, mask, self.hidden)
 
 
 class PooledCosine:
     name = "pooled-cosine"
 
+    def __init__(self, hidden: float = 1.0):
+        self.hidden = hidden
+
     def __call__(self, student, teacher, batch=None) -> torch.Tensor:
         mask = attention_mask(batch)
         h_s, h_t = _field(student, "last_hidden_state"), _field(teacher, "last_hidden_state")
         value = 1.0 - F.cosine_similarity(mean_pool(h_s, mask), mean_pool(h_t, mask), dim=-1).mean()
-        return _plus_hidden_states(value, student, teacher, mask)
+        return _plus_hidden_states(value, student, teacher, mask, self.hidden)
 
 
 class RelativeError:
     name = "relative-error"
+
+    def __init__(self, hidden: float = 1.0):  # a plain tensor has no hidden states to weigh
+        pass
 
     def __call__(self, student, teacher, batch=None) -> torch.Tensor:
         return relative_error(student, teacher, None)
@@ -76,40 +87,42 @@ class RelativeError:
 LOSSES = {cls.name: cls for cls in (LogitsKL, SentenceCosine, PooledCosine, RelativeError)}
 
 
-def _pick(output):
+def _pick(output, hidden: float = 1.0):
     """The loss for an output of this type (the order of the module's table), or a TypeError."""
     if isinstance(output, torch.Tensor):
         return RelativeError()
     for name, cls in (("logits", LogitsKL), ("sentence_embedding", SentenceCosine),
                       ("last_hidden_state", PooledCosine)):
         if _field(output, name) is not None:
-            return cls()
+            return cls(hidden=hidden)
     raise TypeError(f"no distillation loss knows outputs of type {type(output).__name__} (looked for a tensor, "
                     "logits, sentence_embedding or last_hidden_state): give reluize a "
                     "loss=(student_output, teacher_output, batch) callable")
 
 
 class AutoLoss:
-    """Picks the loss at its first call from the output's type (the module's table); :attr:`picked` says which."""
+    """Picks the loss at its first call from the output's type (the module's table); :attr:`picked` says which.
+    ``hidden``: the hidden-state term's weight in the loss it picks."""
     name = "auto"
 
-    def __init__(self):
-        self.picked = None
+    def __init__(self, hidden: float = 1.0):
+        self.picked, self.hidden = None, hidden
 
     def __call__(self, student, teacher, batch=None) -> torch.Tensor:
         if self.picked is None:
-            self.picked = _pick(student)
+            self.picked = _pick(student, self.hidden)
         return self.picked(student, teacher, batch)
 
 
-def get_loss(loss):
-    """A loss by name (``"auto"`` or one of :data:`LOSSES`), or a callable as it is."""
+def get_loss(loss, hidden: float = 1.0):
+    """A loss by name (``"auto"`` or one of :data:`LOSSES`) with its hidden-state term weighed by ``hidden``, or a
+    callable as it is."""
     if callable(loss):
         return loss
     if loss == "auto":
-        return AutoLoss()
+        return AutoLoss(hidden)
     if loss in LOSSES:
-        return LOSSES[loss]()
+        return LOSSES[loss](hidden=hidden)
     raise ValueError(f"loss must be 'auto', one of {', '.join(LOSSES)}, or a callable; got {loss!r}")
 
 
@@ -118,10 +131,11 @@ def distillation_loss(student, teacher, batch=None) -> torch.Tensor:
     return _pick(student)(student, teacher, batch)
 
 
-def _plus_hidden_states(value, student, teacher, mask):
+def _plus_hidden_states(value, student, teacher, mask, weight: float = 1.0):
+    """``value`` plus ``weight`` times the mean over the outputs' hidden states of their relative squared error."""
     hidden_s, hidden_t = _field(student, "hidden_states"), _field(teacher, "hidden_states")
-    if hidden_s:
-        value = value + sum(relative_error(s, t, mask) for s, t in zip(hidden_s, hidden_t)) / len(hidden_s)
+    if hidden_s and weight:
+        value = value + weight * sum(relative_error(s, t, mask) for s, t in zip(hidden_s, hidden_t)) / len(hidden_s)
     return value
 
 

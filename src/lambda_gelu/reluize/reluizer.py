@@ -39,7 +39,6 @@ from ..batches import run_batch
 from ..convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizable, replace_modules_
 from ..regularize import SparsityRegularizer
 from .config import ReluizeConfig, configured
-from .losses import get_loss
 from .precision import autocast_dtype, precision_context
 from .threshold import GateThreshold
 
@@ -98,7 +97,7 @@ class Reluizer:
         teacher.eval().requires_grad_(False)
         replaced = replace_modules_(model, lambda m, fqn: is_reluizable(m),
                                     (lambda old: nn.ReLU()) if config.schedule == "swap" else AnnealedGELU, "GELU")
-        self._start(model, teacher, total_steps, config, get_loss(loss if loss is not None else config.loss),
+        self._start(model, teacher, total_steps, config, config.distillation_loss(loss),
                     replaced, sparsity=True)
 
     @classmethod

@@ -47,7 +47,7 @@ ZEROS = ("*exact zeros*: the share of the ReLU activations exactly zero on the h
          "averaged over the layers")
 # settings a recipe names when they are not the default (", lr 0.0003", ", sparsity 0.1", ", gate zeros 0.85";
 # ", anneal 0.25": the fraction of the steps the anneal, the penalty's rise or the threshold's ramp takes)
-_SETTINGS_NAMED = ("lr", "sparsity", "gate_zeros", "anneal", "weight_decay")
+_SETTINGS_NAMED = ("lr", "sparsity", "gate_zeros", "anneal", "weight_decay", "hidden_weight")
 _SETTING_LABELS = {key: key.replace("_", " ") for key in _SETTINGS_NAMED}
 _SETTING = re.compile(", (?:" + "|".join(_SETTING_LABELS.values()) + ") [^,]+")  # one of them in a recipe's name
 
