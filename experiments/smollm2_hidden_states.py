@@ -12,13 +12,13 @@ model one position, the first, holds nearly all of a middle layer's squared norm
 preface's table), so that sum weighs the other positions' hidden states next to nothing in those layers. The arms:
 
 - `sum`: the term as it is (smollm2_budget.py's run `budget<M>-zeros<Z>-english3-S`, reused where it exists);
-- `sum4`, `sum16`: the term as it is, four or sixteen times as heavy beside the KL (runs `...-english3-hidden4-S`,
-  `...-english3-hidden16-S`);
-- `tokens`: each position's ‖s − t‖² / ‖t‖², averaged over the positions (runs `...-english3-tokens-S`);
-- `none`: the KL alone (runs `...-english3-nohidden-S`).
+- `sum4`, `sum16`: the term as it is, four or sixteen times as heavy beside the KL (`--hidden-weight 4`, `16`; runs
+  `...-english3-hidden4-S`, `...-english3-hidden16-S`);
+- `tokens`: each position's ‖s − t‖² / ‖t‖², averaged over the positions (runs `...-english3-tokens-S`): the CLI in
+  a process of its own with that term in place of the library's (`--convert-with tokens`);
+- `none`: the KL alone (`--hidden-weight 0`; runs `...-english3-nohidden-S`).
 
-Each arm runs the CLI in its own process with that term in place of the library's (`--convert-with ARM`); the same
-text, seed, budget and threshold. All measured on smollm2_prose.py's three held-out sets.
+The same text, seed, budget and threshold in each. All measured on smollm2_prose.py's three held-out sets.
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ ARMS = {"sum": "the relative squared error summed over every position (the libra
         "tokens": "each position's relative squared error, averaged over the positions",
         "none": "no hidden-state term: the KL alone"}
 SUFFIX = {"sum": "", "sum4": "-hidden4", "sum16": "-hidden16", "tokens": "-tokens", "none": "-nohidden"}
+WEIGHT = {"sum": 1, "sum4": 4, "sum16": 16, "none": 0}  # the arms the CLI's --hidden-weight gives
 
 
 def token_relative_error(s: torch.Tensor, t: torch.Tensor, mask) -> torch.Tensor:
@@ -51,27 +52,21 @@ def token_relative_error(s: torch.Tensor, t: torch.Tensor, mask) -> torch.Tensor
     return ratio.mean()
 
 
-def hidden_term(arm: str):
-    """The loss's ``_plus_hidden_states`` for ``arm``."""
+def per_position(value, student, teacher, mask, weight: float = 1.0):
+    """The loss's ``_plus_hidden_states`` with each position's relative error averaged, in place of their sum."""
     losses = importlib.import_module("lambda_gelu.reluize.losses")
-    library = losses._plus_hidden_states
-
-    def plus(value, student, teacher, mask):
-        if arm.startswith("sum"):
-            return value + int(arm[3:]) * library(0.0, student, teacher, mask)
-        hidden_s, hidden_t = losses._field(student, "hidden_states"), losses._field(teacher, "hidden_states")
-        if arm == "none" or not hidden_s:
-            return value
-        return value + sum(token_relative_error(s, t, mask) for s, t in zip(hidden_s, hidden_t)) / len(hidden_s)
-    return plus
+    hidden_s, hidden_t = losses._field(student, "hidden_states"), losses._field(teacher, "hidden_states")
+    if not hidden_s or not weight:
+        return value
+    return value + weight * sum(token_relative_error(s, t, mask) for s, t in zip(hidden_s, hidden_t)) / len(hidden_s)
 
 
 def convert_with(arm: str, argv: list[str]) -> int:
-    """`lambda-gelu reluize` ``argv`` with ``arm``'s hidden-state term."""
+    """`lambda-gelu reluize` ``argv`` with the per-position hidden-state term (the ``tokens`` arm)."""
     from lambda_gelu_lab.cli import main as cli
-    if arm == "sum" or arm not in ARMS:
-        raise SystemExit(f"--convert-with takes {', '.join(a for a in ARMS if a != 'sum')}, got {arm!r}")
-    importlib.import_module("lambda_gelu.reluize.losses")._plus_hidden_states = hidden_term(arm)
+    if arm != "tokens":
+        raise SystemExit(f"--convert-with takes tokens (the other arms are the CLI's --hidden-weight), got {arm!r}")
+    importlib.import_module("lambda_gelu.reluize.losses")._plus_hidden_states = per_position
     return cli(argv)
 
 
@@ -107,8 +102,12 @@ def main() -> None:
     options = ["--minutes", f"{args.minutes:g}", *(["--gate-zeros", f"{zeros:g}"] if zeros else []), "--quiet"]
     for arm, arm_runs in runs.items():
         for seed, run in zip(args.seeds, arm_runs):
-            launcher = ("lambda-gelu",) if arm == "sum" else (sys.executable, __file__, "--convert-with", arm)
-            convert(MODEL, run, seed, [text] * 3, options, launcher=launcher)
+            if arm in WEIGHT:
+                weight = ["--hidden-weight", str(WEIGHT[arm])] if WEIGHT[arm] != 1 else []
+                convert(MODEL, run, seed, [text] * 3, options + weight)
+            else:
+                convert(MODEL, run, seed, [text] * 3, options, launcher=(sys.executable, __file__, "--convert-with",
+                                                                          arm))
     shares = first_position_shares(english)
     every = [run for arm_runs in runs.values() for run in arm_runs]
     made = {run: report(run) for run in every}
