@@ -129,8 +129,9 @@ def reading(ratios: dict, runs: dict[str, list[Path]]) -> list[str]:
     order = sorted(runs, key=lambda arm: mean(arm, "English outside Python"))
     best_everywhere = all(min(runs, key=lambda arm: mean(arm, name)) == order[0] for name in sets)
     seeds = len(runs[order[0]])
-    return [f"Reading: `{order[0]}` keeps the most of English outside Python"
-            + (" and of every held-out set" if best_everywhere else "") + ": "
+    lead = f"`{order[0]}` keeps the most of English outside Python" if len(order) > 1 else "one arm"
+    lead += " and of every held-out set" if best_everywhere and len(order) > 1 else ""
+    return [f"Reading: {lead}: "
             + "; ".join(f"`{arm}` " + ", ".join(f"{name} ×{mean(arm, name):.3f}" for name in sets) for arm in order)
             + f" ({seeds} seed{'s' * (seeds > 1)} each)."]
 
