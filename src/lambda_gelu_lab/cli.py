@@ -158,7 +158,8 @@ def _field_options(parser: argparse.ArgumentParser, prefix: str, cls, skip=(), s
         shown = (f" (default {' '.join(map(str, default)) if isinstance(default, tuple) else default})"
                  if default not in (None, ()) else "")
         kind = str(f.type)
-        options = {"dest": prefix + f.name, "default": None, "help": scope + f.metadata.get("help", "") + shown,
+        text = (scope + f.metadata.get("help", "") + shown).replace("%", "%%")  # argparse formats help with %
+        options = {"dest": prefix + f.name, "default": None, "help": text,
                    "type": float if "float" in kind else int if "int" in kind else str}
         if kind == "bool":  # a flag: True when given
             options["action"] = "store_true"
@@ -169,6 +170,8 @@ def _field_options(parser: argparse.ArgumentParser, prefix: str, cls, skip=(), s
             options["nargs"] = "+"
         if metavars and f.name in metavars:
             options["metavar"] = metavars[f.name]
+        elif "choices" not in options and kind != "bool":  # LR rather than argparse's R_LR, the destination
+            options["metavar"] = f.name.upper()
         parser.add_argument((names or {}).get(f.name, "--" + f.name.replace("_", "-")), **options)
 
 

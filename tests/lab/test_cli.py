@@ -162,3 +162,17 @@ def test_a_store_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatc
     assert main(["run", "wine-mlp", "--seeds", "1", "--out", str(out), "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err] and "attempt to write a readonly database" in err
+
+
+@pytest.mark.parametrize("command", ["run", "demo", "report", "export", "deploy", "reluize", "reluize-report", "verify",
+                                     "tasks"])
+def test_every_command_prints_its_help(command, capsys):
+    """Each option's help comes from its config field's text, where a share such as "85%" once broke argparse's
+    formatting of `lambda-gelu reluize --help`; the values are named as the options are (LR, not R_LR)."""
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: lambda-gelu {command}")
+    if command == "reluize":
+        assert "--hidden-weight HIDDEN_WEIGHT" in out and "--lr LR" in out and "85%" in out
