@@ -52,21 +52,14 @@ def token_relative_error(s: torch.Tensor, t: torch.Tensor, mask) -> torch.Tensor
     return ratio.mean()
 
 
-def per_position(value, student, teacher, mask, weight: float = 1.0):
-    """The loss's ``_plus_hidden_states`` with each position's relative error averaged, in place of their sum."""
-    losses = importlib.import_module("lambda_gelu.reluize.losses")
-    hidden_s, hidden_t = losses._field(student, "hidden_states"), losses._field(teacher, "hidden_states")
-    if not hidden_s or not weight:
-        return value
-    return value + weight * sum(token_relative_error(s, t, mask) for s, t in zip(hidden_s, hidden_t)) / len(hidden_s)
-
-
 def convert_with(arm: str, argv: list[str]) -> int:
-    """`lambda-gelu reluize` ``argv`` with the per-position hidden-state term (the ``tokens`` arm)."""
+    """`lambda-gelu reluize` ``argv`` with the per-position hidden-state term (the ``tokens`` arm): the loss's
+    ``relative_error``, which a causal LM's `logits-kl` calls only for its hidden states, made
+    :func:`token_relative_error`."""
     from lambda_gelu_lab.cli import main as cli
     if arm != "tokens":
         raise SystemExit(f"--convert-with takes tokens (the other arms are the CLI's --hidden-weight), got {arm!r}")
-    importlib.import_module("lambda_gelu.reluize.losses")._plus_hidden_states = per_position
+    importlib.import_module("lambda_gelu.reluize.losses").relative_error = token_relative_error
     return cli(argv)
 
 
@@ -102,12 +95,9 @@ def main() -> None:
     options = ["--minutes", f"{args.minutes:g}", *(["--gate-zeros", f"{zeros:g}"] if zeros else []), "--quiet"]
     for arm, arm_runs in runs.items():
         for seed, run in zip(args.seeds, arm_runs):
-            if arm in WEIGHT:
-                weight = ["--hidden-weight", str(WEIGHT[arm])] if WEIGHT[arm] != 1 else []
-                convert(MODEL, run, seed, [text] * 3, options + weight)
-            else:
-                convert(MODEL, run, seed, [text] * 3, options, launcher=(sys.executable, __file__, "--convert-with",
-                                                                          arm))
+            weight = ["--hidden-weight", str(WEIGHT[arm])] if WEIGHT.get(arm, 1) != 1 else []
+            launcher = ("lambda-gelu",) if arm in WEIGHT else (sys.executable, __file__, "--convert-with", arm)
+            convert(MODEL, run, seed, [text] * 3, options + weight, launcher=launcher)
     shares = first_position_shares(english)
     every = [run for arm_runs in runs.values() for run in arm_runs]
     made = {run: report(run) for run in every}

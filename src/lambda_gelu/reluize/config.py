@@ -173,8 +173,8 @@ class ReluizeConfig:
         return dataclasses.replace(self, **changes)
 
 
-_SETTINGS = frozenset(f.name for f in dataclasses.fields(ReluizeConfig))
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ReluizeConfig)}
+_SETTINGS = frozenset(_DEFAULTS)
 
 
 def configured(config: ReluizeConfig | None, settings: dict, loss=None) -> ReluizeConfig:
