@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from smollm2_budget import along_the_way, zeros_by_layer
-from smollm2_english import (arm_arguments, convert, english_file, english_run, package_prose, report, steps_run)
+from smollm2_english import (arm_arguments, convert, done, english_file, english_run, package_prose, report, steps_run)
 from smollm2_prose import given, text_sets, write
 
 MODEL = "smollm2-135m-instruct"
@@ -40,7 +40,7 @@ ARMS = {"sum": "the relative squared error summed over every position (the libra
         "tokens": "each position's relative squared error, averaged over the positions",
         "none": "no hidden-state term: the KL alone"}
 SUFFIX = {"sum": "", "sum4": "-hidden4", "sum16": "-hidden16", "tokens": "-tokens", "none": "-nohidden"}
-WEIGHT = {"sum": 1, "sum4": 4, "sum16": 16, "none": 0}  # the arms the CLI's --hidden-weight gives
+WEIGHT = {"sum": 1, "sum4": 4, "sum16": 16, "tokens": 1, "none": 0}  # each arm's --hidden-weight, given always
 
 
 def token_relative_error(s: torch.Tensor, t: torch.Tensor, mask) -> torch.Tensor:
@@ -93,11 +93,16 @@ def main() -> None:
             for arm in args.arms}
     english_file(parser, text, english, [(run, 3) for arm_runs in runs.values() for run in arm_runs])
     options = ["--minutes", f"{args.minutes:g}", *(["--gate-zeros", f"{zeros:g}"] if zeros else []), "--quiet"]
+    for arm, arm_runs in runs.items():  # the `sum` arm's runs are smollm2_budget.py's too, which may weigh otherwise
+        for run in arm_runs:
+            weight = report(run)["settings"].get("hidden_weight", 1) if done(run) else WEIGHT[arm]
+            if weight != WEIGHT[arm]:
+                parser.error(f"{run} weighed the hidden-state term {weight:g}, arm {arm} {WEIGHT[arm]:g}: move it "
+                             "away, and this converts it again")
     for arm, arm_runs in runs.items():
         for seed, run in zip(args.seeds, arm_runs):
-            weight = ["--hidden-weight", str(WEIGHT[arm])] if WEIGHT.get(arm, 1) != 1 else []
-            launcher = ("lambda-gelu",) if arm in WEIGHT else (sys.executable, __file__, "--convert-with", arm)
-            convert(MODEL, run, seed, [text] * 3, options + weight, launcher=launcher)
+            launcher = (sys.executable, __file__, "--convert-with", arm) if arm == "tokens" else ("lambda-gelu",)
+            convert(MODEL, run, seed, [text] * 3, options + ["--hidden-weight", str(WEIGHT[arm])], launcher=launcher)
     shares = first_position_shares(english)
     every = [run for arm_runs in runs.values() for run in arm_runs]
     made = {run: report(run) for run in every}
