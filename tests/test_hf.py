@@ -602,10 +602,11 @@ def test_a_refit_cut_to_the_budget_is_one_recipe_whatever_sentences_the_timing_l
 def test_a_recipe_names_the_settings_it_changed_and_only_those():
     from lambda_gelu_lab.report.conversions import _schedule
     base = {"schedule": "swap", "batching": "length", "lr_schedule": "linear", "refit_sentences": 0}
-    defaults = {"lr": 5e-5, "sparsity": 0.0, "gate_zeros": 0.0, "anneal": 0.5, "weight_decay": 0.0}
+    defaults = {"lr": 5e-5, "sparsity": 0.0, "gate_zeros": 0.0, "anneal": 0.5, "weight_decay": 0.0,
+                "hidden_weight": 1.0}
     assert _schedule(base | {"settings": defaults}) == _schedule(base | {"settings": {}}) == \
         "swap, length batches, linear lr decay"
-    changed = defaults | {"gate_zeros": 0.87, "anneal": 0.25, "lr": 1.5e-4}
+    changed = defaults | {"gate_zeros": 0.87, "anneal": 0.25, "lr": 1.5e-4, "hidden_weight": 4.0}
     assert _schedule(base | {"settings": changed}) == \
         "swap, lr 0.00015, gate zeros 0.87, anneal 0.25, length batches, linear lr decay"
     # with the threshold the default lr is 5e-4: a run at 5e-4 names none, one at the swap's 5e-5 names it
@@ -613,6 +614,11 @@ def test_a_recipe_names_the_settings_it_changed_and_only_those():
     assert _schedule(base | {"settings": changed | {"lr": 5e-5}}).startswith("swap, lr 5e-05, gate zeros 0.87,")
     assert _schedule(base | {"settings": defaults | {"hidden_weight": 4.0}}) == \
         "swap, hidden weight 4, length batches, linear lr decay"
+    # with the threshold the default weight is 4: a run at 1 names it, as does one that predates the weight
+    predates = {key: value for key, value in changed.items() if key != "hidden_weight"}
+    assert _schedule(base | {"settings": changed | {"lr": 5e-4, "hidden_weight": 1.0}}) == \
+        _schedule(base | {"settings": predates | {"lr": 5e-4}}) == \
+        "swap, gate zeros 0.87, anneal 0.25, hidden weight 1, length batches, linear lr decay"
     # a report over several time budgets names each run's (and none where it ran a number of steps)
     assert _schedule(base | {"settings": {}, "budget_minutes": 120}, budget=True) == \
         "swap, 120-minute budget, length batches, linear lr decay"

@@ -274,7 +274,9 @@ def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_fam
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert model.config.mlp_bias is True and model.model.layers[1].mlp.gate_proj.bias.max() < 0
     assert "the gates' threshold lowered towards 80% exact zeros" in (out / "reluize_report.md").read_text()
-    assert json.loads((out / "reluize_report.json").read_text())["settings"]["lr"] == 5e-4  # the threshold's default
+    settings = json.loads((out / "reluize_report.json").read_text())["settings"]  # the threshold's defaults:
+    assert settings["lr"] == 5e-4 and settings["hidden_weight"] == 4.0
+    assert "the loss's hidden-state term weighed 4" in (out / "reluize_report.md").read_text()
     gemma = _tiny_llama(tmp_path / "gemma", "gemma3")
     assert main(["reluize", str(gemma), "--out", str(tmp_path / "no"), "--steps", "3", "--gate-zeros", "0.8"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (

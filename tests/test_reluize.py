@@ -14,6 +14,7 @@ import lambda_gelu as lg
 from lambda_gelu.reluize import (RECALIBRATE, AnnealedGELU, distillation_loss, reconstruction_blocks,
                                  recalibrate_batchnorm_, refit_after_swap_, refit_consumers, reluize)
 from lambda_gelu.reluize.blockwise import _block_input, _block_output
+from lambda_gelu.reluize.config import configured
 from lambda_gelu.reluize.losses import LogitsKL
 from lambda_gelu.reluize.reluizer import paced_lambda as _paced_lambda
 from lambda_gelu.reluize.probes import functional_gelu_calls as _functional_gelu_calls
@@ -215,6 +216,16 @@ def test_the_hidden_state_term_weighs_what_hidden_weight_says(name):
         loss = lg.ReluizeConfig(loss=name, hidden_weight=weight).distillation_loss()
         torch.testing.assert_close(loss(student, teacher, batch), kl + weight * error)
     torch.testing.assert_close(distillation_loss(student, teacher, batch), kl + error)
+
+
+def test_the_hidden_state_term_weighs_four_by_default_with_gate_zeros_and_one_without():
+    """As the learning rate does, the default weight follows gate_zeros; a weight given is the weight, and a loss=
+    callable, which weighs its own terms, is taken with gate_zeros (no weight was given)."""
+    assert lg.ReluizeConfig().hidden_state_weight == lg.ReluizeConfig().distillation_loss().hidden == 1.0
+    shifted = lg.ReluizeConfig(gate_zeros=0.85)
+    assert shifted.hidden_state_weight == shifted.distillation_loss().hidden == 4.0
+    assert shifted.replace(hidden_weight=1.0).distillation_loss().hidden == 1.0
+    assert configured(shifted, {}, distillation_loss) is shifted  # no weight given: nothing to refuse
 
 
 def test_distillation_loss_of_sentence_transformers_outputs_is_the_cosine_and_the_token_error():

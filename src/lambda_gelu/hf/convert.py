@@ -243,7 +243,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                 measuring[0] += time.perf_counter() - t
         return False
 
-    settings = config.reluize.replace(refit=refit_batches, lr=lr, precision=precision)  # the lr it ran at
+    settings = config.reluize.replace(refit=refit_batches, lr=lr, precision=precision,  # what it ran at
+                                      hidden_weight=config.reluize.hidden_state_weight)
     result = reluize(model, text.batches(steps), steps if steps is not None else plan, settings, teacher=original,
                      progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]

@@ -16,8 +16,8 @@ from ..functional import lambda_target
 from .losses import LOSSES, get_loss
 from .precision import PRECISIONS
 
-__all__ = ["ReluizeConfig", "SCHEDULES", "LR_SCHEDULES", "LR", "GATE_ZEROS_LR", "CAUSAL_LR", "RIDGE", "RECALIBRATE",
-           "configured"]
+__all__ = ["ReluizeConfig", "SCHEDULES", "LR_SCHEDULES", "LR", "GATE_ZEROS_LR", "CAUSAL_LR", "HIDDEN_WEIGHT",
+           "GATE_ZEROS_HIDDEN_WEIGHT", "RIDGE", "RECALIBRATE", "configured"]
 
 SCHEDULES = ("anneal", "swap", "blockwise")
 LR_SCHEDULES = ("constant", "linear")
@@ -30,6 +30,11 @@ CAUSAL_LR = 5e-4
 # perplexity ×1.87 at 5e-5, ×1.44 at 1.5e-4, ×1.26 at 3e-4, ×1.17 at 5e-4 over two seeds; docs/smollm2_sparsity.md),
 # and not faster still: at 85% in 30 minutes 1e-3 keeps less on every held-out set (docs/smollm2_budget_lr1e-3.md)
 GATE_ZEROS_LR = 5e-4
+HIDDEN_WEIGHT = 1.0  # the hidden-state term's weight beside the loss's own (SmolLM2 at its ReLU gates' own zeros, 30
+# minutes: 4 keeps no more, English outside Python ×1.201 against ×1.187; docs/smollm2_hidden_states_default.md)
+# ... when gate_zeros shifts the gates: SmolLM2 at 85% in 30 minutes, English outside Python ×1.668 ± 0.033 against
+# ×1.824 ± 0.008 at 1, better on every held-out set in both seeds (docs/smollm2_hidden_states_seeds.md); 16 no better
+GATE_ZEROS_HIDDEN_WEIGHT = 4.0
 RIDGE = 1e-3       # the refit's ridge factor, relative to the mean diagonal of its Gram matrix
 RECALIBRATE = 50   # batches re-estimating BatchNorm when the model has it and ``recalibrate`` is left at None
 
@@ -57,10 +62,10 @@ class ReluizeConfig:
     loss: str = field(default="auto", metadata=_help(
         "what the network is trained to keep: auto picks by the output's type (logits: KL; sentence embeddings, "
         "pooled hidden states: cosine; a tensor: relative error) and the result says which", choices=LOSS_NAMES))
-    hidden_weight: float = field(default=1.0, metadata=_help(
+    hidden_weight: float | None = field(default=None, metadata=_help(
         "the weight, beside the loss's own term, of the mean over the hidden states (the embeddings' and each "
         "layer's) of their relative squared error to the teacher's, which the named losses add when the model "
-        "gives hidden states (0: none)"))
+        f"gives hidden states (default {HIDDEN_WEIGHT:g}, or {GATE_ZEROS_HIDDEN_WEIGHT:g} with gate_zeros; 0: none)"))
     lr: float | None = field(default=None, metadata=_help(
         f"AdamW's learning rate, the default optimizer's (default {LR:g}, or {GATE_ZEROS_LR:g} with gate_zeros; "
         f"{CAUSAL_LR:g} for a causal language model in `lambda-gelu reluize`)"))
@@ -114,7 +119,8 @@ class ReluizeConfig:
         need(self.lr_schedule in LR_SCHEDULES,
              f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}")
         need(self.loss in LOSS_NAMES, f"loss must be one of {', '.join(LOSS_NAMES)}, got {self.loss!r}")
-        need(number("hidden_weight"), f"hidden_weight is a finite weight ≥ 0, got {self.hidden_weight!r}")
+        need(self.hidden_weight is None or number("hidden_weight"),
+             f"hidden_weight is a finite weight ≥ 0, got {self.hidden_weight!r}")
         need(number("anneal", 0.0, 1.0, low_open=True, high_open=False),
              f"anneal is the fraction of steps spent annealing, in (0, 1]; got {self.anneal!r}")
         need(number("repair", 0.0, 1.0),
@@ -159,14 +165,22 @@ class ReluizeConfig:
         return self.lr if self.lr is not None else GATE_ZEROS_LR if self.gate_zeros else LR
 
     @property
+    def hidden_state_weight(self) -> float:
+        """``hidden_weight``, or its default: :data:`GATE_ZEROS_HIDDEN_WEIGHT` with ``gate_zeros``,
+        :data:`HIDDEN_WEIGHT` otherwise."""
+        if self.hidden_weight is not None:
+            return self.hidden_weight
+        return GATE_ZEROS_HIDDEN_WEIGHT if self.gate_zeros else HIDDEN_WEIGHT
+
+    @property
     def lambda_target(self) -> float:
         """The λ at which an annealed gate is within ``epsilon`` of the step."""
         return lambda_target(self.epsilon)
 
     def distillation_loss(self, loss=None):
         """The loss of the steps: ``loss`` if it is a callable, else the one ``loss`` (default: :attr:`loss`)
-        names, its hidden-state term weighed by :attr:`hidden_weight`."""
-        return get_loss(loss if loss is not None else self.loss, self.hidden_weight)
+        names, its hidden-state term weighed by :attr:`hidden_state_weight`."""
+        return get_loss(loss if loss is not None else self.loss, self.hidden_state_weight)
 
     def replace(self, **changes) -> "ReluizeConfig":
         """A copy with ``changes``, checked again; an unknown name is a TypeError naming it."""
@@ -191,7 +205,7 @@ def configured(config: ReluizeConfig | None, settings: dict, loss=None) -> Relui
     elif loss is not None and not callable(loss):
         raise TypeError(f"loss must be a name or a callable, got {type(loss).__name__}")
     config = config.replace(**settings) if settings else config
-    if callable(loss) and config.hidden_weight != _DEFAULTS["hidden_weight"]:
+    if callable(loss) and config.hidden_weight is not None:
         raise ValueError(f"hidden_weight={config.hidden_weight!r} weighs the named losses' hidden-state term; a "
                          "loss= callable weighs its own terms: leave hidden_weight out, or give the loss by name")
     return config

@@ -28,6 +28,7 @@ import numpy as np
 from lambda_gelu.hf.convert import REFIT_SHARE
 from lambda_gelu.hf.evaluate import AGREEMENT, METRICS
 from lambda_gelu.reluize import ReluizeConfig
+from lambda_gelu.reluize.config import HIDDEN_WEIGHT
 
 from ..config import ConfigError
 from ..store import check_overwrite
@@ -176,15 +177,23 @@ def _schedule(r: dict, budget: bool = False) -> str:
     return (r["schedule"] + (f" + repair {r['repair']:g}" if r.get("repair") else "")
             + (_refit(r) if r.get("refit_sentences") else "")
             + (f", {r['budget_minutes']:g}-minute budget" if budget and r.get("budget_minutes") else "")
-            + "".join(f", {_SETTING_LABELS[key]} {settings[key]:g}" for key in _SETTINGS_NAMED
-                      if settings.get(key) not in (None, _default(settings, key)))
+            + "".join(f", {_SETTING_LABELS[key]} {_value(settings, key):g}" for key in _SETTINGS_NAMED
+                      if _value(settings, key) not in (None, _default(settings, key)))
             + "".join(suffix for suffix, has, _ in _MODIFIERS if has(r)))
 
 
+def _value(settings: dict, key: str):
+    """The value ``key`` took in a conversion run with ``settings``: as recorded (None: its default); a report that
+    predates the hidden-state term's weight ran at 1."""
+    return settings.get(key, HIDDEN_WEIGHT if key == "hidden_weight" else None)
+
+
 def _default(settings: dict, key: str):
-    """The value ``key`` takes in a conversion run with ``settings`` when it is not given (lr: by gate_zeros)."""
-    if key == "lr":
-        return ReluizeConfig(gate_zeros=settings.get("gate_zeros", 0.0)).learning_rate
+    """The value ``key`` takes in a conversion run with ``settings`` when it is not given (lr and the hidden-state
+    term's weight: by gate_zeros)."""
+    if key in ("lr", "hidden_weight"):
+        config = ReluizeConfig(gate_zeros=settings.get("gate_zeros") or 0.0)
+        return config.learning_rate if key == "lr" else config.hidden_state_weight
     return getattr(ReluizeConfig(), key)
 
 
