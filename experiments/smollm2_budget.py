@@ -134,6 +134,8 @@ def main() -> None:
         earlier.setdefault(run.name.rsplit("-", 1)[0], []).append(run)
     command = " ".join(["python experiments/smollm2_budget.py", *given(parser, args)])
     first = next(iter(made.values()))
+    # the weight the runs ran at: by default 4 with --gate-zeros since that was measured, 1 before it and without
+    weighed = " or ".join(sorted({f"{made[run]['settings'].get('hidden_weight', 1):g}" for run in runs}))
     asked = [c.says for c in changes] + ([f"asked for {zeros:.0%} exact gate zeros"] if zeros else [])
     asked = ", " + ", ".join(asked[:-1]) + (" and " if len(asked) > 1 else "") + asked[-1] if asked else ""
     write([str(run) for run in runs + before + beside], args.output, command, sets=sets,
@@ -143,7 +145,8 @@ def main() -> None:
           + (f", {zeros:.0%} exact gate zeros" if zeros else ""), preface=[
         f"The CLI's default command for a causal LM{', the embeddings frozen' if frozen else ''}{asked}, "
         f"`lambda-gelu reluize {MODEL} --seed S --text{' E' * times}{''.join(' ' + o for o in options)}` (a "
-        f"`--minutes {args.minutes:g}` budget, lr {first['settings']['lr']:g}, "
+        f"`--minutes {args.minutes:g}` budget, lr {first['settings']['lr']:g}, the loss's hidden-state term weighed "
+        f"{weighed}, "
         f"{EMBEDDING_NOTES[first.get('embeddings', 'train')]}), E the English text of "
         f"[smollm2_english.md](smollm2_english.md): {len(english)} prose sentences of {packages} installed packages' "
         "READMEs, none in the held-out sets below. The budget sizes the refit from an estimate (at most a quarter "
