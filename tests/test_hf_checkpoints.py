@@ -14,8 +14,10 @@ import torch
 
 import lambda_gelu as lg
 
+from lambda_gelu.hf import LeanDecoder
 from lambda_gelu.hf.save import prepare_out
 from lambda_gelu.reluize.precision import native_bfloat16
+from lambda_gelu.sparse import sparsify_
 from lambda_gelu_lab.cli import main
 from small_vocab import VOCAB, save_small_tokenizer
 
@@ -244,6 +246,37 @@ def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate
     assert ("the output layer left as the original's" in text) == frozen
     for layer in ("get_input_embeddings", "get_output_embeddings"):  # frozen: bit for bit the original's
         assert torch.equal(getattr(model, layer)().weight, getattr(before, layer)().weight) == frozen
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_a_mixture_of_experts_converts_without_the_default_refit_and_refuses_one_given(family, tmp_path, capsys):
+    """transformers keeps a mixture's experts as one gate-up and one down tensor, applied without a layer the refit
+    could solve: the CLI's default leaves its refit out and says so; a --refit given is refused in one line."""
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        family, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4, num_experts=4,
+        num_experts_per_tok=2, vocab_size=VOCAB, max_position_embeddings=128)
+    source, out = tmp_path / "model", tmp_path / "relu"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
+    save_small_tokenizer(source)
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.hidden_act == "relu"
+    assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
+    assert not any(lg.is_reluizable(m) for m in model.modules())
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert report["refit"] == [] and report["refit_sentences"] == 0
+    assert "(the refit left out: no layer reads an activation's output" in (out / "reluize_report.md").read_text()
+    with pytest.raises(ValueError, match="not a mixture's experts kept as one tensor"):  # its FFNs stay dense
+        sparsify_(model)
+    ids = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(LeanDecoder(model.eval()).generate(ids, max_new_tokens=6),
+                       model.generate(ids, max_new_tokens=6, do_sample=False))
+    assert main(["reluize", str(source), "--out", str(tmp_path / "no"), "--steps", "2", "--refit", "8"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        "error: refit found no layer reading a GELU's output directly")
+    assert not (tmp_path / "no").exists()
 
 
 def test_the_student_trains_with_eager_attention_only_under_bfloat16_on_a_cpu_and_gets_its_own_back(tmp_path):

@@ -24,6 +24,7 @@ import torch
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
 from ..reluize.precision import autocast_dtype
+from ..reluize.refit import find_consumers
 from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
 from .attention import attention_of, set_attention_, training_attention_
@@ -182,6 +183,12 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
 
     torch.manual_seed(seed)
     steps, refit_batches, refit_note, plans = config.steps, -(-refit // batch_size), None, []
+    if refit and config.refit is None and not find_consumers(model, text.encode(train[:batch_size])):
+        refit_note = ("the refit left out: no layer reads an activation's output, nor is a gated FFN's output "
+                      "projection a layer of its own, as in a mixture of experts that keeps its experts' weights as "
+                      "one tensor")
+        refit, refit_batches = 0, 0  # the default's refit left out; a --refit given is refused by reluize
+        log(f"note: {refit_note}")
     marks = {0} if refit else set()  # where the curve is measured: after the refit, at every eighth of the steps
 
     def at_eighths(n: int, taken: int = 0, first: int = 1) -> int:  # the points to come, from the first-th eighth

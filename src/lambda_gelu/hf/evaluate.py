@@ -143,6 +143,7 @@ def markdown(r: dict) -> str:
              + (f" (the last {r['repair']:.0%} of the steps end to end)" if r.get("repair") else "")
              + (f", after a least-squares refit of {len(r['refit'])} layers over {r['refit_sentences']} sentences "
                 "(step 0)" if r.get("refit") else "")
+             + (f" ({r['refit_note']})" if r.get("refit_note") and not r.get("refit") else "")
              + f": {r['steps']} steps of {r['batch_size']} sentences "
              f"(≤ {r['max_tokens']} tokens{', grouped by length' if r.get('batching') == 'length' else ''})"
              + (f", the learning rate {settings['lr']:g}" if settings.get("lr") is not None else

@@ -17,7 +17,7 @@ from ..convert import _is_conv1d, _name_relu_in_configs_, eval_mode, is_reluizab
 from .capture import PausedForwards
 from .config import RIDGE
 
-__all__ = ["refit_after_swap_", "refit_consumers"]
+__all__ = ["refit_after_swap_", "refit_consumers", "find_consumers"]
 
 
 def refit_after_swap_(model: nn.Module, batches: Iterable, *, ridge: float = RIDGE,
@@ -74,13 +74,23 @@ class Consumers(dict):
 
 
 def refit_consumers(model: nn.Module, batch) -> Consumers:
+    """:func:`find_consumers`, or ``ValueError`` if it finds none."""
+    found = find_consumers(model, batch)
+    if not found:
+        raise ValueError("refit found no layer reading a GELU's output directly (an nn.Linear, Hugging Face Conv1D "
+                         "or plain nn.Conv2d without groups, called once on exactly the tensor a GELU module "
+                         "returned) nor a gated FFN's output projection; leave refit out")
+    return found
+
+
+def find_consumers(model: nn.Module, batch) -> Consumers:
     """{GELU- or SiLU-like module: the layers that read its output}, in forward order, found by running
     ``batch``: each layer (``nn.Linear``, Hugging Face ``Conv1D``, a plain ``nn.Conv2d`` without groups) is
     called once, on exactly the tensor the activation, called once, returned — a ResNet block's output feeds
     the next block's first convolution and its projection shortcut. An activation no layer reads directly, but
     whose parent module returns what a layer called after it returns, is a gated FFN's (SwiGLU, GeGLU): that
-    layer is refit over the parent's product (see :attr:`Consumers.gated`). Raises ``ValueError`` if there is
-    none."""
+    layer is refit over the parent's product (see :attr:`Consumers.gated`). Empty where there is none (a mixture
+    of experts that keeps its experts' weights as one tensor, applied without a layer)."""
     outputs, inputs, calls, produced, ends = {}, {}, collections.Counter(), {}, {}
     clock = itertools.count()
 
@@ -135,10 +145,6 @@ def refit_consumers(model: nn.Module, batch) -> Consumers:
         if len(last) == 1:
             found[act].append(last[0])
             gated.add(act)
-    if not found:
-        raise ValueError("refit found no layer reading a GELU's output directly (an nn.Linear, Hugging Face Conv1D "
-                         "or plain nn.Conv2d without groups, called once on exactly the tensor a GELU module "
-                         "returned) nor a gated FFN's output projection; leave refit out")
     order = list(outputs)
     return Consumers(sorted(found.items(), key=lambda kv: order.index(kv[0])), gated=gated)
 

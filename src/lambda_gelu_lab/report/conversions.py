@@ -121,7 +121,8 @@ def conversions_report(dirs: list[str | os.PathLike], output: str | os.PathLike,
     if figure is not None:
         lines += [f"![curve]({os.path.relpath(figure, output.parent)})", ""]
     lines += ["Conversions:", ""] + [f"- `{r['dir']}`: {recipe(r)}, seed {r.get('seed', '?')}, {r['steps']} steps"
-                                     + (f", refit over {r['refit_sentences']} sentences" if r.get("refit_note") else "")
+                                     + ((f", refit over {r['refit_sentences']} sentences" if r.get("refit_sentences")
+                                         else ", no refit") if r.get("refit_note") else "")
                                      for s in by_schedule.values() for r in s] + [""]
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
