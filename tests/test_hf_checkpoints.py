@@ -248,6 +248,24 @@ def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate
         assert torch.equal(getattr(model, layer)().weight, getattr(before, layer)().weight) == frozen
 
 
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gpt_neox"])
+def test_each_causal_family_converts_with_the_default_command_and_reloads_as_relu(family, tmp_path):
+    """Beyond Llama and Gemma 3: the families users bring, each a tiny random config saved as transformers saves it,
+    converted by the CLI's default command (its refit included) and loaded back with no GELU or SiLU left."""
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        family, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+        num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=128, sliding_window=32, pad_token_id=0)
+    source, out = tmp_path / "model", tmp_path / "relu"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
+    save_small_tokenizer(source)
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
+    assert not any(lg.is_reluizable(m) for m in model.modules())
+    assert len(json.loads((out / "reluize_report.json").read_text())["refit"]) == 2  # each FFN's output projection
+
+
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_a_mixture_of_experts_converts_without_the_default_refit_and_refuses_one_given(family, tmp_path, capsys):
     """transformers keeps a mixture's experts as one gate-up and one down tensor, applied without a layer the refit
