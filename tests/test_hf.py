@@ -353,7 +353,8 @@ def _cases(tiny_bert, tmp_path):
          "holds files that are not an earlier conversion"),
         (["reluize", str(tmp_path / "nowhere"), "--out", out], "MODEL must be a local Hugging Face model directory"),
         (["reluize", str(broken), "--out", out], "cannot load .*broken with transformers"),
-        (["reluize", str(relu_model), "--out", out], "has no GELU- or SiLU-like activation module"),
+        (["reluize", str(relu_model), "--out", out], "has no GELU- or SiLU-like activation module to convert: its "
+         "activations are ReLU, nothing to convert"),
         (["reluize", str(unknown), "--out", out], r"BertModel leaves 2 of its weights unused \(classifier.bias, "
          r"classifier.weight\), which its ReLU checkpoint would lose \(its config names the architecture "
          "'MyBertClassifier', which this transformers does not have\\)"),

@@ -15,6 +15,7 @@ import importlib.util
 import itertools
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,7 +150,10 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         log(f"note: {loaded.note}")
     model, tokenizer, causal = loaded.model, loaded.tokenizer, loaded.causal
     if not any(lg.is_reluizable(m) for m in model.modules()):
-        raise CheckpointError(f"{model_name} has no GELU- or SiLU-like activation module to convert "
+        kinds = _activation_kinds(model)
+        found = (f": its activations are {', '.join(kinds)}" + (", nothing to convert" if kinds == ["ReLU"] else "")
+                 if kinds else "")
+        raise CheckpointError(f"{model_name} has no GELU- or SiLU-like activation module to convert{found} "
                               f"(looked for: {', '.join(lg.GELU_LIKE + lg.SILU_LIKE)})")
     unsaveable = lg.relu_config_problem(model)
     if unsaveable:
@@ -313,6 +317,13 @@ def _copy(src: Path, dst: Path) -> None:
     import shutil
     dst.parent.mkdir(parents=True, exist_ok=True)
     (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+
+
+def _activation_kinds(model: torch.nn.Module) -> list[str]:
+    """The classes of ``model``'s activation modules, by their names (``BloomGelu``, ``ReLUSquaredActivation``,
+    ``ReLU``): what a refusal can name where none is one the conversion takes."""
+    return sorted({type(m).__name__ for m in model.modules() if not list(m.children())
+                   and re.search(r"gelu|silu|swish|relu|act|elu$", type(m).__name__, re.IGNORECASE)})
 
 
 def _refit_seconds(model, batch) -> tuple[float, float]:
