@@ -5,9 +5,9 @@ threshold defaults; two steps), then loaded back with plain transformers. Writes
     python experiments/families.py     # ≈ 15 minutes on 2 cores
 
 Each architecture's config is its own defaults with a small width, two layers (the first two of its layer types, a
-second kind where it has one) and MiniLM's tokenizer; one whose tiny config cannot be built, is composite
-(a text config inside), holds more than 5 million parameters, or whose own forward fails on it, is counted apart:
-that says nothing of its real checkpoints. Outcomes:
+second kind where it has one) and MiniLM's tokenizer; one whose tiny config cannot be built, is composite (a text
+config inside), holds more than 5 million parameters, or whose own forward fails on a padded batch, is counted
+apart: that says nothing of its real checkpoints. Outcomes:
 
 - *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left, its ReLUs counted;
 - *refused*: exit 2 with its one line (what the conversion cannot keep, and why);
@@ -68,8 +68,9 @@ def outcome(model_type: str, tokenizer, root: Path) -> tuple[str, str]:
             return "not built", f"{size / 1e6:.0f}M parameters at its tiny config"
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config).eval()
-        with torch.no_grad():
-            model(**tokenizer(["A tiny model reads this."], return_tensors="pt", return_token_type_ids=False))
+        with torch.no_grad():  # as the conversion runs it: a padded batch, its attention mask
+            model(**tokenizer(["A tiny model reads this.", "Then a sentence longer than the first one."],
+                              padding=True, return_tensors="pt", return_token_type_ids=False))
         source = root / model_type
         model.save_pretrained(source)
         tokenizer.save_pretrained(source)
