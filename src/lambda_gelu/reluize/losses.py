@@ -14,8 +14,8 @@ name                   for outputs with ... (what it measures)
 =====================  ==========================================================================================
 
 The first three add the mean over layers of each hidden state's relative squared error when the outputs carry
-``hidden_states`` (``reluize`` asks a Hugging Face model for them), times ``hidden`` (``ReluizeConfig.hidden_weight``;
-default 1, 0 leaves the term out).
+``hidden_states`` (``reluize`` asks a Hugging Face model for them), times ``hidden`` (``ReluizeConfig.hidden_weight``:
+by default 1, or 4 with ``gate_zeros``; 0 leaves the term out).
 """
 from __future__ import annotations
 
