@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import sys
 import tempfile
@@ -91,7 +92,8 @@ def outcome(model_type: str, tokenizer, root: Path) -> tuple[str, str]:
     if left:
         return "crashed", f"reloads with {', '.join(left)} left"
     relus = sum(isinstance(m, torch.nn.ReLU) for m in reloaded.modules())
-    refit = "the refit left out" if "the refit left out" in (out / "reluize_report.md").read_text() else ""
+    report = json.loads((out / "reluize_report.json").read_text())
+    refit = "the refit left out" if report["refit_note"] and not report["refit"] else ""
     return "converted", f"ReLU × {relus}" + (f"; {refit}" if refit else "")
 
 
