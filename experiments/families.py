@@ -9,7 +9,8 @@ second kind where it has one) and MiniLM's tokenizer; one whose tiny config cann
 config inside), holds more than 5 million parameters, or whose own forward fails on a padded batch, is counted
 apart: that says nothing of its real checkpoints. Outcomes:
 
-- *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left, its ReLUs counted;
+- *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left, its ReLUs counted (and a
+  gate its code applies as a function, which stays as it was, named);
 - *refused*: exit 2 with its one line (what the conversion cannot keep, and why);
 - *crashed*: anything else — a bug of this project's, listed in full.
 """
@@ -93,8 +94,9 @@ def outcome(model_type: str, tokenizer, root: Path) -> tuple[str, str]:
         return "crashed", f"reloads with {', '.join(left)} left"
     relus = sum(isinstance(m, torch.nn.ReLU) for m in reloaded.modules())
     report = json.loads((out / "reluize_report.json").read_text())
-    refit = "the refit left out" if report["refit_note"] and not report["refit"] else ""
-    return "converted", f"ReLU × {relus}" + (f"; {refit}" if refit else "")
+    notes = ["the refit left out"] if report["refit_note"] and not report["refit"] else []
+    notes += [f"left as it was: {call} as a function" for call in report["functional"]]
+    return "converted", "; ".join([f"ReLU × {relus}", *notes])
 
 
 def main() -> None:

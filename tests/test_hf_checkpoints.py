@@ -297,6 +297,49 @@ def test_a_mixture_of_experts_converts_without_the_default_refit_and_refuses_one
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.parametrize("family, call, more", [
+    ("qwen3_5_text", "Qwen3_5RMSNormGated at 'model.layers.0.linear_attn.norm' applies silu",
+     {"layer_types": ["linear_attention", "full_attention"], "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+      "linear_num_key_heads": 2, "linear_num_value_heads": 2}),
+    ("roberta", "RobertaLMHead at 'lm_head' applies gelu", {"is_decoder": True})])
+def test_a_gate_its_code_applies_as_a_function_stays_and_the_rest_converts(family, call, more, tmp_path, capsys):
+    """Qwen3.5's linear attention gates its norm with F.silu, RoBERTa's LM head applies F.gelu: no module to replace,
+    and the code applies them as it did before, so no weight is lost: every activation module converts, the call
+    stays, and the log and the report say where."""
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(
+        family, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+        num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=128, pad_token_id=0, **more)
+    source, out = tmp_path / "model", tmp_path / "relu"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
+    save_small_tokenizer(source)
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "as a function" in line]
+    assert notes == [f"note: {call} as a function, which no module replacement can make ReLU: left as it is, every "
+                     "activation module converted (make it a module, nn.GELU or nn.SiLU, to convert it too)"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.hidden_act == "relu" and sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
+    assert not any(lg.is_reluizable(m) for m in model.modules())
+    assert json.loads((out / "reluize_report.json").read_text())["functional"] == [call]
+    assert f"(left as it was, no module to replace: {call} as a function)" in (out / "reluize_report.md").read_text()
+
+
+def test_a_model_whose_only_gates_are_functions_is_refused_naming_one(tmp_path, capsys):
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model("lfm2", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                               num_attention_heads=2, num_key_value_heads=1, vocab_size=VOCAB,
+                                               layer_types=["conv", "full_attention"], pad_token_id=0)
+    source = tmp_path / "model"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
+    save_small_tokenizer(source)
+    assert main(["reluize", str(source), "--out", str(tmp_path / "relu"), "--steps", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {source} has no GELU- or SiLU-like activation module to convert: Lfm2MLP at "
+        "'model.layers.0.feed_forward' (and 1 more of its class) applies silu as a function, which no module "
+        "replacement can make ReLU (looked for: " + ", ".join(lg.GELU_LIKE + lg.SILU_LIKE) + ")")
+    assert not (tmp_path / "relu").exists()
+
+
 def test_the_student_trains_with_eager_attention_only_under_bfloat16_on_a_cpu_and_gets_its_own_back(tmp_path):
     from lambda_gelu.hf.attention import attention_of, set_attention_, training_attention_
     model = transformers.AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path / "model")).eval()

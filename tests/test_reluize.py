@@ -272,6 +272,28 @@ class _FunctionalGELU(nn.Module):
         return self.b(F.gelu(self.act(self.a(x))))
 
 
+class _GatedBySiLU(nn.Module):  # a gate in a norm, as a linear attention's (Qwen3-Next): no module to replace
+    def forward(self, x):
+        return x * F.silu(x.flip(-1))
+
+
+def test_a_gate_applied_as_a_function_is_left_as_it_was_and_every_module_converted():
+    torch.manual_seed(0)
+    model, x = nn.Sequential(_FunctionalGELU(), nn.SiLU(), _GatedBySiLU(), _GatedBySiLU()), torch.randn(8, 4)
+    with pytest.warns(UserWarning, match=r"_FunctionalGELU at '0' applies gelu; _GatedBySiLU at '2' \(and 1 more of "
+                      r"its class\) applies silu as a function, which no module replacement can make ReLU: left as "
+                      r"it is, every activation module converted"):
+        result = reluize(model, x, steps=2, lr=0.0, refit=0)
+    assert result.functional == ["_FunctionalGELU at '0' applies gelu",
+                                 "_GatedBySiLU at '2' (and 1 more of its class) applies silu"]
+    assert sorted(result.replaced) == ["0.act", "1"] and isinstance(model[1], nn.ReLU)
+    expected = F.relu(model[0].b(F.gelu(F.relu(model[0].a(x)))))  # the calls as they were
+    for _ in range(2):
+        expected = expected * F.silu(expected.flip(-1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+
+
 def _mlp():
     torch.manual_seed(0)
     return nn.Sequential(nn.Flatten(), nn.Linear(12, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 5))
@@ -708,10 +730,10 @@ def test_bad_input_is_refused_before_the_model_changes():
     relu_net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
     with pytest.raises(ValueError, match="found no GELU module"):
         reluize(relu_net, x, steps=3)
-    model = _FunctionalGELU()
-    with pytest.raises(ValueError, match=r"_FunctionalGELU at '<root>' applies gelu as a function"):
-        reluize(model, x, steps=3)
-    assert isinstance(model.act, nn.GELU)  # untouched
+    only_functional = nn.Sequential(nn.Linear(4, 4), _GatedBySiLU())
+    with pytest.raises(ValueError, match=r"found no GELU module to replace, nor a SiLU one \(_GatedBySiLU at '1' "
+                       r"applies silu as a function, which no module replacement can make ReLU\) \(looked for"):
+        reluize(only_functional, x, steps=3)
     gelu_net = nn.Sequential(nn.Linear(4, 4), nn.GELU())
     for kwargs, message in [({"steps": 0}, "steps must be a positive int"),
                             ({"steps": 3, "schedule": "cosine"}, "schedule must be one of anneal, swap"),

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import torch
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
 from ..reluize.precision import autocast_dtype
+from ..reluize.probes import functional_gelu_calls
 from ..reluize.refit import find_consumers
 from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
@@ -33,7 +35,7 @@ from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
 from .load import load, model_directory, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
-from .text import corpus, held_out_sets, read_texts
+from .text import corpus, held_out_sets, padding_tokenizer, read_texts
 
 __all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS", "EMBEDDINGS"]
 
@@ -151,10 +153,13 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     model, tokenizer, causal = loaded.model, loaded.tokenizer, loaded.causal
     if not any(lg.is_reluizable(m) for m in model.modules()):
         kinds = _activation_kinds(model)
-        found = (f": its activations are {', '.join(kinds)}" + (", nothing to convert" if kinds == ["ReLU"] else "")
-                 if kinds else "")
-        raise CheckpointError(f"{model_name} has no GELU- or SiLU-like activation module to convert{found} "
-                              f"(looked for: {', '.join(lg.GELU_LIKE + lg.SILU_LIKE)})")
+        found = [f"its activations are {', '.join(kinds)}" + (", nothing to convert" if kinds == ["ReLU"] else "")
+                 ] if kinds else []
+        found += [f"{call} as a function, which no module replacement can make ReLU"
+                  for call in _functional_gates(model, tokenizer)[:1]]  # a gate its code applies itself
+        raise CheckpointError(f"{model_name} has no GELU- or SiLU-like activation module to convert"
+                              + (f": {'; '.join(found)}" if found else "")
+                              + f" (looked for: {', '.join(lg.GELU_LIKE + lg.SILU_LIKE)})")
     unsaveable = lg.relu_config_problem(model)
     if unsaveable:
         raise CheckpointError(f"{model_name}: {unsaveable}, so its ReLU checkpoint would not load as the converted "
@@ -256,8 +261,10 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
 
     settings = config.reluize.replace(refit=refit_batches, lr=lr, precision=precision,  # what it ran at
                                       hidden_weight=config.reluize.hidden_state_weight)
-    result = reluize(model, text.batches(steps), steps if steps is not None else plan, settings, teacher=original,
-                     progress=progress, callback=measure)
+    with warnings.catch_warnings():  # reluize's warnings (a gate applied as a function, left as it is) as notes
+        warnings.showwarning = lambda message, *_: log(f"note: {message}")
+        result = reluize(model, text.batches(steps), steps if steps is not None else plan, settings,
+                         teacher=original, progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
     set_attention_(model, loaded_attention)  # measured and saved as it was loaded
     model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was
@@ -282,7 +289,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "training_attention": training_attention,
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
               "held_out_sentences": len(text.held), "seconds": seconds, "planning_seconds": planning,
-              "replaced": result.replaced,
+              "replaced": result.replaced, "functional": result.functional,
               "direct_swap": swap_scores, "reluized": final, "curve": curve,
               "settings": dataclasses.asdict(settings), "refit_note": refit_note,
               "zeros": zeros, "held_out_sets": further}
@@ -324,6 +331,17 @@ def _activation_kinds(model: torch.nn.Module) -> list[str]:
     ``ReLU``): what a refusal can name where none is one the conversion takes."""
     return sorted({type(m).__name__ for m in model.modules() if not list(m.children())
                    and re.search(r"gelu|silu|swish|relu|act|elu$", type(m).__name__, re.IGNORECASE)})
+
+
+def _functional_gates(model: torch.nn.Module, tokenizer) -> list[str]:
+    """Where ``model`` applies gelu or silu as a function, found on one short sentence: what a refusal can name where
+    a model has no module to convert. Empty if nothing is found, or if the model's forward fails on the sentence
+    (the refusal stands either way; this only names)."""
+    batch = dict(padding_tokenizer(tokenizer)(["The gates of a network, found by running it."], return_tensors="pt"))
+    try:
+        return functional_gelu_calls(model, batch, silu=True)
+    except Exception:  # noqa: BLE001 - a forward of the user's model, run only to name what is refused
+        return []
 
 
 def _refit_seconds(model, batch) -> tuple[float, float]:

@@ -168,6 +168,8 @@ def markdown(r: dict) -> str:
                 " (the --minutes budget ended it after the refit, before a step was planned)"
                 if r["steps"] == 0 and r.get("budget_minutes") and r.get("refit_sentences") else "")
              + f"; {len(r['replaced'])} activations replaced by `nn.ReLU`"
+             + (f" (left as it was, no module to replace: {'; '.join(r['functional'])} as a function)"
+                if r.get("functional") else "")
              + (f"; trained in float32, written in {r['dtype']} as the original was" if r.get("dtype", "float32")
                 != "float32" else "") + ". "
              f"Measured on {r['held_out_sentences']} held-out standard-library docstring "

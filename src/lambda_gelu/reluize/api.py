@@ -57,8 +57,10 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
             (a time budget, say): what is not exact ReLU yet becomes ReLU at once; ``result.stopped`` says so.
 
     The model is put in eval mode (no dropout, normalisation statistics kept) and trained in it. Raises
-    ``ValueError`` before changing anything if a setting is wrong, the model has no GELU-like module, or it
-    applies gelu as a function somewhere in its forward (that GELU would survive the conversion). An error
+    ``ValueError`` before changing anything if a setting is wrong or the model has no GELU- or SiLU-like module. A
+    gate applied as a function inside some ``forward`` (``F.gelu(x)``; ``F.silu`` where the model has SiLU
+    modules) has no module to replace: it is left as it is, with a warning, and ``result.functional`` says where
+    (a Qwen3-Next's linear attention gates its norm so; RoBERTa's LM head applies gelu so). An error
     raised part-way (a batch the model cannot take, an interrupt) puts the original network back in ``model``
     before it propagates, and says so in a note on the exception.
     """
@@ -69,8 +71,10 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
     first = next(stream)
     stream_with_first = _prepend(first, stream)
     if not any(is_reluizable(m) for m in model.modules()):
-        raise ValueError("reluize found no GELU module to replace, nor a SiLU one (looked for: "
-                         + ", ".join(GELU_LIKE + SILU_LIKE) + ")")
+        functional = functional_gelu_calls(model, first, silu=True)
+        raise ValueError("reluize found no GELU module to replace, nor a SiLU one"
+                         + (f" ({functional[0]} as a function, which no module replacement can make ReLU)"
+                            if functional else "") + " (looked for: " + ", ".join(GELU_LIKE + SILU_LIKE) + ")")
     thresholded = gate_zeros_problem(model) if config.gate_zeros else None
     if thresholded:
         raise ValueError(f"gate_zeros: {thresholded}")
@@ -90,9 +94,10 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
     # that the first batch gives the recalibration statistics it can estimate.
     with two_values_per_channel(model, norms if recalibrate else []):
         functional = functional_gelu_calls(model, first)
-    if functional:
-        raise ValueError(f"{functional[0]} as a function, which no module replacement can make ReLU; make it a "
-                         "module (nn.GELU, nn.SiLU), or give reluize a model without it")
+    if functional:  # no weight is lost: the call stays as it was, in the converted model as in its checkpoint
+        warnings.warn(f"{'; '.join(functional)} as a function, which no module replacement can make ReLU: left as "
+                      "it is, every activation module converted (make it a module, nn.GELU or nn.SiLU, to convert it "
+                      "too)", stacklevel=2)
     consumers = refit_consumers(model, first) if config.refit else {}
     low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
                   if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)})
@@ -116,6 +121,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
         snapshot.restore(e)
         raise
     _name_relu_in_configs_(model, warn=not unsaveable)
+    result.functional = functional
     result.loss = getattr(getattr(loss_fn, "picked", None) or loss_fn, "name", getattr(loss_fn, "__name__", "custom"))
     return result
 

@@ -1,5 +1,5 @@
 """Finding GELU or SiLU applied as a function (``F.gelu(x)`` inside some ``forward``): no module replacement can
-make it ReLU, so ``reluize`` refuses such a model before changing anything."""
+make it ReLU, so ``reluize`` converts every activation module and leaves such a call as it is, saying where."""
 from __future__ import annotations
 
 import torch
@@ -18,7 +18,7 @@ class _GateCallsOutsideModules(TorchFunctionMode):
 
     def __init__(self, watched: tuple):
         super().__init__()
-        self.watched, self.depth, self.calls, self.names = watched, 0, 0, []
+        self.watched, self.depth, self.calls, self.claimed, self.names = watched, 0, 0, 0, []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in self.watched and self.depth == 0:
@@ -27,27 +27,31 @@ class _GateCallsOutsideModules(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def functional_gelu_calls(model: nn.Module, batch) -> list[str]:
-    """The modules whose forward applies a gate the conversion turns into ReLU as a function — gelu always, silu
-    where the model has SiLU modules to convert — each as "Class at 'name' applies gelu" (found by running
-    ``batch`` once)."""
-    watched = (F.gelu, F.silu) if any(is_silu_like(m) for m in model.modules()) else (F.gelu,)
-    mode, found, stack = _GateCallsOutsideModules(watched), [], []
+def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None) -> list[str]:
+    """Where ``model``'s forward applies a gate the conversion turns into ReLU as a function, found by running
+    ``batch`` once: gelu always, silu where the model has SiLU modules to convert (``silu=True``: always). One entry
+    per class of the innermost module that calls it, in the order met: "Class at 'name' applies gelu", or "Class at
+    'name' (and 29 more of its class) applies silu"."""
+    if silu is None:
+        silu = any(is_silu_like(m) for m in model.modules())
+    mode, stack = _GateCallsOutsideModules((F.gelu, F.silu) if silu else (F.gelu,)), []
+    found: dict[tuple[str, str], dict] = {}  # (class, function) → the names of the modules calling it, in order
 
     def enter(name, m):
         def hook(*_):
             if is_reluizable(m):
                 mode.depth += 1
-            stack.append((name, mode.calls))
+            stack.append(mode.calls)
         return hook
 
     def leave(name, m):
         def hook(*_):
             if is_reluizable(m):
                 mode.depth -= 1
-            _, before = stack.pop()
-            if mode.calls > before and not found:  # the innermost module that called it
-                found.append(f"{type(m).__qualname__} at {name or '<root>'!r} applies {mode.names[-1]}")
+            before = stack.pop()
+            if mode.calls > max(before, mode.claimed):  # calls of its own, not its submodules' (which claimed theirs)
+                mode.claimed = mode.calls
+                found.setdefault((type(m).__qualname__, mode.names[-1]), {})[name or "<root>"] = None
         return hook
 
     handles = []
@@ -60,4 +64,5 @@ def functional_gelu_calls(model: nn.Module, batch) -> list[str]:
     finally:
         for h in handles:
             h.remove()
-    return found
+    return [f"{cls} at {next(iter(names))!r}" + (f" (and {len(names) - 1} more of its class)" if len(names) > 1 else "")
+            + f" applies {func}" for (cls, func), names in found.items()]

@@ -11,7 +11,8 @@ class ReluizeResult:
     """What :func:`reluize` did: the modules it replaced, the layers it refit, the BatchNorms it
     re-estimated, one log entry per step (with ``refit`` or ``recalibrate`` on the swap, a first one for
     step 0: that work, no loss), the time it took, the steps it was to take (as last planned, where ``steps`` was a
-    plan), and whether the callback ended it before them."""
+    plan), whether the callback ended it before them, and the gates applied as a function inside some ``forward``,
+    which no module replacement reaches (each as "Class at 'name' applies silu": left as they were)."""
     replaced: list[str]
     log: list[dict] = field(default_factory=list)  # {"step", "lam", "loss", "seconds"[, "penalty"]}
     seconds: float = 0.0
@@ -20,6 +21,7 @@ class ReluizeResult:
     stopped: bool = False
     steps: int = 0
     loss: str = ""  # the loss's name; with "auto", the one it picked
+    functional: list[str] = field(default_factory=list)  # gates applied as a function, left as they were
 
     def record(self, entry: dict, bar, label: str, callback) -> bool:
         """Log one step's ``entry``, show it on ``bar`` as ``label``, hand it to ``callback``; True if the callback
