@@ -340,6 +340,21 @@ def test_a_model_whose_only_gates_are_functions_is_refused_naming_one(tmp_path, 
     assert not (tmp_path / "relu").exists()
 
 
+@pytest.mark.parametrize("family, said", [
+    ("bart", "BartModel is an encoder-decoder; reluize converts an encoder or a decoder on its own"),
+    ("tapas", "its forward fails on a batch of its tokenizer's text (IndexError: ")])  # TAPAS reads tables
+def test_a_model_that_cannot_run_on_text_alone_is_refused_in_one_line(family, said, tmp_path, capsys):
+    config = transformers.AutoConfig.for_model(family, hidden_size=32, d_model=32, intermediate_size=64,
+                                               num_hidden_layers=2, encoder_layers=1, decoder_layers=1,
+                                               num_attention_heads=2, vocab_size=VOCAB)
+    source = tmp_path / "model"
+    transformers.AutoModel.from_config(config).save_pretrained(source)
+    save_small_tokenizer(source)
+    assert main(["reluize", str(source), "--out", str(tmp_path / "relu"), "--steps", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {source}: {said}")
+    assert not (tmp_path / "relu").exists()
+
+
 def test_the_student_trains_with_eager_attention_only_under_bfloat16_on_a_cpu_and_gets_its_own_back(tmp_path):
     from lambda_gelu.hf.attention import attention_of, set_attention_, training_attention_
     model = transformers.AutoModelForCausalLM.from_pretrained(_tiny_llama(tmp_path / "model")).eval()

@@ -33,7 +33,7 @@ from ..reluize.threshold import gate_zeros_problem
 from .attention import attention_of, set_attention_, training_attention_
 from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
-from .load import load, model_directory, quiet_transformers
+from .load import _first_line, load, model_directory, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
 from .text import corpus, held_out_sets, padding_tokenizer, read_texts
 
@@ -160,6 +160,10 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         raise CheckpointError(f"{model_name} has no GELU- or SiLU-like activation module to convert"
                               + (f": {'; '.join(found)}" if found else "")
                               + f" (looked for: {', '.join(lg.GELU_LIKE + lg.SILU_LIKE)})")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise CheckpointError(f"{model_name}: {type(model).__name__} is an encoder-decoder; reluize converts an encoder "
+                              "or a decoder on its own (T5EncoderModel, as sentence-transformers holds T5's encoder; a "
+                              "causal LM), not both at once")
     unsaveable = lg.relu_config_problem(model)
     if unsaveable:
         raise CheckpointError(f"{model_name}: {unsaveable}, so its ReLU checkpoint would not load as the converted "
@@ -180,6 +184,9 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     text = corpus(tokenizer, seed=seed, batch_size=batch_size, max_tokens=config.max_tokens,
                   batching=config.batching, extra=extra)
     train, lengths, held_batches = text.train, text.lengths, text.held_batches()
+    problem = _forward_problem(model, held_batches[0])
+    if problem:
+        raise CheckpointError(f"{model_name}: {problem}")
     others = held_out_sets(train, eval_lines, config.eval_texts)
     original = copy.deepcopy(model)
     reference = evaluate(original, held_batches, causal)
@@ -331,6 +338,20 @@ def _activation_kinds(model: torch.nn.Module) -> list[str]:
     ``ReLU``): what a refusal can name where none is one the conversion takes."""
     return sorted({type(m).__name__ for m in model.modules() if not list(m.children())
                    and re.search(r"gelu|silu|swish|relu|act|elu$", type(m).__name__, re.IGNORECASE)})
+
+
+def _forward_problem(model: torch.nn.Module, batch: dict) -> str | None:
+    """Why ``model`` cannot be converted on text, found by one forward of ``batch``: its own forward fails there (a
+    model that reads tables or images), or it gives no hidden states."""
+    try:
+        with torch.no_grad():
+            out = model(**batch, output_hidden_states=True)
+    except Exception as e:  # noqa: BLE001 - the model's own forward on its own tokenizer's text: said in one line
+        return (f"its forward fails on a batch of its tokenizer's text ({type(e).__name__}: {_first_line(e)}), "
+                "which is what reluize trains and measures on")
+    if getattr(out, "hidden_states", None) is None:
+        return f"{type(model).__name__}'s output has no hidden_states, which reluize measures and distils"
+    return None
 
 
 def _functional_gates(model: torch.nn.Module, tokenizer) -> list[str]:
