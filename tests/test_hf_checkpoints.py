@@ -340,6 +340,21 @@ def test_a_model_whose_only_gates_are_functions_is_refused_naming_one(tmp_path, 
     assert not (tmp_path / "relu").exists()
 
 
+def test_the_original_gpt_names_relu_in_its_afn_and_its_shared_activation_is_converted_without_the_refit(tmp_path):
+    """GPT-1's config names its activation in ``afn``, and its layers share one activation module, which no refit can
+    solve layer by layer: the default leaves the refit out and says why."""
+    torch.manual_seed(0)
+    config = transformers.OpenAIGPTConfig(n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=128)
+    source, out = tmp_path / "model", tmp_path / "relu"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
+    save_small_tokenizer(source)
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.afn == "relu" and all(isinstance(block.mlp.act, torch.nn.ReLU) for block in model.transformer.h)
+    assert not any(lg.is_reluizable(m) for m in model.modules())
+    assert "whose layers share one activation module (the original GPT)" in (out / "reluize_report.md").read_text()
+
+
 @pytest.mark.parametrize("family, said", [
     ("bart", "BartModel is an encoder-decoder; reluize converts an encoder or a decoder on its own"),
     ("tapas", "its forward fails on a batch of its tokenizer's text (IndexError: ")])  # TAPAS reads tables

@@ -58,8 +58,8 @@ _FUNCTIONAL_GELU = re.compile(r"(?:\bF\.|\bfunctional\.|(?<![\w.]))gelu\w*\s*\("
 
 # Hugging Face config fields that name an activation: hidden_act (most models), activation_function (GPT-2,
 # BART), hidden_activation (Gemma), activation (DistilBERT), feat_extract_activation (wav2vec 2.0), T5's
-# dense_act_fn and feed_forward_proj ("gated-gelu")
-_ACT_FIELD = re.compile(r"act|feed_forward_proj")
+# dense_act_fn and feed_forward_proj ("gated-gelu"), the original GPT's afn
+_ACT_FIELD = re.compile(r"act|afn|feed_forward_proj")
 # the values of those fields from which transformers builds a GELU_LIKE module (not quick_gelu, gelu_10)
 _GELU_VALUES = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
                           "gelu_accurate"})

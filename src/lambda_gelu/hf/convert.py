@@ -202,7 +202,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     if refit and config.refit is None and not find_consumers(model, text.encode(train[:batch_size])):
         refit_note = ("the refit left out: no layer reads an activation's output, nor is a gated FFN's output "
                       "projection a layer of its own, as in a mixture of experts that keeps its experts' weights as "
-                      "one tensor")
+                      "one tensor, or in a model whose layers share one activation module (the original GPT)")
         refit, refit_batches = 0, 0  # the default's refit left out; a --refit given is refused by reluize
         log(f"note: {refit_note}")
     marks = {0} if refit else set()  # where the curve is measured: after the refit, at every eighth of the steps
