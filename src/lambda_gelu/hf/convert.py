@@ -161,9 +161,9 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                               + (f": {'; '.join(found)}" if found else "")
                               + f" (looked for: {', '.join(lg.GELU_LIKE + lg.SILU_LIKE)})")
     if getattr(model.config, "is_encoder_decoder", False):
-        raise CheckpointError(f"{model_name}: {type(model).__name__} is an encoder-decoder; reluize converts an encoder "
-                              "or a decoder on its own (T5EncoderModel, as sentence-transformers holds T5's encoder; a "
-                              "causal LM), not both at once")
+        raise CheckpointError(f"{model_name}: {type(model).__name__} is an encoder-decoder; reluize converts an "
+                              "encoder or a decoder on its own (T5EncoderModel, as sentence-transformers holds T5's "
+                              "encoder; a causal LM), not both at once")
     unsaveable = lg.relu_config_problem(model)
     if unsaveable:
         raise CheckpointError(f"{model_name}: {unsaveable}, so its ReLU checkpoint would not load as the converted "

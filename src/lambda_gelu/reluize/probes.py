@@ -37,7 +37,7 @@ def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None) -> 
     mode, stack = _GateCallsOutsideModules((F.gelu, F.silu) if silu else (F.gelu,)), []
     found: dict[tuple[str, str], dict] = {}  # (class, function) → the names of the modules calling it, in order
 
-    def enter(name, m):
+    def enter(m):
         def hook(*_):
             if is_reluizable(m):
                 mode.depth += 1
@@ -56,7 +56,7 @@ def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None) -> 
 
     handles = []
     for name, m in model.named_modules():
-        handles.append(m.register_forward_pre_hook(enter(name, m)))
+        handles.append(m.register_forward_pre_hook(enter(m)))
         handles.append(m.register_forward_hook(leave(name, m)))
     try:
         with torch.no_grad(), mode, eval_mode(model):
