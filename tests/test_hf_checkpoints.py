@@ -355,6 +355,24 @@ def test_the_original_gpt_names_relu_in_its_afn_and_its_shared_activation_is_con
     assert "whose layers share one activation module (the original GPT)" in (out / "reluize_report.md").read_text()
 
 
+def test_t5s_encoder_alone_converts_where_the_whole_encoder_decoder_is_refused(tmp_path, capsys):
+    torch.manual_seed(0)
+    config = transformers.T5Config(d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16, vocab_size=VOCAB,
+                                   feed_forward_proj="gated-gelu")  # as Flan-T5's and sentence-T5's
+    for cls in (transformers.T5Model, transformers.T5EncoderModel):
+        cls(config).save_pretrained(tmp_path / cls.__name__)
+        save_small_tokenizer(tmp_path / cls.__name__)
+    whole, encoder = tmp_path / "T5Model", tmp_path / "T5EncoderModel"
+    assert main(["reluize", str(whole), "--out", str(tmp_path / "no"), "--steps", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"error: {whole}: T5Model is an encoder-decoder; reluize converts an encoder or a decoder on its own")
+    assert main(["reluize", str(encoder), "--out", str(tmp_path / "relu"), "--steps", "2", "--batch-size", "4",
+                 "--quiet"]) == 0
+    model = transformers.T5EncoderModel.from_pretrained(tmp_path / "relu")
+    assert model.config.feed_forward_proj == "gated-relu" and not any(lg.is_reluizable(m) for m in model.modules())
+    assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
+
+
 @pytest.mark.parametrize("family, said", [
     ("bart", "BartModel is an encoder-decoder; reluize converts an encoder or a decoder on its own"),
     ("tapas", "its forward fails on a batch of its tokenizer's text (IndexError: ")])  # TAPAS reads tables
