@@ -75,6 +75,23 @@ def test_what_needs_batches_before_the_first_step_is_left_to_reluize(settings, m
         Reluizer(nn.Sequential(nn.Linear(2, 2)), STEPS)
 
 
+class _HeadWithFunctionalGELU(nn.Module):  # as RoBERTa's LM head
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return nn.functional.gelu(self.dense(x))
+
+
+def test_a_gelu_applied_as_a_function_is_named_as_the_reluizer_converts_the_rest():
+    model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), _HeadWithFunctionalGELU())
+    with pytest.warns(UserWarning, match=r"_HeadWithFunctionalGELU.forward \(e.g. at '2'\) seems to apply gelu as a "
+                      "function; such calls stay GELU"):
+        Reluizer(model, STEPS)
+    assert isinstance(model[1], nn.ReLU)
+
+
 def test_bfloat16_multiplies_in_bfloat16_and_keeps_the_weights_the_gradients_and_the_loss_in_float32():
     """precision="bfloat16": the teacher's and the student's layers run under a bfloat16 autocast (the loss is the
     one computed from such forwards by hand, bit for bit), while the weights, their gradients and the loss stay

@@ -36,7 +36,8 @@ import torch
 import torch.nn as nn
 
 from ..batches import run_batch
-from ..convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizable, replace_modules_
+from ..convert import (GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, _warn_functional_gelu, is_reluizable,
+                       replace_modules_)
 from ..regularize import SparsityRegularizer
 from .config import ReluizeConfig, configured
 from .precision import autocast_dtype, precision_context
@@ -92,6 +93,7 @@ class Reluizer:
         if not any(is_reluizable(m) for m in model.modules()):
             raise ValueError("Reluizer found no GELU module to replace, nor a SiLU one (looked for: "
                              + ", ".join(GELU_LIKE + SILU_LIKE) + ")")
+        _warn_functional_gelu(model)  # from the source, as it has no batch to run: such a call stays GELU
         if teacher is None:
             teacher = copy.deepcopy(model)
         teacher.eval().requires_grad_(False)
