@@ -373,6 +373,20 @@ def test_t5s_encoder_alone_converts_where_the_whole_encoder_decoder_is_refused(t
     assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
 
 
+def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_function(tmp_path):
+    """XLM's and FlauBERT's config choose GELU by a boolean, whose false builds ``nn.functional.relu`` as a plain
+    attribute: the same arithmetic as the converted network's ``nn.ReLU``, so its checkpoint is written."""
+    torch.manual_seed(0)
+    config = transformers.XLMConfig(emb_dim=32, n_layers=2, n_heads=2, vocab_size=VOCAB, max_position_embeddings=128)
+    source, out = tmp_path / "model", tmp_path / "relu"
+    transformers.AutoModel.from_config(config).save_pretrained(source)
+    save_small_tokenizer(source)
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
+    model = transformers.AutoModel.from_pretrained(out)
+    assert model.config.gelu_activation is False and not any(lg.is_reluizable(m) for m in model.modules())
+    assert all(ffn.act is torch.nn.functional.relu for ffn in model.ffns)
+
+
 @pytest.mark.parametrize("family, said", [
     ("bart", "BartModel is an encoder-decoder; reluize converts an encoder or a decoder on its own"),
     ("tapas", "its forward fails on a batch of its tokenizer's text (IndexError: ")])  # TAPAS reads tables

@@ -64,6 +64,9 @@ _ACT_FIELD = re.compile(r"act|afn|feed_forward_proj")
 _GELU_VALUES = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh", "gelu_python_tanh",
                           "gelu_accurate"})
 _GATE_VALUES = _GELU_VALUES | {"silu", "swish"}  # ... and those from which it builds a SILU_LIKE one
+# boolean fields that choose GELU when true and ReLU when false (XLM's and FlauBERT's gelu_activation, whose false
+# builds ``nn.functional.relu`` as a plain attribute rather than a module)
+_GELU_SWITCHES = ("gelu_activation",)
 
 FilterFn = Callable[[nn.Module, str], bool]
 
@@ -326,13 +329,15 @@ def _hugging_face_models(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def _relu_fields(config) -> dict[str, str]:
+def _relu_fields(config) -> dict[str, str | bool]:
     """The activation fields of a Hugging Face config that name a GELU-like activation, each with the ReLU value
     to put there."""
     out = {}
     for name in config.to_dict():
         value = getattr(config, name, None)
-        if _ACT_FIELD.search(name) and isinstance(value, str):
+        if name in _GELU_SWITCHES and value is True:
+            out[name] = False
+        elif _ACT_FIELD.search(name) and isinstance(value, str):
             gated = value.lower().startswith("gated-")
             if value.lower().removeprefix("gated-") in _GATE_VALUES:
                 out[name] = "gated-relu" if gated else "relu"
@@ -367,7 +372,7 @@ def _mismatch(hf: nn.Module, fields: dict[str, str], becomes_relu: FilterFn) -> 
         if not (relu or is_reluizable(m) or isinstance(m, LambdaGELU) or is_reluizable(b) or isinstance(b, nn.ReLU)):
             continue
         expected = nn.ReLU if relu else type(m)
-        if type(b) is not expected:
+        if type(b) is not expected and not (relu and b is None and _relu_function_at(rebuilt, name)):
             fields = _relu_fields(hf.config)
             field = ", ".join(f"{k}={getattr(hf.config, k)!r}" for k in fields) or "none"
             gate = "GELU or SiLU" if any(str(getattr(hf.config, k)).lower() in ("silu", "swish") for k in fields) \
@@ -375,6 +380,16 @@ def _mismatch(hf: nn.Module, fields: dict[str, str], becomes_relu: FilterFn) -> 
             return (f"at '{name or '<root>'}' the converted network has {expected.__name__} but its config (activation "
                     f"fields naming {gate}: {field}) builds {type(b).__name__ if b is not None else 'no module'} there")
     return None
+
+
+def _relu_function_at(model: nn.Module, name: str) -> bool:
+    """Whether ``model`` holds ReLU as a plain function where ``name`` would be a module (XLM's ``self.act =
+    nn.functional.relu``): the same arithmetic as an ``nn.ReLU`` there."""
+    parent, _, attr = name.rpartition(".")
+    try:
+        return getattr(model.get_submodule(parent), attr, None) in (torch.nn.functional.relu, torch.relu)
+    except AttributeError:
+        return False
 
 
 def relu_config_problem(model: nn.Module, becomes_relu: FilterFn | None = None) -> str | None:
