@@ -18,10 +18,11 @@ Hugging Face checkpoints. A transformers model is rebuilt from its config when i
 whose GELUs became ReLU must say so in its config, or ``save_pretrained`` writes a checkpoint that loads
 as GELU with the ReLU network's weights. ``to_relu_`` (and ``reluize``) names ReLU in every activation
 field of the config of each Hugging Face model inside the converted one (``hidden_act`` and
-``activation_function`` as most do, DistilBERT's ``activation``, T5's ``feed_forward_proj``, …), then
-builds the model anew from that config on the meta device and compares: where the config cannot
-express the converted network (some GELUs left, an activation with no config field), it leaves the
-config as it was and warns; :func:`relu_config_problem` tells beforehand.
+``activation_function`` as most do, DistilBERT's ``activation``, T5's ``feed_forward_proj``, the original
+GPT's ``afn``, XLM's boolean ``gelu_activation``, …), then builds the model anew from that config on the
+meta device and compares: where the config cannot express the converted network (some GELUs left, an
+activation with no config field), it leaves the config as it was and warns; :func:`relu_config_problem`
+tells beforehand.
 """
 from __future__ import annotations
 
