@@ -216,6 +216,14 @@ def _tiny_llama(path: Path, family: str = "llama") -> Path:
     return path
 
 
+def _saved(config, path: Path, auto: str = "AutoModelForCausalLM") -> Path:
+    """A tiny random checkpoint of ``config`` (built by transformers' ``auto`` class) with the small tokenizer."""
+    torch.manual_seed(0)
+    getattr(transformers, auto).from_config(config).save_pretrained(path)
+    save_small_tokenizer(path)
+    return path
+
+
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate_zeros(family, tmp_path):
     source, out = _tiny_llama(tmp_path / "model", family), tmp_path / "relu"
@@ -252,13 +260,10 @@ def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate
 def test_each_causal_family_converts_with_the_default_command_and_reloads_as_relu(family, tmp_path):
     """Beyond Llama and Gemma 3: the families users bring, each a tiny random config saved as transformers saves it,
     converted by the CLI's default command (its refit included) and loaded back with no GELU or SiLU left."""
-    torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(
         family, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
         num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=128, sliding_window=32, pad_token_id=0)
-    source, out = tmp_path / "model", tmp_path / "relu"
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
-    save_small_tokenizer(source)
+    source, out = _saved(config, tmp_path / "model"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
@@ -270,14 +275,11 @@ def test_each_causal_family_converts_with_the_default_command_and_reloads_as_rel
 def test_a_mixture_of_experts_converts_without_the_default_refit_and_refuses_one_given(family, tmp_path, capsys):
     """transformers keeps a mixture's experts as one gate-up and one down tensor, applied without a layer the refit
     could solve: the CLI's default leaves its refit out and says so; a --refit given is refused in one line."""
-    torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(
         family, hidden_size=32, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4, num_experts=4,
         num_experts_per_tok=2, vocab_size=VOCAB, max_position_embeddings=128)
-    source, out = tmp_path / "model", tmp_path / "relu"
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
-    save_small_tokenizer(source)
+    source, out = _saved(config, tmp_path / "model"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert model.config.hidden_act == "relu"
@@ -306,13 +308,10 @@ def test_a_gate_its_code_applies_as_a_function_stays_and_the_rest_converts(famil
     """Qwen3.5's linear attention gates its norm with F.silu, RoBERTa's LM head applies F.gelu: no module to replace,
     and the code applies them as it did before, so no weight is lost: every activation module converts, the call
     stays, and the log and the report say where."""
-    torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(
         family, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
         num_key_value_heads=1, vocab_size=VOCAB, max_position_embeddings=128, pad_token_id=0, **more)
-    source, out = tmp_path / "model", tmp_path / "relu"
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
-    save_small_tokenizer(source)
+    source, out = _saved(config, tmp_path / "model"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if "as a function" in line]
     assert notes == [f"note: {call} as a function, which no module replacement can make ReLU: left as it is, every "
@@ -325,13 +324,10 @@ def test_a_gate_its_code_applies_as_a_function_stays_and_the_rest_converts(famil
 
 
 def test_a_model_whose_only_gates_are_functions_is_refused_naming_one(tmp_path, capsys):
-    torch.manual_seed(0)
     config = transformers.AutoConfig.for_model("lfm2", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                                num_attention_heads=2, num_key_value_heads=1, vocab_size=VOCAB,
                                                layer_types=["conv", "full_attention"], pad_token_id=0)
-    source = tmp_path / "model"
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
-    save_small_tokenizer(source)
+    source = _saved(config, tmp_path / "model")
     assert main(["reluize", str(source), "--out", str(tmp_path / "relu"), "--steps", "2"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: {source} has no GELU- or SiLU-like activation module to convert: Lfm2MLP at "
@@ -343,11 +339,8 @@ def test_a_model_whose_only_gates_are_functions_is_refused_naming_one(tmp_path, 
 def test_the_original_gpt_names_relu_in_its_afn_and_its_shared_activation_is_converted_without_the_refit(tmp_path):
     """GPT-1's config names its activation in ``afn``, and its layers share one activation module, which no refit can
     solve layer by layer: the default leaves the refit out and says why."""
-    torch.manual_seed(0)
     config = transformers.OpenAIGPTConfig(n_embd=32, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=128)
-    source, out = tmp_path / "model", tmp_path / "relu"
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(source)
-    save_small_tokenizer(source)
+    source, out = _saved(config, tmp_path / "model"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert model.config.afn == "relu" and all(isinstance(block.mlp.act, torch.nn.ReLU) for block in model.transformer.h)
@@ -376,11 +369,8 @@ def test_t5s_encoder_alone_converts_where_the_whole_encoder_decoder_is_refused(t
 def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_function(tmp_path):
     """XLM's and FlauBERT's config choose GELU by a boolean, whose false builds ``nn.functional.relu`` as a plain
     attribute: the same arithmetic as the converted network's ``nn.ReLU``, so its checkpoint is written."""
-    torch.manual_seed(0)
     config = transformers.XLMConfig(emb_dim=32, n_layers=2, n_heads=2, vocab_size=VOCAB, max_position_embeddings=128)
-    source, out = tmp_path / "model", tmp_path / "relu"
-    transformers.AutoModel.from_config(config).save_pretrained(source)
-    save_small_tokenizer(source)
+    source, out = _saved(config, tmp_path / "model", "AutoModel"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
     model = transformers.AutoModel.from_pretrained(out)
     assert model.config.gelu_activation is False and not any(lg.is_reluizable(m) for m in model.modules())
@@ -394,9 +384,7 @@ def test_a_model_that_cannot_run_on_text_alone_is_refused_in_one_line(family, sa
     config = transformers.AutoConfig.for_model(family, hidden_size=32, d_model=32, intermediate_size=64,
                                                num_hidden_layers=2, encoder_layers=1, decoder_layers=1,
                                                num_attention_heads=2, vocab_size=VOCAB)
-    source = tmp_path / "model"
-    transformers.AutoModel.from_config(config).save_pretrained(source)
-    save_small_tokenizer(source)
+    source = _saved(config, tmp_path / "model", "AutoModel")
     assert main(["reluize", str(source), "--out", str(tmp_path / "relu"), "--steps", "2"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {source}: {said}")
     assert not (tmp_path / "relu").exists()

@@ -359,7 +359,7 @@ def rebuilt_from_config(hf: nn.Module, fields: dict) -> nn.Module | str:
         return f"{type(hf).__name__} cannot be built from its config alone to check it ({type(e).__name__}: {e})"
 
 
-def _mismatch(hf: nn.Module, fields: dict[str, str], becomes_relu: FilterFn) -> str | None:
+def _mismatch(hf: nn.Module, fields: dict[str, str | bool], becomes_relu: FilterFn) -> str | None:
     """Where ``hf`` rebuilt from its config with ``fields`` set (as loading a saved checkpoint rebuilds it)
     would differ in an activation from ``hf`` once the modules ``becomes_relu`` accepts are ``nn.ReLU``;
     None where it would not."""
