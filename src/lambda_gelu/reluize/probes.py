@@ -14,16 +14,17 @@ __all__ = ["functional_gelu_calls"]
 
 
 class _GateCallsOutsideModules(TorchFunctionMode):
-    """Records calls of the gate functions ``watched`` made while no GELU- or SiLU-like module is running."""
+    """Counts calls of the gate functions ``watched`` made while no GELU- or SiLU-like module is running, and names
+    the last."""
 
     def __init__(self, watched: tuple):
         super().__init__()
-        self.watched, self.depth, self.calls, self.claimed, self.names = watched, 0, 0, 0, []
+        self.watched, self.depth, self.calls, self.claimed, self.last = watched, 0, 0, 0, ""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in self.watched and self.depth == 0:
             self.calls += 1
-            self.names.append(func.__name__)
+            self.last = func.__name__
         return func(*args, **(kwargs or {}))
 
 
@@ -51,7 +52,7 @@ def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None) -> 
             before = stack.pop()
             if mode.calls > max(before, mode.claimed):  # calls of its own, not its submodules' (which claimed theirs)
                 mode.claimed = mode.calls
-                found.setdefault((type(m).__qualname__, mode.names[-1]), {})[name or "<root>"] = None
+                found.setdefault((type(m).__qualname__, mode.last), {})[name or "<root>"] = None
         return hook
 
     handles = []
