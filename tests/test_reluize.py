@@ -218,6 +218,41 @@ def test_the_hidden_state_term_weighs_what_hidden_weight_says(name):
     torch.testing.assert_close(distillation_loss(student, teacher, batch), kl + error)
 
 
+@pytest.mark.parametrize("name", ["logits-kl", "pooled-cosine"])
+def test_an_encoder_decoders_loss_weighs_both_sides_each_under_its_own_mask(name):
+    """An encoder-decoder's output (T5's, BART's) has no hidden_states but each side's: the term is the mean over the
+    encoder's layers, masked by the attention mask, and the decoder's, masked by the decoder's; its logits and last
+    hidden state are the decoder's, and so is the mask of the KL and the pooling. (Before, the term was left out.)"""
+    torch.manual_seed(0)
+    enc_mask, dec_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]), torch.tensor([[1, 1, 0], [1, 0, 0]])
+
+    def output(noise: float):
+        def r(*shape):
+            return torch.randn(*shape) * noise
+        return {"logits": r(2, 3, 7), "last_hidden_state": r(2, 3, 5), "encoder_last_hidden_state": r(2, 4, 5),
+                "encoder_hidden_states": (r(2, 4, 5), r(2, 4, 5)), "decoder_hidden_states": (r(2, 3, 5),) * 2}
+
+    student, teacher = output(1.0), output(2.0)
+    batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long), "attention_mask": enc_mask,
+             "decoder_input_ids": torch.zeros(2, 3, dtype=torch.long), "decoder_attention_mask": dec_mask}
+
+    def error(key, mask):
+        return [(s - t)[mask.bool()].pow(2).sum() / t[mask.bool()].pow(2).sum()
+                for s, t in zip(student[key], teacher[key])]
+
+    hidden = sum(error("encoder_hidden_states", enc_mask) + error("decoder_hidden_states", dec_mask)) / 4
+    real = dec_mask.bool()
+    if name == "logits-kl":
+        p_t, log_p_s = teacher["logits"][real].softmax(-1), student["logits"][real].log_softmax(-1)
+        first = (p_t * (p_t.log() - log_p_s)).sum(-1).mean()
+    else:
+        m = dec_mask.unsqueeze(-1).float()
+        pooled = [(x["last_hidden_state"] * m).sum(1) / m.sum(1) for x in (student, teacher)]
+        first = 1 - F.cosine_similarity(*pooled, dim=-1).mean()
+    loss = lg.ReluizeConfig(loss=name, hidden_weight=2.0).distillation_loss()
+    torch.testing.assert_close(loss(student, teacher, batch), first + 2.0 * hidden)
+
+
 def test_the_hidden_state_term_weighs_four_by_default_with_gate_zeros_and_one_without():
     """As the learning rate does, the default weight follows gate_zeros; a weight given is the weight, and a loss=
     callable, which weighs its own terms, is taken with gate_zeros (no weight was given)."""

@@ -15,9 +15,13 @@ name                   for outputs with ... (what it measures)
 
 The first three add the mean over layers of each hidden state's relative squared error when the outputs carry
 ``hidden_states`` (``reluize`` asks a Hugging Face model for them), times ``hidden`` (``ReluizeConfig.hidden_weight``:
-by default 1, or 4 with ``gate_zeros``; 0 leaves the term out).
+by default 1, or 4 with ``gate_zeros``; 0 leaves the term out). An encoder-decoder's output (T5's, BART's) carries
+both sides': the mean is over the encoder's and the decoder's layers, each under its own mask (the batch's
+``attention_mask`` and ``decoder_attention_mask``), and its logits and last hidden state are the decoder's.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -38,10 +42,10 @@ class LogitsKL:
         self.kl, self.hidden = kl, hidden
 
     def __call__(self, student, teacher, batch=None) -> torch.Tensor:
-        mask = attention_mask(batch)
         logits = _field(student, "logits")
+        mask = _positions_mask(student, batch)
         kl = self.kl(logits, _field(teacher, "logits"), _mean_weights(logits.shape[:-1], mask, logits.device))
-        return _plus_hidden_states(kl, student, teacher, mask, self.hidden)
+        return _plus_hidden_states(kl, student, teacher, batch, self.hidden)
 
 
 class SentenceCosine:
@@ -58,7 +62,7 @@ class SentenceCosine:
         if tokens is not None:
             value = value + relative_error(tokens, _field(teacher, "token_embeddings"),
                                            _field(student, "attention_mask") if mask is None else mask)
-        return _plus_hidden_states(value, student, teacher, mask, self.hidden)
+        return _plus_hidden_states(value, student, teacher, batch, self.hidden)
 
 
 class PooledCosine:
@@ -68,10 +72,10 @@ class PooledCosine:
         self.hidden = hidden
 
     def __call__(self, student, teacher, batch=None) -> torch.Tensor:
-        mask = attention_mask(batch)
+        mask = _positions_mask(student, batch)
         h_s, h_t = _field(student, "last_hidden_state"), _field(teacher, "last_hidden_state")
         value = 1.0 - F.cosine_similarity(mean_pool(h_s, mask), mean_pool(h_t, mask), dim=-1).mean()
-        return _plus_hidden_states(value, student, teacher, mask, self.hidden)
+        return _plus_hidden_states(value, student, teacher, batch, self.hidden)
 
 
 class RelativeError:
@@ -131,12 +135,45 @@ def distillation_loss(student, teacher, batch=None) -> torch.Tensor:
     return _pick(student)(student, teacher, batch)
 
 
-def _plus_hidden_states(value, student, teacher, mask, weight: float = 1.0):
-    """``value`` plus ``weight`` times the mean over the outputs' hidden states of their relative squared error."""
-    hidden_s, hidden_t = _field(student, "hidden_states"), _field(teacher, "hidden_states")
-    if hidden_s and weight:
-        value = value + weight * sum(relative_error(s, t, mask) for s, t in zip(hidden_s, hidden_t)) / len(hidden_s)
+def _plus_hidden_states(value, student, teacher, batch, weight: float = 1.0):
+    """``value`` plus ``weight`` times the mean over the outputs' hidden states (an encoder-decoder's of both sides)
+    of their relative squared error."""
+    pairs = [(s, t, mask) for (states, mask), (targets, _) in zip(_hidden_states(student, batch),
+                                                                    _hidden_states(teacher, batch))
+             for s, t in zip(_tensors(states), _tensors(targets))]
+    if pairs and weight:
+        value = value + weight * sum(relative_error(s, t, mask) for s, t, mask in pairs) / len(pairs)
     return value
+
+
+def _tensors(states) -> list[torch.Tensor]:
+    """The tensors of a tuple of hidden states, one a layer, or a tuple of them (PEGASUS-X's last encoder layer gives
+    its tokens' and its global tokens')."""
+    return [t for s in states for t in ((s,) if isinstance(s, torch.Tensor) else _tensors(s))]
+
+
+def _is_seq2seq(output) -> bool:
+    """An encoder-decoder's output (transformers' Seq2Seq*Output): its logits and hidden states are the decoder's."""
+    return _field(output, "encoder_last_hidden_state") is not None
+
+
+def _positions_mask(output, batch):
+    """The mask of ``output``'s positions: the batch's ``decoder_attention_mask`` for an encoder-decoder's (None if
+    it has none: every position), else its ``attention_mask``."""
+    if _is_seq2seq(output):
+        return batch.get("decoder_attention_mask") if isinstance(batch, Mapping) else None
+    return attention_mask(batch)
+
+
+def _hidden_states(output, batch) -> list[tuple]:
+    """``output``'s hidden states, each side's with its mask: ``[(hidden_states, mask)]``, an encoder-decoder's
+    ``[(encoder's, attention_mask), (decoder's, decoder_attention_mask)]``; empty where it has none."""
+    if not _is_seq2seq(output):
+        states = _field(output, "hidden_states")
+        return [(states, attention_mask(batch))] if states else []
+    sides = ((_field(output, "encoder_hidden_states"), attention_mask(batch)),
+             (_field(output, "decoder_hidden_states"), _positions_mask(output, batch)))
+    return [(states, mask) for states, mask in sides if states]
 
 
 def _field(output, name: str):
