@@ -348,17 +348,43 @@ def test_the_original_gpt_names_relu_in_its_afn_and_its_shared_activation_is_con
     assert "whose layers share one activation module (the original GPT)" in (out / "reluize_report.md").read_text()
 
 
-def test_t5s_encoder_alone_converts_where_the_whole_encoder_decoder_is_refused(tmp_path, capsys):
+def _tiny_t5(**more) -> transformers.T5Config:
+    return transformers.T5Config(d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16, vocab_size=VOCAB,
+                                 feed_forward_proj="gated-gelu", **more)  # gated GELU, as Flan-T5's and sentence-T5's
+
+
+@pytest.mark.parametrize("auto", ["AutoModelForSeq2SeqLM", "AutoModel"])
+def test_an_encoder_decoder_converts_whole_with_its_decoder_reading_the_sentence(auto, tmp_path):
+    """T5 (Flan-T5's gated GELU) with its generation head, and bare: both stacks become gated ReLU, each refit, the
+    decoder trained on the sentence after its start token; the checkpoint generates. (Refused before.)"""
+    source = _saved(_tiny_t5(decoder_start_token_id=0), tmp_path / "model", auto)
+    out = tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--refit", "8", "--batch-size", "4",
+                 "--quiet"]) == 0
+    model = getattr(transformers, auto).from_pretrained(out)
+    assert model.config.feed_forward_proj == "gated-relu" and not any(lg.is_reluizable(m) for m in model.modules())
+    assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 4
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert [name.split(".block.")[0] for name in report["refit"]] == ["encoder", "encoder", "decoder", "decoder"]
+    assert report["loss"] == ("logits-kl" if auto != "AutoModel" else "pooled-cosine")
+    assert ("agreement" in report["reluized"]) == (auto != "AutoModel")
+    if auto != "AutoModel":
+        ids = torch.tensor([[5, 6, 7, 1]])
+        assert model.generate(input_ids=ids, max_new_tokens=3, do_sample=False).shape == (1, 4)
+
+
+def test_an_encoder_decoder_whose_decoder_has_no_start_token_is_refused_and_t5s_encoder_alone_converts(
+        tmp_path, capsys):
+    source = _saved(_tiny_t5(), tmp_path / "T5Model", "AutoModel")  # the config's default names no start token
+    assert main(["reluize", str(source), "--out", str(tmp_path / "no"), "--steps", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {source}: T5Model is an encoder-decoder whose config names no decoder_start_token_id, the token its "
+        "decoder starts from: set it in config.json")
+    assert not (tmp_path / "no").exists()
     torch.manual_seed(0)
-    config = transformers.T5Config(d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16, vocab_size=VOCAB,
-                                   feed_forward_proj="gated-gelu")  # as Flan-T5's and sentence-T5's
-    for cls in (transformers.T5Model, transformers.T5EncoderModel):
-        cls(config).save_pretrained(tmp_path / cls.__name__)
-        save_small_tokenizer(tmp_path / cls.__name__)
-    whole, encoder = tmp_path / "T5Model", tmp_path / "T5EncoderModel"
-    assert main(["reluize", str(whole), "--out", str(tmp_path / "no"), "--steps", "2"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        f"error: {whole}: T5Model is an encoder-decoder; reluize converts an encoder or a decoder on its own")
+    encoder = tmp_path / "T5EncoderModel"
+    transformers.T5EncoderModel(_tiny_t5()).save_pretrained(encoder)
+    save_small_tokenizer(encoder)
     assert main(["reluize", str(encoder), "--out", str(tmp_path / "relu"), "--steps", "2", "--batch-size", "4",
                  "--quiet"]) == 0
     model = transformers.T5EncoderModel.from_pretrained(tmp_path / "relu")
@@ -377,17 +403,38 @@ def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_
     assert all(ffn.act is torch.nn.functional.relu for ffn in model.ffns)
 
 
-@pytest.mark.parametrize("family, said", [
-    ("bart", "BartModel is an encoder-decoder; reluize converts an encoder or a decoder on its own"),
-    ("tapas", "its forward fails on a batch of its tokenizer's text (IndexError: ")])  # TAPAS reads tables
-def test_a_model_that_cannot_run_on_text_alone_is_refused_in_one_line(family, said, tmp_path, capsys):
-    config = transformers.AutoConfig.for_model(family, hidden_size=32, d_model=32, intermediate_size=64,
-                                               num_hidden_layers=2, encoder_layers=1, decoder_layers=1,
-                                               num_attention_heads=2, vocab_size=VOCAB)
+def test_a_model_that_cannot_run_on_text_alone_is_refused_in_one_line(tmp_path, capsys):
+    config = transformers.TapasConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, vocab_size=VOCAB)  # TAPAS reads tables
     source = _saved(config, tmp_path / "model", "AutoModel")
     assert main(["reluize", str(source), "--out", str(tmp_path / "relu"), "--steps", "2"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {source}: {said}")
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"error: {source}: its forward fails on a batch of its tokenizer's text (IndexError: ")
     assert not (tmp_path / "relu").exists()
+
+
+def test_barts_decoder_reads_the_sentence_after_its_start_token_under_the_encoders_mask(tmp_path):
+    """The batches of an encoder-decoder: the decoder's inputs are the model's own shift of the sentence (BART's:
+    its start token first), padded on the right whatever the tokenizer's side, so the decoder's mask is the
+    encoder's; a left-padded batch is refused rather than shifted out of its mask."""
+    from lambda_gelu.hf.text import corpus, decoder_inputs, teacher_forced
+    config = transformers.BartConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                     decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                     vocab_size=VOCAB)
+    model = transformers.BartForConditionalGeneration(config)
+    save_small_tokenizer(tmp_path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    tokenizer.padding_side = "left"
+    text = corpus(tokenizer, seed=0, batch_size=4, max_tokens=16, decoder=decoder_inputs(model))
+    batch = text.encode(["A short one.", "And then a sentence that is a good deal longer."])
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    assert bool(mask[:, 0].all()) and not bool(mask[0, -1])  # padded on the right
+    assert torch.equal(batch["decoder_input_ids"][:, 0], torch.full((2,), config.decoder_start_token_id))
+    assert torch.equal(batch["decoder_input_ids"][:, 1:], ids[:, :-1]) and batch["decoder_attention_mask"] is mask
+    assert decoder_inputs(transformers.BertModel(transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB))) is None
+    with pytest.raises(ValueError, match="padded on the left"):
+        teacher_forced({"input_ids": ids, "attention_mask": mask.flip(1)}, decoder_inputs(model))
 
 
 def test_the_student_trains_with_eager_attention_only_under_bfloat16_on_a_cpu_and_gets_its_own_back(tmp_path):

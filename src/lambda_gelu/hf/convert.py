@@ -35,7 +35,7 @@ from .errors import CheckpointError
 from .evaluate import evaluate, markdown, relu_zeros, scores
 from .load import _first_line, load, model_directory, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
-from .text import corpus, held_out_sets, padding_tokenizer, read_texts
+from .text import corpus, decoder_inputs, held_out_sets, padding_tokenizer, read_texts, teacher_forced
 
 __all__ = ["ConversionConfig", "reluize_checkpoint", "BATCHINGS", "EMBEDDINGS"]
 
@@ -160,10 +160,6 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         raise CheckpointError(f"{model_name} has no GELU- or SiLU-like activation module to convert"
                               + (f": {'; '.join(found)}" if found else "")
                               + f" (looked for: {', '.join(lg.GELU_LIKE + lg.SILU_LIKE)})")
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise CheckpointError(f"{model_name}: {type(model).__name__} is an encoder-decoder; reluize converts an "
-                              "encoder or a decoder on its own (T5EncoderModel, as sentence-transformers holds T5's "
-                              "encoder; a causal LM), not both at once")
     unsaveable = lg.relu_config_problem(model)
     if unsaveable:
         raise CheckpointError(f"{model_name}: {unsaveable}, so its ReLU checkpoint would not load as the converted "
@@ -181,8 +177,12 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     precision = config.reluize.precision or ("auto" if causal and schedule != "blockwise" else "float32")
     autocast = autocast_dtype(precision, next(model.parameters()).device)  # None: float32
 
+    try:
+        decoder = decoder_inputs(model)  # an encoder-decoder's decoder reads the sentence too
+    except CheckpointError as e:
+        raise CheckpointError(f"{model_name}: {e}") from None
     text = corpus(tokenizer, seed=seed, batch_size=batch_size, max_tokens=config.max_tokens,
-                  batching=config.batching, extra=extra)
+                  batching=config.batching, extra=extra, decoder=decoder)
     train, lengths, held_batches = text.train, text.lengths, text.held_batches()
     problem = _forward_problem(model, held_batches[0])
     if problem:
@@ -349,7 +349,7 @@ def _forward_problem(model: torch.nn.Module, batch: dict) -> str | None:
     except Exception as e:  # noqa: BLE001 - the model's own forward on its own tokenizer's text: said in one line
         return (f"its forward fails on a batch of its tokenizer's text ({type(e).__name__}: {_first_line(e)}), "
                 "which is what reluize trains and measures on")
-    if getattr(out, "hidden_states", None) is None:
+    if getattr(out, "hidden_states", None) is None and getattr(out, "decoder_hidden_states", None) is None:
         return f"{type(model).__name__}'s output has no hidden_states, which reluize measures and distils"
     return None
 
@@ -358,9 +358,9 @@ def _functional_gates(model: torch.nn.Module, tokenizer) -> list[str]:
     """Where ``model`` applies gelu or silu as a function, found on one short sentence: what a refusal can name where
     a model has no module to convert. Empty if nothing is found, or if the model's forward fails on the sentence
     (the refusal stands either way; this only names)."""
-    batch = dict(padding_tokenizer(tokenizer)(["The gates of a network, found by running it."], return_tensors="pt"))
     try:
-        return functional_gelu_calls(model, batch, silu=True)
+        batch = dict(padding_tokenizer(tokenizer)(["The gates of a network, found by running it."], return_tensors="pt"))
+        return functional_gelu_calls(model, teacher_forced(batch, decoder_inputs(model)), silu=True)
     except Exception:  # noqa: BLE001 - a forward of the user's model, run only to name what is refused
         return []
 

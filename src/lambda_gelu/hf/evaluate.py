@@ -21,27 +21,31 @@ AGREEMENT = ("*predictions kept*: the share of the original's predictions (the a
 
 @torch.no_grad()
 def evaluate(model, batches, causal: bool) -> dict:
-    """Mean-pooled, normalised last hidden states; where there are logits, the prediction at each sentence (a
-    classifier's) or real token (any other head), and for a causal language model the next-token loss."""
+    """Mean-pooled, normalised last hidden states (an encoder-decoder's decoder's, which reads the encoder's too);
+    where there are logits, the prediction at each sentence (a classifier's) or real token (any other head), and for a
+    causal language model the next-token loss."""
     model.eval()
 
     def outputs():
         for b in batches:
             out = model(**b, output_hidden_states=True)
-            yield b, out.hidden_states[-1], getattr(out, "logits", None)
+            states = out.hidden_states if getattr(out, "hidden_states", None) is not None else out.decoder_hidden_states
+            yield b, states[-1], getattr(out, "logits", None)
     return summarise(outputs(), causal)
 
 
 @torch.no_grad()
 def summarise(outputs, causal: bool) -> dict:
     """:func:`evaluate`'s measurements from ``(batch, last hidden state, logits or None)`` triples, whatever
-    computed them (the model in torch, or its ONNX export in a runtime)."""
+    computed them (the model in torch, or its ONNX export in a runtime); an encoder-decoder's positions are its
+    decoder's, masked by the batch's ``decoder_attention_mask``."""
     embeddings, predictions, nll, tokens = [], [], 0.0, 0
     for b, hidden, logits in outputs:
-        embeddings.append(F.normalize(mean_pool(hidden, b["attention_mask"]), dim=-1))
+        mask = b.get("decoder_attention_mask", b["attention_mask"])
+        embeddings.append(F.normalize(mean_pool(hidden, mask), dim=-1))
         if logits is None:
             continue
-        mask = b["attention_mask"].bool()
+        mask = mask.bool()
         chosen = logits.argmax(-1)
         predictions.append(chosen[mask] if chosen.shape == mask.shape else chosen.flatten())
         if causal:

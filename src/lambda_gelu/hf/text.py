@@ -13,10 +13,13 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from .errors import CheckpointError
 
 __all__ = ["stdlib_sentences", "prose_sentences", "reference_sentences", "unseen_prose", "held_out_sets", "read_texts",
-           "length_grouped", "in_order", "padding_tokenizer", "Corpus", "corpus", "GROUP", "HELD_OUT", "EVAL_LINES"]
+           "length_grouped", "in_order", "padding_tokenizer", "teacher_forced", "decoder_inputs", "Corpus", "corpus",
+           "GROUP", "HELD_OUT", "EVAL_LINES"]
 
 GROUP = 50  # batches' worth of sentences sorted together by length (the "length" batching)
 HELD_OUT, HELD_BATCH = 256, 64  # the held-out sentences a conversion is measured on, and how many a batch
@@ -168,14 +171,19 @@ def in_order(n: int, batch_size: int):
         yield list(range(start, min(start + batch_size, n)))
 
 
-def padding_tokenizer(tokenizer):
+def padding_tokenizer(tokenizer, decoder=None):
     """``tokenizer``, or a copy of it that pads with its end-of-text token where it has no padding token (GPT-2 and
-    others): batching needs one, and the tokenizer a checkpoint is saved with keeps its own."""
-    if tokenizer.pad_token is not None:
+    others), and on the right for an encoder-decoder (``decoder``, :func:`decoder_inputs`' answer: its shift needs
+    it): batching needs one, and the tokenizer a checkpoint is saved with keeps its own."""
+    right = decoder is not None and tokenizer.padding_side != "right"
+    if tokenizer.pad_token is not None and not right:
         return tokenizer
     import copy
     pad = copy.copy(tokenizer)
-    pad.pad_token = pad.eos_token
+    if pad.pad_token is None:
+        pad.pad_token = pad.eos_token
+    if right:
+        pad.padding_side = "right"
     return pad
 
 
@@ -184,11 +192,55 @@ def token_lengths(tokenizer, sentences: list[str], max_tokens: int) -> list[int]
     return [len(ids) for ids in tokenizer(sentences, truncation=True, max_length=max_tokens)["input_ids"]]
 
 
+def teacher_forced(batch: dict, decoder) -> dict:
+    """``batch`` with, for an encoder-decoder (``decoder``: :func:`decoder_inputs`' answer; None: not one), the
+    decoder's inputs: the sentence itself shifted right after the decoder's first token, as ``labels=input_ids``
+    would make them and as BART's pretraining reconstructs its input. With right padding the decoder's real positions
+    are then the encoder's, so ``decoder_attention_mask`` is the ``attention_mask``, and everything that masks
+    positions by the attention mask (the losses, the refit, the zeros counted) masks the decoder's alike."""
+    if decoder is None:
+        return batch
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    if not bool(mask[:, 0].all()):  # left padding: the shift would move a sentence's first token out of its mask
+        raise ValueError("teacher_forced: the batch is padded on the left; an encoder-decoder's must be on the right")
+    return {**batch, "decoder_input_ids": decoder(ids), "decoder_attention_mask": mask}
+
+
+def decoder_inputs(model):
+    """For an encoder-decoder, what makes its decoder's inputs from a batch's ``input_ids`` (None for a model that is
+    not one): the model's own shift where it has one (``prepare_decoder_input_ids_from_labels``, as a generation
+    head's training does; T5's ``_shift_right``), else the sentence after its config's ``decoder_start_token_id``
+    (or its generation config's). Raises a :class:`CheckpointError` where none of these makes them."""
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return None
+    own = getattr(model, "prepare_decoder_input_ids_from_labels", None)
+    shift = (lambda ids: own(labels=ids)) if own is not None else getattr(model, "_shift_right", None)
+    if shift is None:
+        start = next((s for c in (model.config, getattr(model, "generation_config", None))
+                      if isinstance(s := getattr(c, "decoder_start_token_id", None), int)), None)
+        shift = None if start is None else functools.partial(_shift_right, start=start)
+    try:
+        pad = getattr(model.config, "pad_token_id", None)
+        probe = torch.arange(1, 7).view(2, 3) + (pad if isinstance(pad, int) else 0)  # two sentences, no padding
+        made = shift(probe) if shift is not None else None
+    except Exception:  # noqa: BLE001 - the model's own shift, which raises where its config lacks the start token
+        made = None
+    if made is None or made.shape != probe.shape:
+        raise CheckpointError(f"{type(model).__name__} is an encoder-decoder whose config names no "
+                              "decoder_start_token_id, the token its decoder starts from: set it in config.json")
+    return shift
+
+
+def _shift_right(ids: torch.Tensor, start: int) -> torch.Tensor:
+    return torch.cat([ids.new_full((len(ids), 1), start), ids[:, :-1]], 1)
+
+
 @dataclass(frozen=True)
 class Corpus:
     """A conversion's text and its batches: ``train`` (the user's lines, then the standard library's training
     sentences shuffled by ``seed``), ``held`` (the first :data:`HELD_OUT` held-out sentences), each sentence's
-    length in tokens, and how both become padded batches of at most ``max_tokens`` tokens."""
+    length in tokens, and how both become padded batches of at most ``max_tokens`` tokens (with an encoder-decoder's
+    decoder inputs, made by ``decoder``: :func:`teacher_forced`)."""
     train: list[str]
     held: list[str]
     lengths: list[int]
@@ -197,10 +249,12 @@ class Corpus:
     batch_size: int
     batching: str  # "length" (:func:`length_grouped`) or "shuffled" (:func:`in_order`)
     seed: int
+    decoder: object = None  # an encoder-decoder's shift (decoder_inputs); None for any other model
 
     def encode(self, sentences: list[str]) -> dict:
-        return dict(self.tokenizer(sentences, padding=True, truncation=True, max_length=self.max_tokens,
-                                   return_tensors="pt"))
+        return teacher_forced(dict(self.tokenizer(sentences, padding=True, truncation=True,
+                                                  max_length=self.max_tokens, return_tensors="pt")),
+                              self.decoder)
 
     def order(self):
         """A fresh copy of the training batches' order, as lists of sentence indices: the same on every call."""
@@ -223,12 +277,14 @@ class Corpus:
 
 
 def corpus(tokenizer, *, seed: int, batch_size: int, max_tokens: int, batching: str = "length",
-           extra: list[str] = ()) -> Corpus:
+           extra: list[str] = (), decoder=None) -> Corpus:
     """The text ``lambda-gelu reluize`` trains and measures on, for ``tokenizer``, with the user's lines ``extra``
-    (:func:`read_texts`) first: a script that needs the CLI's batches calls this with the settings of its report."""
+    (:func:`read_texts`) first: a script that needs the CLI's batches calls this with the settings of its report
+    (``decoder``: an encoder-decoder's shift, :func:`decoder_inputs`)."""
     train, held = stdlib_sentences()
     random.Random(seed).shuffle(train)
     train = list(extra) + train
-    pad = padding_tokenizer(tokenizer)
+    pad = padding_tokenizer(tokenizer, decoder)
     lengths = token_lengths(pad, train, max_tokens)
-    return Corpus(train, held[:HELD_OUT], lengths, pad, max_tokens, batch_size, batching, seed)
+    return Corpus(train, held[:HELD_OUT], lengths, pad, max_tokens, batch_size, batching, seed, decoder)
+
