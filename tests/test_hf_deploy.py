@@ -30,13 +30,17 @@ def _save(model, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    """A tiny BERT and a tiny Llama, each converted by `lambda-gelu reluize` in a few steps."""
+    """A tiny BERT, Llama and T5 (an encoder-decoder, gated GELU), each converted by `lambda-gelu reluize` in a few
+    steps."""
     root = tmp_path_factory.mktemp("deploy")
     torch.manual_seed(0)
     small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB,
                  max_position_embeddings=128)
     models = {"bert": transformers.BertModel(transformers.BertConfig(**small)),
-              "llama": transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=1))}
+              "llama": transformers.LlamaForCausalLM(transformers.LlamaConfig(**small, num_key_value_heads=1)),
+              "t5": transformers.T5ForConditionalGeneration(transformers.T5Config(
+                  d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16, vocab_size=VOCAB,
+                  feed_forward_proj="gated-gelu", decoder_start_token_id=0))}
     out = {}
     for name, model in models.items():
         source = _save(model, root / name)
@@ -46,7 +50,7 @@ def converted(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("family", ["bert", "llama"])
+@pytest.mark.parametrize("family", ["bert", "llama", "t5"])
 def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(converted, family, capsys):
     """The ReLU graph in fp32 scores what the conversion's report gave the ReLU model in torch (the same held-out
     sentences, the same measures); int8 stays close to its own fp32 graph; the ReLU graphs are left in DIR/onnx."""
@@ -68,18 +72,24 @@ def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(co
     assert report["zeros"] == pytest.approx(conversion["zeros"], abs=1e-6)
     md = (out / "deploy_report.md").read_text()
     assert "## Does ReLU pay here?" in md and md.count("the ReLU model takes ×") == 4
+    assert report["encoder_decoder"] == (family == "t5") == ("is one graph of its whole forward" in md)
 
     from lambda_gelu.deploy import OnnxRunner, onnx_op_counts
     fp32, int8 = (out / f for f in hf_deploy.ONNX_FILES)
     assert "Relu" in onnx_op_counts(fp32) and "Erf" not in onnx_op_counts(fp32)
     assert "MatMulInteger" in onnx_op_counts(int8)
-    model = (transformers.AutoModelForCausalLM if family == "llama" else transformers.AutoModel).from_pretrained(out)
+    auto = {"llama": "AutoModelForCausalLM", "t5": "AutoModelForSeq2SeqLM"}.get(family, "AutoModel")
+    model = getattr(transformers, auto).from_pretrained(out)
     ids = transformers.AutoTokenizer.from_pretrained(out)("A sentence to compare.", return_tensors="pt")["input_ids"]
+    given = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if family == "t5":  # the decoder reads the sentence after its start token
+        given |= {"decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=ids),
+                  "decoder_attention_mask": torch.ones_like(ids)}
     with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True)
-    ones = np.ones_like(ids.numpy())
-    feeds = {"input_ids": ids.numpy(), "attention_mask": ones, "token_type_ids": 0 * ones}
-    np.testing.assert_allclose(OnnxRunner(fp32)(feeds)[0], expected.hidden_states[-1].numpy(), atol=1e-4, rtol=1e-4)
+        expected = model(**given, output_hidden_states=True)
+    hidden = expected.decoder_hidden_states if family == "t5" else expected.hidden_states
+    feeds = {k: v.numpy() for k, v in given.items()} | ({} if family == "t5" else {"token_type_ids": 0 * ids.numpy()})
+    np.testing.assert_allclose(OnnxRunner(fp32)(feeds)[0], hidden[-1].numpy(), atol=1e-4, rtol=1e-4)
     assert not [p for p in out.iterdir() if p.name.startswith(".deploy-")]
 
 

@@ -33,7 +33,7 @@ from .errors import CheckpointError
 from .evaluate import evaluate, relu_zeros, scores, summarise
 from .load import load, model_directory, quiet_transformers
 from .save import DEPLOY_REPORT, REPORT, listed_files
-from .text import padding_tokenizer, stdlib_sentences
+from .text import decoder_inputs, padding_tokenizer, stdlib_sentences, teacher_forced
 
 __all__ = ["DeployConfig", "deploy_checkpoint", "DEPLOY_REPORT", "ONNX_FILES"]
 
@@ -74,8 +74,8 @@ class DeployConfig:
 
 
 class _Graph(torch.nn.Module):
-    """The model as its ONNX graph computes it: the tokenizer's tensors in, the last hidden state (and the
-    logits, where there is a head) out; no cache."""
+    """The model as its ONNX graph computes it: the tokenizer's tensors in (and an encoder-decoder's decoder inputs),
+    the last hidden state (the decoder's) and the logits, where there is a head, out; no cache."""
 
     def __init__(self, model, names: list[str], causal: bool):
         super().__init__()
@@ -85,7 +85,8 @@ class _Graph(torch.nn.Module):
         out = self.model(**dict(zip(self.names, inputs)), output_hidden_states=True,
                          **({"use_cache": False} if self.causal else {}))
         logits = getattr(out, "logits", None)
-        return (out.hidden_states[-1],) if logits is None else (out.hidden_states[-1], logits)
+        states = out.hidden_states if getattr(out, "hidden_states", None) is not None else out.decoder_hidden_states
+        return (states[-1],) if logits is None else (states[-1], logits)
 
 
 def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None = None, *, log=print) -> Path:
@@ -122,12 +123,18 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
         raise CheckpointError(f"{directory} ({type(relu.model).__name__}) is not a conversion of {name} "
                               f"({type(original.model).__name__}): give its original with --original")
 
+    try:
+        decoder = decoder_inputs(relu.model)  # an encoder-decoder: one graph of its forward over the sentence
+    except CheckpointError as e:
+        raise CheckpointError(f"{directory}: {e}") from None
     max_tokens = config.max_tokens or conversion.get("max_tokens") or 64
     sentences = stdlib_sentences()[1][:config.sentences]
-    tokenizers = {"ReLU": padding_tokenizer(relu.tokenizer), "original": padding_tokenizer(original.tokenizer)}
+    tokenizers = {"ReLU": padding_tokenizer(relu.tokenizer, decoder), "original": padding_tokenizer(
+        original.tokenizer, decoder)}
 
     def encode(batch, kind="ReLU"):
-        return dict(tokenizers[kind](batch, padding=True, truncation=True, max_length=max_tokens, return_tensors="pt"))
+        return teacher_forced(dict(tokenizers[kind](batch, padding=True, truncation=True, max_length=max_tokens,
+                                                    return_tensors="pt")), decoder)
 
     if not torch.equal(encode(sentences[:8])["input_ids"], encode(sentences[:8], "original")["input_ids"]):
         raise CheckpointError(f"{directory} and {name} tokenize text differently: give its original with --original")
@@ -169,7 +176,8 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
                                **{g: _timing(times[g], times["original fp32"], times[_base(g)]) for g in GRAPHS}}
             log(f"batch {b}: timed")
         del runners
-        report = {"checkpoint": str(directory), "original": name, "causal": relu.causal, "threads": threads,
+        report = {"checkpoint": str(directory), "original": name, "causal": relu.causal,
+                  "encoder_decoder": decoder is not None, "threads": threads,
                   "max_tokens": max_tokens, "sentences": len(sentences), "rounds": config.rounds,
                   "quantization": "dynamic int8 (ONNX Runtime): int8 weights per output channel, activations "
                                   "quantized per tensor at run time",
@@ -320,7 +328,11 @@ def markdown(r: dict) -> str:
              "nearest neighbours kept"
              + ("; the perplexity ratio" if r["causal"] else "")
              + ("; the predictions kept" if "agreement" in q["ReLU fp32"] else "")
-             + "; int8 against its own fp32 graph.", "",
+             + "; int8 against its own fp32 graph."
+             + (" An encoder-decoder is one graph of its whole forward, the encoder and the decoder over the "
+                "sentence (the decoder reading it after its start token, as the conversion measured it): what "
+                "generation costs token by token, with a cache, is not measured here" if r.get("encoder_decoder")
+                else ""), "",
              f"| graph | {head} |", f"|---|{rule}|", *rows, "",
              "## Does ReLU pay here?", "", *verdicts, "",
              f"The ReLU model's activations are exactly zero for {mean_zeros:.1f}% of the held-out tokens' units "
