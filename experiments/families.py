@@ -1,15 +1,18 @@
 """Does my model convert? Every architecture the installed transformers builds for `AutoModelForCausalLM` (with
 `--kind encoder`: every text encoder it has a masked-LM head for, as the bare `AutoModel` a sentence-transformers
-checkpoint holds), as a tiny random checkpoint saved as transformers saves it, through `lambda-gelu reluize`'s
-default command (its refit and threshold defaults; two steps), then loaded back with plain transformers.
+checkpoint holds; with `--kind seq2seq`: every encoder-decoder it builds for `AutoModelForSeq2SeqLM`, T5's and BART's
+kinds), as a tiny random checkpoint saved as transformers saves it, through `lambda-gelu reluize`'s default command
+(its refit and threshold defaults; two steps), then loaded back with plain transformers.
 
     python experiments/families.py                  # docs/families.md, ≈ 20 minutes on 2 cores
     python experiments/families.py --kind encoder   # docs/families_encoders.md, ≈ 5 minutes
+    python experiments/families.py --kind seq2seq   # docs/families_seq2seq.md, ≈ 5 minutes
 
 Each architecture's config is its own defaults with a small width, two layers (the first two of its layer types, a
-second kind where it has one) and MiniLM's tokenizer; one whose tiny config cannot be built, is composite (a text
-config inside), holds more than 5 million parameters, or whose own forward fails on a padded batch, is counted
-apart: that says nothing of its real checkpoints. Outcomes:
+second kind where it has one; an encoder-decoder's decoder starting from token 0 where its default names none, as
+T5's checkpoints name it, or one outside the tiny vocabulary) and MiniLM's tokenizer; one whose tiny config cannot be built, is composite (a text config
+inside), holds more than 5 million parameters, or whose own forward fails on a padded batch, is counted apart: that
+says nothing of its real checkpoints. Outcomes:
 
 - *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left, its ReLUs counted (and a
   gate its code applies as a function, which stays as it was, named; XLM's config builds its ReLU as a function);
@@ -35,15 +38,18 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import CONFIG_MAPPING  # noqa: E402
 from transformers.models.auto.modeling_auto import (  # noqa: E402
-    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES, MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
 
 import lambda_gelu as lg  # noqa: E402
+from lambda_gelu.hf.text import decoder_inputs, teacher_forced  # noqa: E402
 from lambda_gelu_lab.cli import main as cli  # noqa: E402
 
 # --kind → (the class each is built and loaded back as, the architectures, the title, the output)
 KINDS = {"causal": ("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "causal language models",
                     "docs/families.md"),
-         "encoder": ("AutoModel", MODEL_FOR_MASKED_LM_MAPPING_NAMES, "text encoders", "docs/families_encoders.md")}
+         "encoder": ("AutoModel", MODEL_FOR_MASKED_LM_MAPPING_NAMES, "text encoders", "docs/families_encoders.md"),
+         "seq2seq": ("AutoModelForSeq2SeqLM", MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+                     "encoder-decoder language models", "docs/families_seq2seq.md")}
 MAX_PARAMETERS = 5_000_000
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
              head_dim=16, max_position_embeddings=128, sliding_window=32, n_embd=32, n_layer=2, n_head=2, n_inner=64,
@@ -59,6 +65,9 @@ def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
     cls = CONFIG_MAPPING[model_type]
     default = cls()
     kwargs = {k: v for k, v in {**SMALL, "vocab_size": vocab}.items() if hasattr(default, k)}
+    start = getattr(default, "decoder_start_token_id", None)
+    if getattr(default, "is_encoder_decoder", False) and (start is None or start >= vocab):
+        kwargs["decoder_start_token_id"] = 0
     types = list(getattr(default, "layer_types", None) or [])
     if types:  # the first layer's kind, and another kind where it has one (a hybrid's full attention)
         kwargs["layer_types"] = [types[0], next((t for t in types if t != types[0]), types[0])]
@@ -78,9 +87,10 @@ def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
             return "not built", f"{size / 1e6:.0f}M parameters at its tiny config"
         torch.manual_seed(0)
         model = auto.from_config(config).eval()
-        with torch.no_grad():  # as the conversion runs it: a padded batch, its attention mask
-            model(**tokenizer(["A tiny model reads this.", "Then a sentence longer than the first one."],
-                              padding=True, return_tensors="pt", return_token_type_ids=False))
+        batch = tokenizer(["A tiny model reads this.", "Then a sentence longer than the first one."], padding=True,
+                          return_tensors="pt", return_token_type_ids=False)
+        with torch.no_grad():  # as the conversion runs it: a padded batch, its attention mask, a decoder's inputs
+            model(**teacher_forced(dict(batch), decoder_inputs(model)))
         source = root / model_type
         model.save_pretrained(source)
         tokenizer.save_pretrained(source)
@@ -112,7 +122,8 @@ def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=list(KINDS), default="causal")
-    parser.add_argument("--output", help="default: docs/families.md, or docs/families_encoders.md")
+    parser.add_argument("--output", help="default: docs/families.md, docs/families_encoders.md or "
+                        "docs/families_seq2seq.md")
     parser.add_argument("--only", nargs="+", help="these model types only")
     args = parser.parse_args()
     auto_name, architectures, title, output = KINDS[args.kind]
