@@ -367,7 +367,8 @@ def test_an_encoder_decoder_converts_whole_with_its_decoder_reading_the_sentence
     report = json.loads((out / "reluize_report.json").read_text())
     assert [name.split(".block.")[0] for name in report["refit"]] == ["encoder", "encoder", "decoder", "decoder"]
     assert report["loss"] == ("logits-kl" if auto != "AutoModel" else "pooled-cosine")
-    assert ("agreement" in report["reluized"]) == (auto != "AutoModel")
+    assert ("agreement" in report["reluized"]) == (auto != "AutoModel") and report["encoder_decoder"]
+    assert "(an encoder-decoder's: its decoder's, reading each sentence" in (out / "reluize_report.md").read_text()
     if auto != "AutoModel":
         ids = torch.tensor([[5, 6, 7, 1]])
         assert model.generate(input_ids=ids, max_new_tokens=3, do_sample=False).shape == (1, 4)

@@ -180,7 +180,9 @@ def markdown(r: dict) -> str:
              "sentences (from files never used in training) against the original model: mean cosine of the "
              "mean-pooled sentence embeddings, and the share of each sentence's 10 nearest neighbours kept"
              + ("; the perplexity ratio" if "perplexity_ratio" in r["reluized"] else "")
-             + (f"; {AGREEMENT}" if "agreement" in r["reluized"] else "") + ".", "",
+             + (f"; {AGREEMENT}" if "agreement" in r["reluized"] else "")
+             + (" (an encoder-decoder's: its decoder's, reading each sentence after its start token, as in training)"
+                if r.get("encoder_decoder") else "") + ".", "",
              *([f"Exact zeros of the ReLU activations on the held-out sentences' real tokens: "
                 f"{100 * sum(r['zeros'].values()) / len(r['zeros']):.1f}% averaged over the {len(r['zeros'])} layers "
                 f"(from {100 * min(r['zeros'].values()):.1f}% to {100 * max(r['zeros'].values()):.1f}%; "
