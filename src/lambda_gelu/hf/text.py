@@ -10,6 +10,7 @@ import itertools
 import random
 import re
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,7 +250,7 @@ class Corpus:
     batch_size: int
     batching: str  # "length" (:func:`length_grouped`) or "shuffled" (:func:`in_order`)
     seed: int
-    decoder: object = None  # an encoder-decoder's shift (decoder_inputs); None for any other model
+    decoder: Callable[[torch.Tensor], torch.Tensor] | None = None  # an encoder-decoder's shift (decoder_inputs)
 
     def encode(self, sentences: list[str]) -> dict:
         return teacher_forced(dict(self.tokenizer(sentences, padding=True, truncation=True,
@@ -287,4 +288,3 @@ def corpus(tokenizer, *, seed: int, batch_size: int, max_tokens: int, batching: 
     pad = padding_tokenizer(tokenizer, decoder)
     lengths = token_lengths(pad, train, max_tokens)
     return Corpus(train, held[:HELD_OUT], lengths, pad, max_tokens, batch_size, batching, seed, decoder)
-
