@@ -121,6 +121,29 @@ def test_the_sparse_block_equals_the_dense_one_within_float_rounding(family):
     assert torch.equal(sparse_ids, dense_ids)
 
 
+def test_t5s_gated_ffn_is_a_layout_of_its_own_and_its_sparse_block_equals_the_dense_one():
+    """Flan-T5's, mT5's and UMT5's gated FFN (``wo(act(wi_0(x)) * wi_1(x))``) once its gate is ReLU: every block of
+    both stacks replaced, the state dict the dense model's, the logits and the greedy tokens the dense model's."""
+    torch.manual_seed(0)
+    config = transformers.T5Config(d_model=32, d_ff=96, num_layers=2, num_heads=2, d_kv=16, vocab_size=100,
+                                   feed_forward_proj="gated-relu", decoder_start_token_id=0)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    dense = copy.deepcopy(model)
+    assert sparsify_(model, min_weights=0) == [f"{stack}.block.{i}.layer.{j}.DenseReluDense"
+                                               for stack, j in (("encoder", 1), ("decoder", 2)) for i in range(2)]
+    assert all(isinstance(block.layer[-1].DenseReluDense, SparseGatedMLP)
+               for block in (*model.encoder.block, *model.decoder.block))
+    assert model.state_dict().keys() == dense.state_dict().keys()
+    g = torch.Generator().manual_seed(2)
+    tokens = {"input_ids": torch.randint(0, 100, (1, 6), generator=g),
+              "decoder_input_ids": torch.randint(0, 100, (1, 4), generator=g)}
+    with torch.inference_mode():
+        torch.testing.assert_close(model(**tokens).logits, dense(**tokens).logits, rtol=1e-5, atol=1e-5)
+        ids = tokens["input_ids"]
+        assert torch.equal(model.generate(input_ids=ids, max_new_tokens=5, do_sample=False),
+                           dense.generate(input_ids=ids, max_new_tokens=5, do_sample=False))
+
+
 def test_a_dense_batch_runs_the_dense_block_and_the_reference_agrees():
     model = _relu_llama(shift=+0.05)  # most gate outputs positive
     mlp = model.model.layers[0].mlp

@@ -206,7 +206,7 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
             raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
                              "right after nn.ReLU in an nn.Sequential, for the second FFN projection of Hugging Face "
                              "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation, and for gated FFNs (Llama, "
-                             "Gemma) whose gate is an nn.ReLU, not a mixture's experts kept as one tensor (convert "
+                             "Gemma, T5) whose gate is an nn.ReLU, not a mixture's experts kept as one tensor (convert "
                              "GELU or SiLU first, e.g. with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
         if not found:
             name = eligible[0][0]

@@ -54,8 +54,9 @@ class GatedLayout:
     act: str
 
 
-# Llama, Mistral, Qwen2/3, SmolLM (SwiGLU) and Gemma 1/2/3 (GeGLU) all name them so
-GATED_LAYOUTS = (GatedLayout("gate_proj", "up_proj", "down_proj", "act_fn"),)
+# Llama, Mistral, Qwen2/3, SmolLM (SwiGLU) and Gemma 1/2/3 (GeGLU) all name them so; T5's gated FFN (Flan-T5, mT5,
+# UMT5: GeGLU) as its own
+GATED_LAYOUTS = (GatedLayout("gate_proj", "up_proj", "down_proj", "act_fn"), GatedLayout("wi_0", "wi_1", "wo", "act"))
 FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too; beyond, torch's matrix product does
 
 
