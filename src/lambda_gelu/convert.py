@@ -330,19 +330,36 @@ def _hugging_face_models(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
-def _relu_fields(config) -> dict[str, str | bool]:
+def _relu_fields(config, prefix: str = "") -> dict[str, str | bool]:
     """The activation fields of a Hugging Face config that name a GELU-like activation, each with the ReLU value
-    to put there."""
+    to put there; a field of a config inside it (T5Gemma's ``encoder`` and ``decoder``, a multimodal model's
+    ``text_config`` and ``vision_config``) by its dotted path, ``encoder.hidden_activation``."""
     out = {}
     for name in config.to_dict():
         value = getattr(config, name, None)
-        if name in _GELU_SWITCHES and value is True:
-            out[name] = False
+        if callable(getattr(value, "to_dict", None)) and hasattr(value, "model_type"):  # a config inside this one
+            out.update(_relu_fields(value, f"{prefix}{name}."))
+        elif name in _GELU_SWITCHES and value is True:
+            out[prefix + name] = False
         elif _ACT_FIELD.search(name) and isinstance(value, str):
             gated = value.lower().startswith("gated-")
             if value.lower().removeprefix("gated-") in _GATE_VALUES:
-                out[name] = "gated-relu" if gated else "relu"
+                out[prefix + name] = "gated-relu" if gated else "relu"
     return out
+
+
+def _field(config, path: str):
+    """The value at a :func:`_relu_fields` path of ``config``."""
+    for name in path.split("."):
+        config = getattr(config, name)
+    return config
+
+
+def _set_field(config, path: str, value) -> None:
+    *inner, name = path.split(".")
+    for part in inner:
+        config = getattr(config, part)
+    setattr(config, name, value)
 
 
 def rebuilt_from_config(hf: nn.Module, fields: dict) -> nn.Module | str:
@@ -350,7 +367,7 @@ def rebuilt_from_config(hf: nn.Module, fields: dict) -> nn.Module | str:
     rebuilds it; or why it cannot be (what the class needs beyond its config)."""
     config = copy.deepcopy(hf.config)
     for name, value in fields.items():
-        setattr(config, name, value)
+        _set_field(config, name, value)
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -375,8 +392,8 @@ def _mismatch(hf: nn.Module, fields: dict[str, str | bool], becomes_relu: Filter
         expected = nn.ReLU if relu else type(m)
         if type(b) is not expected and not (relu and b is None and _relu_function_at(rebuilt, name)):
             fields = _relu_fields(hf.config)
-            field = ", ".join(f"{k}={getattr(hf.config, k)!r}" for k in fields) or "none"
-            gate = "GELU or SiLU" if any(str(getattr(hf.config, k)).lower() in ("silu", "swish") for k in fields) \
+            field = ", ".join(f"{k}={_field(hf.config, k)!r}" for k in fields) or "none"
+            gate = "GELU or SiLU" if any(str(_field(hf.config, k)).lower() in ("silu", "swish") for k in fields) \
                 else "GELU"
             return (f"at '{name or '<root>'}' the converted network has {expected.__name__} but its config (activation "
                     f"fields naming {gate}: {field}) builds {type(b).__name__ if b is not None else 'no module'} there")
@@ -415,7 +432,7 @@ def _name_relu_in_configs_(model: nn.Module, warn: bool = True) -> None:
         problem = _mismatch(hf, fields, lambda m, fqn: False)
         if problem is None:
             for name, value in fields.items():
-                setattr(hf.config, name, value)
+                _set_field(hf.config, name, value)
         elif warn:
             warnings.warn(f"{prefix + ': ' if prefix else ''}{problem}: its config is left as it was, and "
                           "save_pretrained would write a checkpoint that does not load as this network", stacklevel=3)
