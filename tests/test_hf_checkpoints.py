@@ -393,6 +393,41 @@ def test_an_encoder_decoder_whose_decoder_has_no_start_token_is_refused_and_t5s_
     assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
 
 
+def test_t5gemma_names_relu_in_its_encoders_and_decoders_own_configs(tmp_path):
+    """T5Gemma (an encoder-decoder of Gemma 2 layers: GeGLU) keeps each stack's activation in a config of its own,
+    ``encoder.hidden_activation`` and ``decoder.hidden_activation``: both name ReLU, and the checkpoint reloads as the
+    converted network. (Refused before: its top-level config names no activation.)"""
+    sub = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+               head_dim=16, vocab_size=VOCAB, sliding_window=16, max_position_embeddings=128)
+    config = transformers.T5GemmaConfig(encoder=transformers.T5GemmaModuleConfig(**sub),
+                                        decoder=transformers.T5GemmaModuleConfig(**sub), vocab_size=VOCAB)
+    source, out = _saved(config, tmp_path / "model", "AutoModelForSeq2SeqLM"), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out)
+    assert model.config.encoder.hidden_activation == model.config.decoder.hidden_activation == "relu"
+    assert not any(lg.is_reluizable(m) for m in model.modules())
+    assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 4
+
+
+def test_a_multimodal_models_vision_tower_which_text_never_reaches_is_refused_rather_than_made_relu_untrained(
+        tmp_path, capsys):
+    text = transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                         vocab_size=VOCAB + 8, sliding_window=16, max_position_embeddings=128)
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                       image_token_index=VOCAB + 5, boi_token_index=VOCAB + 6,
+                                       eoi_token_index=VOCAB + 7)
+    source = _saved(config, tmp_path / "model", "AutoModelForImageTextToText")
+    assert main(["reluize", str(source), "--out", str(tmp_path / "relu"), "--steps", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {source}: 2 of its activation modules are never reached by a forward on text (at "
+        "'model.vision_tower.encoder.layers.0.mlp.activation_fn'), so reluize would make them ReLU untrained, as a "
+        "vision tower's: convert a checkpoint of the text model alone")
+    assert not (tmp_path / "relu").exists()
+
+
 def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_function(tmp_path):
     """XLM's and FlauBERT's config choose GELU by a boolean, whose false builds ``nn.functional.relu`` as a plain
     attribute: the same arithmetic as the converted network's ``nn.ReLU``, so its checkpoint is written."""

@@ -187,6 +187,24 @@ def test_a_conversion_that_fails_midway_leaves_no_sparsity_hooks():
     assert not any(m._forward_hooks for m in model.modules())
 
 
+def test_activation_modules_the_batches_never_reach_are_named_in_a_warning():
+    """A branch the batches never run (a multimodal model's vision tower, on text) becomes ReLU untrained: said. A
+    layer of a kind the batch does reach elsewhere (an expert routed nothing this batch) is not."""
+    class TwoBranches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.text = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.GELU()) for _ in range(2))
+            self.vision = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+
+        def forward(self, x):
+            return self.text[0](x)  # text[1] is of a kind that runs; vision never runs
+
+    model = TwoBranches()
+    with pytest.warns(UserWarning, match=r"1 activation modules \(at 'vision.1'\) are never reached"):
+        reluize(model, torch.randn(8, 4), steps=1)
+    assert isinstance(model.vision[1], nn.ReLU)
+
+
 def test_distillation_loss_is_zero_for_identical_outputs_and_kl_for_logits():
     logits = torch.randn(2, 5, 7)
     out = {"logits": logits, "hidden_states": (torch.randn(2, 5, 3),)}

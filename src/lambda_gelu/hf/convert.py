@@ -26,7 +26,7 @@ import torch
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
 from ..reluize.precision import autocast_dtype
-from ..reluize.probes import functional_gelu_calls
+from ..reluize.probes import functional_gelu_calls, unreached_activations
 from ..reluize.refit import find_consumers
 from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
@@ -187,6 +187,11 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     problem = _forward_problem(model, held_batches[0])
     if problem:
         raise CheckpointError(f"{model_name}: {problem}")
+    unreached = unreached_activations(model, held_batches[0])
+    if unreached:
+        raise CheckpointError(f"{model_name}: {len(unreached)} of its activation modules are never reached by a forward "
+                              f"on text (at '{unreached[0]}'), so reluize would make them ReLU untrained, as a "
+                              "vision tower's: convert a checkpoint of the text model alone")
     others = held_out_sets(train, eval_lines, config.eval_texts)
     original = copy.deepcopy(model)
     reference = evaluate(original, held_batches, causal)

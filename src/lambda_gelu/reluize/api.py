@@ -15,7 +15,7 @@ from .batchnorm import NO_BATCHNORM, batchnorms, recalibrate_batchnorm_, two_val
 from .blockwise import blockwise
 from .config import RECALIBRATE, ReluizeConfig, configured
 from .distill import distill
-from .probes import functional_gelu_calls
+from .probes import functional_gelu_calls, unreached_activations
 from .refit import refit_consumers, swap_and_refit
 from .reluizer import AnnealedGELU, Reluizer, check_steps
 from .result import ReluizeResult
@@ -98,6 +98,11 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
         warnings.warn(f"{'; '.join(functional)} as a function, which no module replacement can make ReLU: left as "
                       "it is, every activation module converted (make it a module, nn.GELU or nn.SiLU, to convert it "
                       "too)", stacklevel=2)
+    unreached = unreached_activations(model, first)
+    if unreached:  # a multimodal model's vision tower, on text: converted as asked, but never trained
+        warnings.warn(f"{len(unreached)} activation modules (at {unreached[0]!r}) are never reached by a forward of "
+                      "the batches' kind: they become ReLU untrained; convert them on batches that reach them",
+                      stacklevel=2)
     consumers = refit_consumers(model, first) if config.refit else {}
     low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
                   if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)})

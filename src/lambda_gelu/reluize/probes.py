@@ -1,6 +1,10 @@
-"""Finding GELU or SiLU applied as a function (``F.gelu(x)`` inside some ``forward``): no module replacement can
-make it ReLU, so ``reluize`` converts every activation module and leaves such a call as it is, saying where."""
+"""What one forward of a batch shows before a conversion: GELU or SiLU applied as a function (``F.gelu(x)`` inside
+some ``forward``), which no module replacement can make ReLU, so ``reluize`` converts every activation module and
+leaves such a call as it is, saying where; and the activation modules the batch never reaches (a multimodal model's
+vision tower, on text), which a conversion would make ReLU without ever training them."""
 from __future__ import annotations
+
+import re
 
 import torch
 import torch.nn as nn
@@ -10,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 from ..batches import run_batch
 from ..convert import eval_mode, is_reluizable, is_silu_like
 
-__all__ = ["functional_gelu_calls"]
+__all__ = ["functional_gelu_calls", "unreached_activations"]
 
 
 class _GateCallsOutsideModules(TorchFunctionMode):
@@ -67,3 +71,24 @@ def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None) -> 
             h.remove()
     return [f"{cls} at {next(iter(names))!r}" + (f" (and {len(names) - 1} more of its class)" if len(names) > 1 else "")
             + f" applies {func}" for (cls, func), names in found.items()]
+
+
+def unreached_activations(model: nn.Module, batch) -> list[str]:
+    """The GELU- and SiLU-like modules of ``model`` that a forward of ``batch`` never runs, where none of their kind
+    runs either — the same name with any layer or expert number: a mixture's expert the batch routes nothing to is
+    trained when another batch routes to it, a vision tower on text never is."""
+    modules = {m: name for name, m in model.named_modules() if is_reluizable(m)}
+    reached = set()
+    handles = [m.register_forward_pre_hook(lambda mod, args: reached.add(mod)) for m in modules]
+    try:
+        with torch.no_grad(), eval_mode(model):
+            run_batch(model, batch)
+    finally:
+        for h in handles:
+            h.remove()
+
+    def kind(name: str) -> str:
+        return re.sub(r"\.\d+(?=\.|$)", ".*", name)
+
+    kinds = {kind(modules[m]) for m in reached}
+    return [name for m, name in modules.items() if m not in reached and kind(name) not in kinds]
