@@ -61,10 +61,16 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atte
 
 
 def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
-    """``model_type``'s config at its defaults, made small (the :data:`SMALL` fields it has, ``vocab`` tokens)."""
+    """``model_type``'s config at its defaults, made small (the :data:`SMALL` fields it has, ``vocab`` tokens; an
+    encoder-decoder's ``encoder`` and ``decoder`` configs, as T5Gemma keeps them, each so)."""
     cls = CONFIG_MAPPING[model_type]
     default = cls()
     kwargs = {k: v for k, v in {**SMALL, "vocab_size": vocab}.items() if hasattr(default, k)}
+    for side in ("encoder", "decoder"):
+        inner = getattr(default, side, None)
+        if isinstance(inner, transformers.PretrainedConfig) and not hasattr(inner, "text_config"):
+            kwargs[side] = type(inner)(**{k: v for k, v in {**SMALL, "vocab_size": vocab}.items()
+                                          if hasattr(inner, k)})
     start = getattr(default, "decoder_start_token_id", None)
     if getattr(default, "is_encoder_decoder", False) and (start is None or start >= vocab):
         kwargs["decoder_start_token_id"] = 0
