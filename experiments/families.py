@@ -74,6 +74,8 @@ def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
     start = getattr(default, "decoder_start_token_id", None)
     if getattr(default, "is_encoder_decoder", False) and (start is None or start >= vocab):
         kwargs["decoder_start_token_id"] = 0
+    if getattr(default, "is_encoder_decoder", False):  # T5's kind counts its layers so
+        kwargs.update({k: 2 for k in ("num_layers", "num_decoder_layers") if hasattr(default, k)})
     types = list(getattr(default, "layer_types", None) or [])
     if types:  # the first layer's kind, and another kind where it has one (a hybrid's full attention)
         kwargs["layer_types"] = [types[0], next((t for t in types if t != types[0]), types[0])]
