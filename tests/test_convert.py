@@ -309,3 +309,20 @@ def test_a_config_that_cannot_name_the_converted_network_is_left_as_it_was_with_
     wrapped = nn.ModuleDict({"inner": _tiny_hugging_face("distilbert")})  # as sentence-transformers holds one
     to_relu_(wrapped, include_gelu=True)
     assert wrapped["inner"].config.activation == "relu"
+
+
+def test_kept_modules_are_left_out_of_a_conversion_and_put_back_after():
+    from lambda_gelu.keep import KeptActivation, kept
+    model = nn.Sequential(nn.Linear(3, 3), nn.GELU(), nn.Linear(3, 3), nn.GELU())
+    tower = model[3]
+    x = torch.randn(4, 3)
+    with kept(model, ["3"]):
+        assert isinstance(model[3], KeptActivation) and not any(m is tower for m in model.modules())
+        assert to_relu_(model, include_gelu=True) == ["1"]
+        torch.testing.assert_close(model(x), tower(model[2](torch.relu(model[0](x)))))
+    assert model[3] is tower and isinstance(model[1], nn.ReLU)
+    with pytest.raises(ValueError, match="kept: 0 holds weights"):
+        with kept(model, ["0"]):
+            pass
+    assert isinstance(model[0], nn.Linear)
+

@@ -409,8 +409,11 @@ def test_t5gemma_names_relu_in_its_encoders_and_decoders_own_configs(tmp_path):
     assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 4
 
 
-def test_a_multimodal_models_vision_tower_which_text_never_reaches_is_refused_rather_than_made_relu_untrained(
+def test_a_multimodal_models_vision_tower_which_text_never_reaches_stays_as_it_was_and_its_text_model_converts(
         tmp_path, capsys):
+    """Gemma 3 from 4B holds a SigLIP vision tower beside its text model: text never reaches the tower, so it stays
+    GELU (untouched, named in the log and the report) and its config's ``vision_config`` still says so, while the
+    text model's gates become ReLU and ``text_config`` names it. (Before, the tower was made ReLU untrained.)"""
     text = transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                                          vocab_size=VOCAB + 8, sliding_window=16, max_position_embeddings=128)
@@ -419,13 +422,20 @@ def test_a_multimodal_models_vision_tower_which_text_never_reaches_is_refused_ra
     config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                        image_token_index=VOCAB + 5, boi_token_index=VOCAB + 6,
                                        eoi_token_index=VOCAB + 7)
-    source = _saved(config, tmp_path / "model", "AutoModelForImageTextToText")
-    assert main(["reluize", str(source), "--out", str(tmp_path / "relu"), "--steps", "2"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: {source}: 2 of its activation modules are never reached by a forward on text (at "
-        "'model.vision_tower.encoder.layers.0.mlp.activation_fn'), so reluize would make them ReLU untrained, as a "
-        "vision tower's: convert a checkpoint of the text model alone")
-    assert not (tmp_path / "relu").exists()
+    source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 0
+    tower = "model.vision_tower.encoder.layers.0.mlp.activation_fn"
+    assert (f"note: the activation modules text never reaches (2, from '{tower}': a vision tower's) left as they "
+            "were, which training on text would make ReLU untrained") in capsys.readouterr().err
+    model = transformers.AutoModelForImageTextToText.from_pretrained(out)
+    assert model.config.text_config.hidden_activation == "relu"
+    assert model.config.vision_config.hidden_act == config.vision_config.hidden_act != "relu"
+    assert [n for n, m in model.named_modules() if lg.is_reluizable(m)] == [tower, "model.vision_tower.head.mlp."
+                                                                            "activation_fn"]
+    assert all(isinstance(layer.mlp.act_fn, torch.nn.ReLU) for layer in model.model.language_model.layers)
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert report["kept"][0] == tower and len(report["kept"]) == 2
+    assert f"2 left as they were, never reached by text (from '{tower}'" in (out / "reluize_report.md").read_text()
 
 
 def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_function(tmp_path):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import itertools
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ import torch.nn as nn
 
 from .batches import run_batch
 from .config import DEFAULTS, LambdaGELUConfig
+from .keep import KeptActivation
 from .module import LambdaGELU, LambdaSiLU
 
 __all__ = ["convert_to_lambda_gelu_", "convert_to_lambda_silu_", "to_relu_", "replace_modules_", "lambda_modules",
@@ -385,6 +387,7 @@ def _mismatch(hf: nn.Module, fields: dict[str, str | bool], becomes_relu: Filter
         return rebuilt
     built = dict(rebuilt.named_modules())
     for name, m in hf.named_modules():
+        m = m.kept_module if isinstance(m, KeptActivation) else m  # left out of the conversion, as it is
         relu = becomes_relu(m, name) or isinstance(m, nn.ReLU)
         b = built.get(name)
         if not (relu or is_reluizable(m) or isinstance(m, LambdaGELU) or is_reluizable(b) or isinstance(b, nn.ReLU)):
@@ -410,6 +413,23 @@ def _relu_function_at(model: nn.Module, name: str) -> bool:
         return False
 
 
+def _fitting_fields(hf: nn.Module, becomes_relu: FilterFn) -> tuple[dict, str | None]:
+    """The activation fields of ``hf``'s config to set to ReLU so that it rebuilds ``hf`` as it is once the modules
+    ``becomes_relu`` accepts are ReLU: all of them, or else the most of them that do (a multimodal model whose
+    vision tower a conversion left out: its ``text_config``'s field, not its ``vision_config``'s); with None, or with
+    why setting them all does not."""
+    fields = _relu_fields(hf.config)
+    problem = _mismatch(hf, fields, becomes_relu)
+    if problem is None or len(fields) > 6:
+        return fields, problem
+    for size in range(len(fields) - 1, -1, -1):  # down to none: a config that already names ReLU where it is
+        for names in itertools.combinations(fields, size):
+            some = {name: fields[name] for name in names}
+            if _mismatch(hf, some, becomes_relu) is None:
+                return some, None
+    return fields, problem
+
+
 def relu_config_problem(model: nn.Module, becomes_relu: FilterFn | None = None) -> str | None:
     """Why a Hugging Face model inside ``model`` (or ``model`` itself), once the modules ``becomes_relu``
     accepts (default: every GELU-like one) are exact ReLU, could not be saved with ``save_pretrained`` as a
@@ -418,7 +438,7 @@ def relu_config_problem(model: nn.Module, becomes_relu: FilterFn | None = None) 
     match = becomes_relu or (lambda m, fqn: is_reluizable(m))
     for prefix, hf in _hugging_face_models(model):
         outer = f"{prefix}." if prefix else ""
-        problem = _mismatch(hf, _relu_fields(hf.config), lambda m, fqn: match(m, outer + fqn))
+        _, problem = _fitting_fields(hf, lambda m, fqn: match(m, outer + fqn))
         if problem is not None:
             return f"{prefix}: {problem}" if prefix else problem
     return None
@@ -428,8 +448,7 @@ def _name_relu_in_configs_(model: nn.Module, warn: bool = True) -> None:
     """Name ReLU in the config of every Hugging Face model inside the converted ``model``, where the config
     so changed builds the network as it now is; leave the config as it was, and warn, where it does not."""
     for prefix, hf in _hugging_face_models(model):
-        fields = _relu_fields(hf.config)
-        problem = _mismatch(hf, fields, lambda m, fqn: False)
+        fields, problem = _fitting_fields(hf, lambda m, fqn: False)
         if problem is None:
             for name, value in fields.items():
                 _set_field(hf.config, name, value)

@@ -29,6 +29,7 @@ from ..reluize.precision import autocast_dtype
 from ..reluize.probes import functional_gelu_calls, unreached_activations
 from ..reluize.refit import find_consumers
 from ..reluize.reluizer import teacher_student_loss
+from ..keep import keep_
 from ..reluize.threshold import gate_zeros_problem
 from .attention import attention_of, set_attention_, training_attention_
 from .errors import CheckpointError
@@ -187,11 +188,16 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     problem = _forward_problem(model, held_batches[0])
     if problem:
         raise CheckpointError(f"{model_name}: {problem}")
-    unreached = unreached_activations(model, held_batches[0])
+    unreached = unreached_activations(model, held_batches[0])  # a vision tower: text would never train it
+    put_back = keep_(model, unreached)
     if unreached:
-        raise CheckpointError(f"{model_name}: {len(unreached)} of its activation modules are never reached by a forward "
-                              f"on text (at '{unreached[0]}'), so reluize would make them ReLU untrained, as a "
-                              "vision tower's: convert a checkpoint of the text model alone")
+        kept_note = (f"the activation modules text never reaches ({len(unreached)}, from '{unreached[0]}': a vision "
+                     "tower's) left as they were, which training on text would make ReLU untrained")
+        unsaveable = lg.relu_config_problem(model)
+        if unsaveable:
+            raise CheckpointError(f"{model_name}: {unsaveable} (with {kept_note}), so its ReLU checkpoint would not "
+                                  "load as the converted network")
+        log(f"note: {kept_note}")
     others = held_out_sets(train, eval_lines, config.eval_texts)
     original = copy.deepcopy(model)
     reference = evaluate(original, held_batches, causal)
@@ -279,6 +285,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                          teacher=original, progress=progress, callback=measure)
     seconds = result.seconds - measuring[0]
     set_attention_(model, loaded_attention)  # measured and saved as it was loaded
+    put_back()
     model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was
     taken = result.log[-1]["step"] if result.stopped else result.steps
     final = scores(evaluate(model, held_batches, causal), reference)
@@ -302,7 +309,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "max_tokens": config.max_tokens, "train_sentences": len(train), "user_lines": len(extra),
               "held_out_sentences": len(text.held), "encoder_decoder": decoder is not None,
               "seconds": seconds, "planning_seconds": planning,
-              "replaced": result.replaced, "functional": result.functional,
+              "replaced": result.replaced, "functional": result.functional, "kept": unreached,
               "direct_swap": swap_scores, "reluized": final, "curve": curve,
               "settings": dataclasses.asdict(settings), "refit_note": refit_note,
               "zeros": zeros, "held_out_sets": further}
