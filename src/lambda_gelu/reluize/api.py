@@ -101,7 +101,8 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
     unreached = unreached_activations(model, first)
     if unreached:  # a multimodal model's vision tower, on text: converted as asked, but never trained
         warnings.warn(f"{len(unreached)} activation modules (at {unreached[0]!r}) are never reached by a forward of "
-                      "the batches' kind: they become ReLU untrained; convert them on batches that reach them",
+                      "the first batch, nor any of their kind: they become ReLU untrained; leave them out (with "
+                      "lambda_gelu.keep.kept(model, names): reluize(...)) or convert on batches that reach them",
                       stacklevel=2)
     consumers = refit_consumers(model, first) if config.refit else {}
     low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()
