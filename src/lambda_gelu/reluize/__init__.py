@@ -8,7 +8,7 @@ One module per part: ``config`` (:class:`ReluizeConfig`, every setting and rule)
 (reluize's loop over those steps), ``blockwise`` (block by block reconstruction), ``refit`` (the least-squares
 refit after the swap), ``batchnorm`` (BatchNorm re-estimation), ``losses`` (the named distillation losses),
 ``threshold`` (:class:`GateThreshold`: more exact zeros in gated FFNs by a lowered gate bias), ``stream`` (the
-batches), ``probes`` (gates applied as functions).
+batches), ``probes`` (gates applied as functions, activation modules a batch never reaches).
 
 Which recipe when, with the measurements behind each default: docs/findings.md.
 
