@@ -372,7 +372,8 @@ def _functional_gates(model: torch.nn.Module, tokenizer) -> list[str]:
     a model has no module to convert. Empty if nothing is found, or if the model's forward fails on the sentence
     (the refusal stands either way; this only names)."""
     try:
-        batch = dict(padding_tokenizer(tokenizer)(["The gates of a network, found by running it."], return_tensors="pt"))
+        batch = dict(padding_tokenizer(tokenizer)(["The gates of a network, found by running it."],
+                                                  return_tensors="pt"))
         return functional_gelu_calls(model, teacher_forced(batch, decoder_inputs(model)), silu=True)
     except Exception:  # noqa: BLE001 - a forward of the user's model, run only to name what is refused
         return []
