@@ -148,3 +148,20 @@ def test_an_export_that_differs_from_torch_is_refused_before_anything_is_written
     monkeypatch.setattr(onnx_deploy, "export_mismatch", lambda *a, **k: 0.5)
     _one_line_error(["deploy", str(out), *FAST], capsys, "computes something else than torch (0.5 of")
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_model_torch_cannot_export_is_one_line_and_leaves_nothing(converted, monkeypatch, capsys):
+    """torch's ONNX exporter fails on some classes (Gemma 3's multimodal model: ``RuntimeError: unordered_map::at``):
+    said in one line, nothing written into DIR."""
+    out = converted["bert"]
+    before = sorted(p.name for p in out.iterdir())
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("unordered_map::at")
+    monkeypatch.setattr(torch.onnx, "export", fails)
+    assert main(["deploy", str(out), *FAST]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: torch cannot export the original model (BertModel) to ONNX (RuntimeError: unordered_map::at): it "
+        "cannot be deployed in ONNX Runtime; the checkpoint itself is not affected")
+    assert sorted(p.name for p in out.iterdir()) == before
+

@@ -31,7 +31,7 @@ import torch
 from .convert import _help, _whole
 from .errors import CheckpointError
 from .evaluate import evaluate, relu_zeros, scores, summarise
-from .load import load, model_directory, quiet_transformers
+from .load import _first_line, load, model_directory, quiet_transformers
 from .save import DEPLOY_REPORT, REPORT, listed_files
 from .text import decoder_inputs, padding_tokenizer, stdlib_sentences, teacher_forced
 
@@ -231,10 +231,15 @@ def _export(model, names, causal, path: Path, trace: dict, check: dict, name: st
     axes["hidden"] = {0: "batch", 1: "tokens"}
     if len(outputs) > 1:
         axes["logits"] = {0: "batch", 1: "tokens"} if outputs[1].dim() == 3 else {0: "batch"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notices
-        torch.onnx.export(graph, tuple(trace.values()), str(path), input_names=names, output_names=out_names,
-                          dynamic_axes=axes, opset_version=17, dynamo=False)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notices
+            torch.onnx.export(graph, tuple(trace.values()), str(path), input_names=names, output_names=out_names,
+                              dynamic_axes=axes, opset_version=17, dynamo=False)
+    except Exception as e:  # noqa: BLE001 - torch's exporter on the user's model class: said in one line
+        raise CheckpointError(f"torch cannot export the {name} model ({type(model).__name__}) to ONNX "
+                              f"({type(e).__name__}: {_first_line(e)}): it cannot be deployed in ONNX Runtime; "
+                              "the checkpoint itself is not affected") from None
     with torch.no_grad():
         expected = [o.numpy() for o in graph(*check.values())]
     real = check["attention_mask"].bool().numpy()
