@@ -438,6 +438,18 @@ def test_a_multimodal_models_vision_tower_which_text_never_reaches_stays_as_it_w
     assert f"2 left as they were, never reached by text (from '{tower}'" in (out / "reluize_report.md").read_text()
 
 
+def test_a_model_whose_activations_text_never_reaches_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    import lambda_gelu.hf.convert as hf_convert
+    monkeypatch.setattr(hf_convert, "unreached_activations",  # as if none were reached
+                        lambda model, batch: [n for n, m in model.named_modules() if lg.is_reluizable(m)])
+    source = _tiny_llama(tmp_path / "model")
+    assert main(["reluize", str(source), "--out", str(tmp_path / "relu"), "--steps", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {source}: none of its activation modules is reached by a forward on text (from "
+        "'model.layers.0.mlp.act_fn'): nothing a conversion on text can train")
+    assert not (tmp_path / "relu").exists()
+
+
 def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_function(tmp_path):
     """XLM's and FlauBERT's config choose GELU by a boolean, whose false builds ``nn.functional.relu`` as a plain
     attribute: the same arithmetic as the converted network's ``nn.ReLU``, so its checkpoint is written."""

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import torch
 
+from ..keep import keep_
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
 from ..reluize.precision import autocast_dtype
 from ..reluize.probes import functional_gelu_calls, unreached_activations
 from ..reluize.refit import find_consumers
 from ..reluize.reluizer import teacher_student_loss
-from ..keep import keep_
 from ..reluize.threshold import gate_zeros_problem
 from .attention import attention_of, set_attention_, training_attention_
 from .errors import CheckpointError
@@ -189,6 +189,9 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     if problem:
         raise CheckpointError(f"{model_name}: {problem}")
     unreached = unreached_activations(model, held_batches[0])  # a vision tower: text would never train it
+    if len(unreached) == sum(lg.is_reluizable(m) for m in model.modules()):
+        raise CheckpointError(f"{model_name}: none of its activation modules is reached by a forward on text (from "
+                              f"'{unreached[0]}'): nothing a conversion on text can train")
     put_back = keep_(model, unreached)
     if unreached:
         kept_note = (f"the activation modules text never reaches ({len(unreached)}, from '{unreached[0]}': a vision "
