@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 from ..batches import run_batch
 from ..convert import eval_mode, is_reluizable, is_silu_like
 
-__all__ = ["functional_gelu_calls", "unreached_activations"]
+__all__ = ["functional_gelu_calls", "unreached_activations", "run_hooked"]
 
 
 class _GateCallsOutsideModules(TorchFunctionMode):
@@ -63,12 +63,8 @@ def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None) -> 
     for name, m in model.named_modules():
         handles.append(m.register_forward_pre_hook(enter(m)))
         handles.append(m.register_forward_hook(leave(name, m)))
-    try:
-        with torch.no_grad(), mode, eval_mode(model):
-            run_batch(model, batch)
-    finally:
-        for h in handles:
-            h.remove()
+    with mode:
+        run_hooked(model, batch, handles)
     return [f"{cls} at {next(iter(names))!r}" + (f" (and {len(names) - 1} more of its class)" if len(names) > 1 else "")
             + f" applies {func}" for (cls, func), names in found.items()]
 
@@ -79,16 +75,21 @@ def unreached_activations(model: nn.Module, batch) -> list[str]:
     trained when another batch routes to it, a vision tower on text never is."""
     modules = {m: name for name, m in model.named_modules() if is_reluizable(m)}
     reached = set()
-    handles = [m.register_forward_pre_hook(lambda mod, args: reached.add(mod)) for m in modules]
-    try:
-        with torch.no_grad(), eval_mode(model):
-            run_batch(model, batch)
-    finally:
-        for h in handles:
-            h.remove()
+    run_hooked(model, batch, [m.register_forward_pre_hook(lambda mod, args: reached.add(mod)) for m in modules])
 
     def kind(name: str) -> str:
         return re.sub(r"\.\d+(?=\.|$)", ".*", name)
 
     kinds = {kind(modules[m]) for m in reached}
     return [name for m, name in modules.items() if m not in reached and kind(name) not in kinds]
+
+
+def run_hooked(model: nn.Module, batch, handles: list) -> None:
+    """One forward of ``batch`` through ``model`` in eval mode without gradients, for the hooks ``handles`` to see;
+    they are removed after it, whatever happens."""
+    try:
+        with torch.no_grad(), eval_mode(model):
+            run_batch(model, batch)
+    finally:
+        for h in handles:
+            h.remove()

@@ -12,10 +12,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..batches import attention_mask, run_batch
+from ..batches import attention_mask
 from ..convert import _is_conv1d, _name_relu_in_configs_, eval_mode, is_reluizable, replace_modules_
 from .capture import PausedForwards
 from .config import RIDGE
+from .probes import run_hooked
 
 __all__ = ["refit_after_swap_", "refit_consumers", "find_consumers"]
 
@@ -123,12 +124,7 @@ def find_consumers(model: nn.Module, batch) -> Consumers:
             handles.append(m.register_forward_hook(gives(name)))
         if name in parents:
             handles.append(m.register_forward_hook(gives(name)))
-    try:
-        with torch.no_grad(), eval_mode(model):
-            run_batch(model, batch)
-    finally:
-        for h in handles:
-            h.remove()
+    run_hooked(model, batch, handles)
     by_tensor = {id(out): name for name, out in outputs.items() if calls[name] == 1}  # the tensors are alive
     found = collections.defaultdict(list)
     for layer, x in inputs.items():  # in the order the layers were called; a convolution on a batch of images
