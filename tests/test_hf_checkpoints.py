@@ -371,7 +371,8 @@ def test_an_encoder_decoder_converts_whole_with_its_decoder_reading_the_sentence
     assert "(an encoder-decoder's: its decoder's, reading each sentence" in (out / "reluize_report.md").read_text()
     if auto != "AutoModel":
         ids = torch.tensor([[5, 6, 7, 1]])
-        assert model.generate(input_ids=ids, max_new_tokens=3, do_sample=False).shape == (1, 4)
+        made = model.generate(input_ids=ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+        assert made.shape == (1, 4) and made[0, 0] == model.config.decoder_start_token_id
 
 
 def test_an_encoder_decoder_whose_decoder_has_no_start_token_is_refused_and_t5s_encoder_alone_converts(
