@@ -426,8 +426,8 @@ def test_a_multimodal_models_vision_tower_which_text_never_reaches_stays_as_it_w
     source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 0
     tower = "model.vision_tower.encoder.layers.0.mlp.activation_fn"
-    assert (f"note: the activation modules text never reaches (2, from '{tower}': a vision tower's) left as they "
-            "were, which training on text would make ReLU untrained") in capsys.readouterr().err
+    assert (f"note: activation modules text never reaches left as they were (2, from '{tower}'): training on text "
+            "would make them ReLU untrained") in capsys.readouterr().err
     model = transformers.AutoModelForImageTextToText.from_pretrained(out)
     assert model.config.text_config.hidden_activation == "relu"
     assert model.config.vision_config.hidden_act == config.vision_config.hidden_act != "relu"

@@ -46,6 +46,7 @@ CHECKPOINTS = 8
 BUDGET_SHARE = 0.97  # of --minutes, what the refit and the steps are planned for (the steps once the refit is done,
 # for what it really left): a MiniLM step's time varied by ±3% between runs
 REFIT_SHARE = 0.25  # of --minutes, the most the refit may take (estimated from a timed forward and a timed solve)
+UNSAVEABLE = ", so its ReLU checkpoint would not load as the converted network"
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
 
 
@@ -161,10 +162,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         raise CheckpointError(f"{model_name} has no GELU- or SiLU-like activation module to convert"
                               + (f": {'; '.join(found)}" if found else "")
                               + f" (looked for: {', '.join(lg.GELU_LIKE + lg.SILU_LIKE)})")
-    unsaveable = lg.relu_config_problem(model)
-    if unsaveable:
-        raise CheckpointError(f"{model_name}: {unsaveable}, so its ReLU checkpoint would not load as the converted "
-                              "network")
+    unsaveable = lg.relu_config_problem(model)  # of every module; again below, with those text never reaches kept
     thresholded = gate_zeros_problem(model) if config.reluize.gate_zeros else None
     if thresholded:
         raise CheckpointError(f"--gate-zeros: {model_name}: {thresholded}")
@@ -186,20 +184,21 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                   batching=config.batching, extra=extra, decoder=decoder)
     train, lengths, held_batches = text.train, text.lengths, text.held_batches()
     problem = _forward_problem(model, held_batches[0])
-    if problem:
-        raise CheckpointError(f"{model_name}: {problem}")
+    if problem:  # a model that cannot be saved as ReLU is told so first, whatever its forward does
+        raise CheckpointError(f"{model_name}: {unsaveable or problem}" + (UNSAVEABLE if unsaveable else ""))
     unreached = unreached_activations(model, held_batches[0])  # a vision tower: text would never train it
     if len(unreached) == sum(lg.is_reluizable(m) for m in model.modules()):
         raise CheckpointError(f"{model_name}: none of its activation modules is reached by a forward on text (from "
                               f"'{unreached[0]}'): nothing a conversion on text can train")
     put_back = keep_(model, unreached)
-    if unreached:
-        kept_note = (f"the activation modules text never reaches ({len(unreached)}, from '{unreached[0]}': a vision "
-                     "tower's) left as they were, which training on text would make ReLU untrained")
+    kept_note = (f"activation modules text never reaches left as they were ({len(unreached)}, from "
+                 f"'{unreached[0]}'): training on text would make them ReLU untrained") if unreached else None
+    if unsaveable and unreached:  # of what converts: the kept modules stay as they are
         unsaveable = lg.relu_config_problem(model)
-        if unsaveable:
-            raise CheckpointError(f"{model_name}: {unsaveable} (with {kept_note}), so its ReLU checkpoint would not "
-                                  "load as the converted network")
+    if unsaveable:
+        raise CheckpointError(f"{model_name}: {unsaveable}" + (f" (with the {kept_note})" if kept_note else "")
+                              + UNSAVEABLE)
+    if kept_note:
         log(f"note: {kept_note}")
     others = held_out_sets(train, eval_lines, config.eval_texts)
     original = copy.deepcopy(model)

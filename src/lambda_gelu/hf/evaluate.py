@@ -174,8 +174,8 @@ def markdown(r: dict) -> str:
              + f"; {len(r['replaced'])} activations replaced by `nn.ReLU`"
              + (f" (left as it was, no module to replace: {'; '.join(r['functional'])} as a function)"
                 if r.get("functional") else "")
-             + (f"; {len(r['kept'])} left as they were, never reached by text (from '{r['kept'][0]}': a vision "
-                "tower's, which the training text cannot train)" if r.get("kept") else "")
+             + (f"; {len(r['kept'])} left as they were, never reached by text (from '{r['kept'][0]}'), which "
+                "training on text cannot train" if r.get("kept") else "")
              + (f"; trained in float32, written in {r['dtype']} as the original was" if r.get("dtype", "float32")
                 != "float32" else "") + ". "
              f"Measured on {r['held_out_sentences']} held-out standard-library docstring "
