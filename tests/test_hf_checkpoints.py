@@ -410,19 +410,35 @@ def test_t5gemma_names_relu_in_its_encoders_and_decoders_own_configs(tmp_path):
     assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 4
 
 
-def test_a_multimodal_models_vision_tower_which_text_never_reaches_stays_as_it_was_and_its_text_model_converts(
-        tmp_path, capsys):
-    """Gemma 3 from 4B holds a SigLIP vision tower beside its text model: text never reaches the tower, so it stays
-    GELU (untouched, named in the log and the report) and its config's ``vision_config`` still says so, while the
-    text model's gates become ReLU and ``text_config`` names it. (Before, the tower was made ReLU untrained.)"""
+def _tiny_gemma3_with_vision() -> transformers.Gemma3Config:
     text = transformers.Gemma3TextConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                                          vocab_size=VOCAB + 8, sliding_window=16, max_position_embeddings=128)
     vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, image_size=28, patch_size=14)
-    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                                       image_token_index=VOCAB + 5, boi_token_index=VOCAB + 6,
-                                       eoi_token_index=VOCAB + 7)
+    return transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                     image_token_index=VOCAB + 5, boi_token_index=VOCAB + 6, eoi_token_index=VOCAB + 7)
+
+
+def test_kept_modules_stay_as_they_are_in_the_check_of_the_config_fields_to_set():
+    """With the vision tower kept, the check of what a checkpoint can say sets the text model's field only: a kept
+    module is not one that becomes ReLU (it was, and the check then set the vision tower's field too)."""
+    from lambda_gelu.convert import _fitting_fields
+    from lambda_gelu.keep import kept
+    model = transformers.AutoModelForImageTextToText.from_config(_tiny_gemma3_with_vision())
+    tower = [n for n, m in model.named_modules() if lg.is_reluizable(m) and "vision" in n]
+    with kept(model, tower):
+        assert lg.relu_config_problem(model) is None
+        fields, problem = _fitting_fields(model, lambda m, name: lg.is_reluizable(m))
+    assert problem is None and fields == {"text_config.hidden_activation": "relu"}
+
+
+def test_a_multimodal_models_vision_tower_which_text_never_reaches_stays_as_it_was_and_its_text_model_converts(
+        tmp_path, capsys):
+    """Gemma 3 from 4B holds a SigLIP vision tower beside its text model: text never reaches the tower, so it stays
+    GELU (untouched, named in the log and the report) and its config's ``vision_config`` still says so, while the
+    text model's gates become ReLU and ``text_config`` names it. (Before, the tower was made ReLU untrained.)"""
+    config = _tiny_gemma3_with_vision()
     source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 0
     tower = "model.vision_tower.encoder.layers.0.mlp.activation_fn"

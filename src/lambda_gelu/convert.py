@@ -387,8 +387,9 @@ def _mismatch(hf: nn.Module, fields: dict[str, str | bool], becomes_relu: Filter
         return rebuilt
     built = dict(rebuilt.named_modules())
     for name, m in hf.named_modules():
-        m = m.kept_module if isinstance(m, KeptActivation) else m  # left out of the conversion, as it is
-        relu = becomes_relu(m, name) or isinstance(m, nn.ReLU)
+        kept = isinstance(m, KeptActivation)  # left out of the conversion: it stays as it is
+        m = m.kept_module if kept else m
+        relu = (not kept and becomes_relu(m, name)) or isinstance(m, nn.ReLU)
         b = built.get(name)
         if not (relu or is_reluizable(m) or isinstance(m, LambdaGELU) or is_reluizable(b) or isinstance(b, nn.ReLU)):
             continue
