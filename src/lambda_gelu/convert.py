@@ -358,10 +358,8 @@ def _field(config, path: str):
 
 
 def _set_field(config, path: str, value) -> None:
-    *inner, name = path.split(".")
-    for part in inner:
-        config = getattr(config, part)
-    setattr(config, name, value)
+    owner, _, name = path.rpartition(".")
+    setattr(_field(config, owner) if owner else config, name, value)
 
 
 def rebuilt_from_config(hf: nn.Module, fields: dict) -> nn.Module | str:
