@@ -33,7 +33,7 @@ from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
 from .attention import attention_of, set_attention_, training_attention_
 from .errors import CheckpointError
-from .evaluate import evaluate, markdown, relu_zeros, scores
+from .evaluate import evaluate, hidden_states, markdown, relu_zeros, scores
 from .load import _first_line, load, model_directory, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
 from .text import corpus, decoder_inputs, held_out_sets, padding_tokenizer, read_texts, teacher_forced
@@ -364,7 +364,7 @@ def _forward_problem(model: torch.nn.Module, batch: dict) -> str | None:
     except Exception as e:  # noqa: BLE001 - the model's own forward on its own tokenizer's text: said in one line
         return (f"its forward fails on a batch of its tokenizer's text ({type(e).__name__}: {_first_line(e)}), "
                 "which is what reluize trains and measures on")
-    if getattr(out, "hidden_states", None) is None and getattr(out, "decoder_hidden_states", None) is None:
+    if hidden_states(out) is None:
         return f"{type(model).__name__}'s output has no hidden_states, which reluize measures and distils"
     return None
 

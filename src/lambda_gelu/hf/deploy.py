@@ -30,7 +30,7 @@ import torch
 
 from .convert import _help, _whole
 from .errors import CheckpointError
-from .evaluate import evaluate, relu_zeros, scores, summarise
+from .evaluate import evaluate, hidden_states, relu_zeros, scores, summarise
 from .load import _first_line, load, model_directory, quiet_transformers
 from .save import DEPLOY_REPORT, REPORT, listed_files
 from .text import decoder_inputs, padding_tokenizer, stdlib_sentences, teacher_forced
@@ -85,8 +85,8 @@ class _Graph(torch.nn.Module):
         out = self.model(**dict(zip(self.names, inputs)), output_hidden_states=True,
                          **({"use_cache": False} if self.causal else {}))
         logits = getattr(out, "logits", None)
-        states = out.hidden_states if getattr(out, "hidden_states", None) is not None else out.decoder_hidden_states
-        return (states[-1],) if logits is None else (states[-1], logits)
+        last = hidden_states(out)[-1]
+        return (last,) if logits is None else (last, logits)
 
 
 def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None = None, *, log=print) -> Path:

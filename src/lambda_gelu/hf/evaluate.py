@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..reluize.losses import mean_pool
 
-__all__ = ["METRICS", "AGREEMENT", "evaluate", "summarise", "scores", "markdown", "relu_zeros",
+__all__ = ["METRICS", "AGREEMENT", "evaluate", "hidden_states", "summarise", "scores", "markdown", "relu_zeros",
            "exact_zeros"]
 
 # what a report measures of a conversion: key, column, format; the last two only where the model has them
@@ -29,9 +29,14 @@ def evaluate(model, batches, causal: bool) -> dict:
     def outputs():
         for b in batches:
             out = model(**b, output_hidden_states=True)
-            states = out.hidden_states if getattr(out, "hidden_states", None) is not None else out.decoder_hidden_states
-            yield b, states[-1], getattr(out, "logits", None)
+            yield b, hidden_states(out)[-1], getattr(out, "logits", None)
     return summarise(outputs(), causal)
+
+
+def hidden_states(out):
+    """A Hugging Face output's hidden states, an encoder-decoder's decoder's (None where it gives none)."""
+    own = getattr(out, "hidden_states", None)
+    return own if own is not None else getattr(out, "decoder_hidden_states", None)
 
 
 @torch.no_grad()
