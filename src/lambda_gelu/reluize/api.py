@@ -15,7 +15,7 @@ from .batchnorm import NO_BATCHNORM, batchnorms, recalibrate_batchnorm_, two_val
 from .blockwise import blockwise
 from .config import RECALIBRATE, ReluizeConfig, configured
 from .distill import distill
-from .probes import functional_gelu_calls, unreached_activations
+from .probes import functional_gelu_calls, never_reached
 from .refit import refit_consumers, swap_and_refit
 from .reluizer import AnnealedGELU, Reluizer, check_steps
 from .result import ReluizeResult
@@ -90,15 +90,16 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
         raise ValueError(f"{', '.join(given)}: not used by schedule='blockwise', which reconstructs each block's "
                          "output (relative squared error) with an AdamW of its own per block (give repair > 0 for "
                          "end-to-end steps that use it); leave them out")
-    # Probe forwards, after every argument check: the one that looks for gelu applied as a function also checks
-    # that the first batch gives the recalibration statistics it can estimate.
+    # Probe forwards, after every argument check: the one that looks for gelu applied as a function also notes the
+    # activation modules it runs, and checks that the first batch gives the recalibration statistics it can estimate.
+    reached = set()
     with two_values_per_channel(model, norms if recalibrate else []):
-        functional = functional_gelu_calls(model, first)
+        functional = functional_gelu_calls(model, first, reached=reached)
     if functional:  # no weight is lost: the call stays as it was, in the converted model as in its checkpoint
         warnings.warn(f"{'; '.join(functional)} as a function, which no module replacement can make ReLU: left as "
                       "it is, every activation module converted (make it a module, nn.GELU or nn.SiLU, to convert it "
                       "too)", stacklevel=2)
-    unreached = unreached_activations(model, first)
+    unreached = never_reached(model, reached)
     if unreached:  # a multimodal model's vision tower, on text: converted as asked, but never trained
         warnings.warn(f"{len(unreached)} activation modules (at {unreached[0]!r}) are never reached by a forward of "
                       "the first batch, nor any of their kind: they become ReLU untrained; leave them out (with "

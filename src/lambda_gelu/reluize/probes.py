@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 from ..batches import run_batch
 from ..convert import eval_mode, is_reluizable, is_silu_like
 
-__all__ = ["functional_gelu_calls", "unreached_activations", "run_hooked"]
+__all__ = ["functional_gelu_calls", "unreached_activations", "never_reached", "run_hooked"]
 
 
 class _GateCallsOutsideModules(TorchFunctionMode):
@@ -32,11 +32,12 @@ class _GateCallsOutsideModules(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None) -> list[str]:
+def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None, reached: set | None = None) -> list[str]:
     """Where ``model``'s forward applies a gate the conversion turns into ReLU as a function, found by running
     ``batch`` once: gelu always, silu where the model has SiLU modules to convert (``silu=True``: always). One entry
     per class of the innermost module that calls it, in the order met: "Class at 'name' applies gelu", or "Class at
-    'name' (and 29 more of its class) applies silu"."""
+    'name' (and 29 more of its class) applies silu". ``reached``, where given, gets the activation modules the
+    forward runs (for :func:`never_reached`, without a forward of its own)."""
     if silu is None:
         silu = any(is_silu_like(m) for m in model.modules())
     mode, stack = _GateCallsOutsideModules((F.gelu, F.silu) if silu else (F.gelu,)), []
@@ -46,6 +47,8 @@ def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None) -> 
         def hook(*_):
             if is_reluizable(m):
                 mode.depth += 1
+                if reached is not None:
+                    reached.add(m)
             stack.append(mode.calls)
         return hook
 
@@ -73,14 +76,20 @@ def unreached_activations(model: nn.Module, batch) -> list[str]:
     """The GELU- and SiLU-like modules of ``model`` that a forward of ``batch`` never runs, where none of their kind
     runs either — the same name with any layer or expert number: a mixture's expert the batch routes nothing to is
     trained when another batch routes to it, a vision tower on text never is."""
-    modules = {m: name for name, m in model.named_modules() if is_reluizable(m)}
     reached = set()
-    run_hooked(model, batch, [m.register_forward_pre_hook(lambda mod, args: reached.add(mod)) for m in modules])
+    run_hooked(model, batch, [m.register_forward_pre_hook(lambda mod, args: reached.add(mod))
+                              for m in model.modules() if is_reluizable(m)])
+    return never_reached(model, reached)
 
+
+def never_reached(model: nn.Module, reached: set) -> list[str]:
+    """:func:`unreached_activations` of a forward that has run: the GELU- and SiLU-like modules of ``model`` not in
+    ``reached``, nor of a kind any of them is."""
     def kind(name: str) -> str:
         return re.sub(r"\.\d+(?=\.|$)", ".*", name)
 
-    kinds = {kind(modules[m]) for m in reached}
+    modules = {m: name for name, m in model.named_modules() if is_reluizable(m)}
+    kinds = {kind(modules[m]) for m in reached if m in modules}
     return [name for m, name in modules.items() if m not in reached and kind(name) not in kinds]
 
 
