@@ -10,9 +10,9 @@ kinds), as a tiny random checkpoint saved as transformers saves it, through `lam
 
 Each architecture's config is its own defaults with a small width, two layers (the first two of its layer types, a
 second kind where it has one; an encoder-decoder's decoder starting from token 0 where its default names none, as
-T5's checkpoints name it, or one outside the tiny vocabulary) and MiniLM's tokenizer; one whose tiny config cannot be built, is composite (a text config
-inside), holds more than 5 million parameters, or whose own forward fails on a padded batch, is counted apart: that
-says nothing of its real checkpoints. Outcomes:
+T5's checkpoints name it, or one outside the tiny vocabulary) and MiniLM's tokenizer; one whose tiny config cannot
+be built, is composite (a text config inside), holds more than 5 million parameters, or whose own forward fails on a
+padded batch, is counted apart: that says nothing of its real checkpoints. Outcomes:
 
 - *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left, its ReLUs counted (and a
   gate its code applies as a function, which stays as it was, named; XLM's config builds its ReLU as a function);
@@ -63,19 +63,21 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atte
 def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
     """``model_type``'s config at its defaults, made small (the :data:`SMALL` fields it has, ``vocab`` tokens; an
     encoder-decoder's ``encoder`` and ``decoder`` configs, as T5Gemma keeps them, each so)."""
+    def small(config) -> dict:  # the SMALL fields ``config`` has
+        return {k: v for k, v in {**SMALL, "vocab_size": vocab}.items() if hasattr(config, k)}
+
     cls = CONFIG_MAPPING[model_type]
     default = cls()
-    kwargs = {k: v for k, v in {**SMALL, "vocab_size": vocab}.items() if hasattr(default, k)}
+    kwargs = small(default)
     for side in ("encoder", "decoder"):
         inner = getattr(default, side, None)
         if isinstance(inner, transformers.PretrainedConfig) and not hasattr(inner, "text_config"):
-            kwargs[side] = type(inner)(**{k: v for k, v in {**SMALL, "vocab_size": vocab}.items()
-                                          if hasattr(inner, k)})
-    start = getattr(default, "decoder_start_token_id", None)
-    if getattr(default, "is_encoder_decoder", False) and (start is None or start >= vocab):
-        kwargs["decoder_start_token_id"] = 0
-    if getattr(default, "is_encoder_decoder", False):  # T5's kind counts its layers so
-        kwargs.update({k: 2 for k in ("num_layers", "num_decoder_layers") if hasattr(default, k)})
+            kwargs[side] = type(inner)(**small(inner))
+    if getattr(default, "is_encoder_decoder", False):
+        kwargs.update({k: 2 for k in ("num_layers", "num_decoder_layers") if hasattr(default, k)})  # T5's kind's
+        start = getattr(default, "decoder_start_token_id", None)
+        if start is None or start >= vocab:
+            kwargs["decoder_start_token_id"] = 0
     types = list(getattr(default, "layer_types", None) or [])
     if types:  # the first layer's kind, and another kind where it has one (a hybrid's full attention)
         kwargs["layer_types"] = [types[0], next((t for t in types if t != types[0]), types[0])]
