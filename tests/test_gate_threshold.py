@@ -85,6 +85,11 @@ def test_a_family_that_cannot_save_the_biases_is_refused_before_anything_changes
         lg.reluize(gpt2, _batches(), steps=2, gate_zeros=0.9)
     with pytest.raises(ValueError, match="no gated FFN"):
         GateThreshold(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.GELU()), 10, 0.9)
+    # gate and up in one layer: a bias there would shift up's half too
+    phi3 = transformers.AutoModelForCausalLM.from_config(transformers.Phi3Config(**SMALL, pad_token_id=0))
+    with pytest.raises(ValueError, match=r"^gate_zeros: its gated FFNs hold gate and up in one layer \(gate_up_proj\)"):
+        lg.reluize(phi3, _batches(), steps=2, gate_zeros=0.9)
+    assert phi3.model.layers[0].mlp.gate_up_proj.bias is None
 
 
 def test_a_share_per_layer_gives_each_layer_its_own_share_of_zeros():

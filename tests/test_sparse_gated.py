@@ -144,6 +144,50 @@ def test_t5s_gated_ffn_is_a_layout_of_its_own_and_its_sparse_block_equals_the_de
                            dense.generate(input_ids=ids, max_new_tokens=5, do_sample=False))
 
 
+@pytest.mark.parametrize("family", ["phi3", "glm4"])
+def test_a_bundled_gate_up_layer_is_read_in_its_two_halves_and_the_sparse_block_equals_the_dense_one(family):
+    """Phi-3's, Phi-4-mini's and GLM's gated FFN holds gate and up in one layer, ``gate_up_proj``, whose output its
+    forward splits in two halves: the sparse block reads each half's rows where they are (the state dict the dense
+    model's, a weight loaded into it followed), float32 and int8 each within their bound of their float64
+    reference at decoding's single row and in a batch, the logits and greedy tokens the dense model's."""
+    from lambda_gelu.sparse_gated import gated_parts, sparse_gated_int8_reference
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(family, **SMALL, head_dim=16, hidden_act="relu", pad_token_id=0,
+                                               bos_token_id=1, eos_token_id=2)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate_up_proj.weight[:96].add_(-0.01)  # the gate's half: most gate outputs negative
+    dense, quantized = copy.deepcopy(model), copy.deepcopy(model)
+    assert sparsify_(model, min_weights=0) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert sparsify_(quantized, min_weights=0, int8=True) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert model.state_dict().keys() == dense.state_dict().keys()
+    for x in (torch.randn(1, 1, 32), torch.randn(3, 5, 32)):
+        for sparse, int8, d in zip(model.model.layers, quantized.model.layers, copy.deepcopy(dense).model.layers):
+            sparse, int8, d = sparse.mlp, int8.mlp, d.mlp.double()
+            assert isinstance(sparse, SparseGatedMLP) and sparse.gate_up_proj is sparse._parts()[0].layer
+            with torch.inference_mode():
+                got, got_int8, exact = sparse(x), int8(x), d(x.double())
+                gate, up = d.gate_up_proj(x.double()).chunk(2, dim=-1)
+                exact_int8 = sparse_gated_int8_reference(
+                    x.double(), {k: v.double() if v.is_floating_point() else v for k, v in int8._buffers.items()},
+                    *gated_parts(d, int8.layout))
+            bound = 96 * 2 ** -23 * ((torch.relu(gate) * up).abs() @ d.down_proj.weight.abs().t()) + 1e-7
+            assert ((got.double() - exact).abs() <= 4 * bound).all()
+            assert ((got_int8.double() - exact_int8).abs() <= _int8_bound(x, int8._buffers, int8._parts())).all()
+    tokens = {"input_ids": torch.randint(0, 100, (1, 6))}
+    with torch.inference_mode():
+        torch.testing.assert_close(model(**tokens).logits, dense(**tokens).logits, rtol=1e-5, atol=1e-5)
+        assert torch.equal(model.generate(**tokens, max_new_tokens=5, do_sample=False),
+                           dense.generate(**tokens, max_new_tokens=5, do_sample=False))
+        mlp, x = model.model.layers[0].mlp, torch.randn(1, 32)
+        state = copy.deepcopy(mlp.state_dict())
+        state["gate_up_proj.weight"][:96] *= -1  # a new gate half: the screen and the rows read are the new ones
+        mlp.load_state_dict(state)
+        gate, up = mlp.gate_up_proj(x).chunk(2, dim=-1)
+        torch.testing.assert_close(mlp(x), mlp.down_proj(torch.relu(gate) * up), rtol=1e-5, atol=1e-6)
+
+
 def test_a_dense_batch_runs_the_dense_block_and_the_reference_agrees():
     model = _relu_llama(shift=+0.05)  # most gate outputs positive
     mlp = model.model.layers[0].mlp
@@ -330,13 +374,13 @@ def test_a_projection_the_sparse_block_would_not_reproduce_keeps_its_block_dense
         sparsify_(model, min_weights=0)
 
 
-def _int8_bound(x, q, mlp):
+def _int8_bound(x, q, parts):
     """Float rounding of the int8 block, over its dequantized weights: each gate, up and output is a sum of d or ff
-    float32 products (and the layer's bias), a gate near 0 may land on either side of it, so the bound is
-    (d + ff)·u times the sums of the terms' magnitudes."""
+    float32 products (and the layer's bias; ``parts`` the gate, up and down layers), a gate near 0 may land on
+    either side of it, so the bound is (d + ff)·u times the sums of the terms' magnitudes."""
     w = {n: q[f"{n}_q"].double() * q[f"{n}_s"].double()[:, None] for n in ("gate", "up", "down")}
     b = {n: 0.0 if layer.bias is None else layer.bias.detach().double().abs()
-         for n, layer in (("gate", mlp.gate_proj), ("up", mlp.up_proj), ("down", mlp.down_proj))}
+         for n, layer in zip(("gate", "up", "down"), parts)}
     ax = x.double().abs()
     d, ff = x.shape[-1], w["gate"].shape[0]
     gate, up = ax @ w["gate"].abs().t() + b["gate"], ax @ w["up"].abs().t() + b["up"]
@@ -365,7 +409,7 @@ def test_the_int8_block_is_its_dequantized_reference_within_rounding_and_near_th
                 sparse_mlp.sparse = False
                 every_unit = sparse_mlp(x)
                 sparse_mlp.sparse = True
-            bound = _int8_bound(x, q, dense_mlp)
+            bound = _int8_bound(x, q, (dense_mlp.gate_proj, dense_mlp.up_proj, dense_mlp.down_proj))
             assert ((got.double() - exact).abs() <= bound).all()
             assert ((every_unit.double() - exact).abs() <= bound).all()
             # the weights' rounding: at most half a step of 1/127 of each row's largest weight, far less on average

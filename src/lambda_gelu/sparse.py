@@ -25,7 +25,7 @@ from torch.nn.utils import parametrize
 
 from . import _native
 from .convert import _is_conv1d, _plain, eval_mode
-from .sparse_gated import SparseGatedMLP, formula_problem, gated_mlps
+from .sparse_gated import SparseGatedMLP, formula_problem, gated_mlps, gated_parts
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
            "MAX_DENSITY", "MIN_WEIGHTS"]
@@ -191,7 +191,7 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
         problem = "is the model itself" if mlp is None else next(
             (f"({a}) {why}" for a in (layout.gate, layout.up, layout.down) if (why := _kept_as_is(getattr(mlp, a)))),
             None) or formula_problem(mlp, layout)
-        if problem is None and getattr(mlp, layout.up).weight.numel() < min_weights:
+        if problem is None and gated_parts(mlp, layout)[1].weight.numel() < min_weights:
             problem = f"is smaller than min_weights={min_weights} weights a projection"
         (gated.append((name, parent, attr, layout)) if problem is None else left.append((name, problem)))
     eligible = list(_eligible(model))
@@ -206,8 +206,8 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
             raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
                              "right after nn.ReLU in an nn.Sequential, for the second FFN projection of Hugging Face "
                              "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation, and for gated FFNs (Llama, "
-                             "Gemma, T5) whose gate is an nn.ReLU, not a mixture's experts kept as one tensor (convert "
-                             "GELU or SiLU first, e.g. with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
+                             "Gemma, T5, Phi-3) whose gate is an nn.ReLU, not a mixture's experts kept as one tensor "
+                             "(convert GELU or SiLU first, e.g. with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
         if not found:
             name = eligible[0][0]
             raise ValueError(f"sparsify_ found {len(eligible)} linear layer(s) fed by an nn.ReLU, but none it can "

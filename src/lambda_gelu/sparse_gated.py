@@ -41,23 +41,61 @@ from ._native import biases_fit, pointer
 from .convert import _plain
 from .derived import Made
 
-__all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "sparse_gated_reference", "sparse_gated_int8_reference",
+__all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "Rows", "gated_parts", "sparse_gated_reference",
+           "sparse_gated_int8_reference",
            "quantize_rows", "screen_rows", "int16_rows", "gated_mlps"]
 
 
 @dataclass(frozen=True)
 class GatedLayout:
-    """Where a gated FFN keeps its parts: ``down(act(gate(x)) * up(x))``."""
+    """Where a gated FFN keeps its parts: ``down(act(gate(x)) * up(x))``. A layout whose ``gate`` and ``up`` are
+    the same layer is *bundled*: that layer's rows are the gate's, then up's, in two halves (Phi-3's and GLM's
+    ``gate_up_proj``, which their forward splits with ``chunk(2, dim=-1)``)."""
     gate: str
     up: str
     down: str
     act: str
 
+    @property
+    def bundled(self) -> bool:
+        return self.gate == self.up
+
 
 # Llama, Mistral, Qwen2/3, SmolLM (SwiGLU) and Gemma 1/2/3 (GeGLU) all name them so; T5's gated FFN (Flan-T5, mT5,
-# UMT5: GeGLU) as its own
-GATED_LAYOUTS = (GatedLayout("gate_proj", "up_proj", "down_proj", "act_fn"), GatedLayout("wi_0", "wi_1", "wo", "act"))
+# UMT5: GeGLU) as its own; Phi-3, Phi-4-mini, GLM and GLM-4 bundle gate and up in one layer
+GATED_LAYOUTS = (GatedLayout("gate_proj", "up_proj", "down_proj", "act_fn"), GatedLayout("wi_0", "wi_1", "wo", "act"),
+                 GatedLayout("gate_up_proj", "gate_up_proj", "down_proj", "activation_fn"))
 FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too; beyond, torch's matrix product does
+
+
+class Rows:
+    """Rows ``[start, stop)`` of a linear layer as a linear layer of their own, read through views of its weight and
+    bias (never copies, so they follow what the layer holds): a bundled layout's gate or up."""
+
+    def __init__(self, layer: nn.Linear, start: int, stop: int):
+        self.layer, self.start, self.stop = layer, start, stop
+        self.in_features, self.out_features = layer.in_features, stop - start
+
+    @property
+    def weight(self) -> Tensor:
+        return self.layer.weight[self.start:self.stop]
+
+    @property
+    def bias(self) -> Tensor | None:
+        bias = self.layer.bias
+        return None if bias is None else bias[self.start:self.stop]
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def gated_parts(mlp: nn.Module, layout: GatedLayout) -> tuple[nn.Linear | Rows, nn.Linear | Rows, nn.Linear]:
+    """``mlp``'s gate, up and down projections as ``layout`` places them, a bundled layer's halves as :class:`Rows`."""
+    gate, up, down = (getattr(mlp, a) for a in (layout.gate, layout.up, layout.down))
+    if not layout.bundled:
+        return gate, up, down
+    half = gate.out_features // 2
+    return Rows(gate, 0, half), Rows(gate, half, 2 * half), down
 
 
 def sparse_gated_reference(x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
@@ -160,13 +198,13 @@ class SparseGatedMLP(nn.Module):
         return cls(layout, getattr(mlp, layout.gate), getattr(mlp, layout.up), getattr(mlp, layout.down), max_density,
                    int8, sparse, screen)
 
-    def _parts(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
-        m, layout = self._modules, self.layout
-        return m[layout.gate], m[layout.up], m[layout.down]
+    def _parts(self) -> tuple[nn.Linear | Rows, nn.Linear | Rows, nn.Linear]:
+        return gated_parts(self, self.layout)
 
     def _sources(self) -> list[Tensor | None]:
         """What the buffers are made from and the decoding call's addresses point into: the weights and biases."""
-        return [layer._parameters[name] for layer in self._parts() for name in ("weight", "bias")]
+        layers = dict.fromkeys(self._modules[a] for a in (self.layout.gate, self.layout.up, self.layout.down))
+        return [layer._parameters[name] for layer in layers for name in ("weight", "bias")]
 
     @torch.no_grad()
     def _derive(self) -> None:
@@ -289,11 +327,12 @@ def _derive_again(module: SparseGatedMLP, incompatible_keys) -> None:
 
 def gated_mlps(model: nn.Module):
     """(qualified name, parent, attribute, layout) of every gated FFN in ``model`` whose gate is an exact
-    ``nn.ReLU`` and whose three projections are plain ``nn.Linear``."""
+    ``nn.ReLU`` and whose projections are plain ``nn.Linear`` (a bundled layer twice as wide as ``down``'s input)."""
     for name, m in model.named_modules():
         for layout in GATED_LAYOUTS:
-            parts = [getattr(m, a, None) for a in (layout.gate, layout.up, layout.down)]
-            if type(getattr(m, layout.act, None)) is nn.ReLU and all(_plain(p, nn.Linear) for p in parts):
+            gate, up, down = parts = [getattr(m, a, None) for a in (layout.gate, layout.up, layout.down)]
+            if (type(getattr(m, layout.act, None)) is nn.ReLU and all(_plain(p, nn.Linear) for p in parts)
+                    and (not layout.bundled or gate.out_features == 2 * down.in_features)):
                 parent_name, _, attr = name.rpartition(".")
                 yield name, model.get_submodule(parent_name) if name else None, attr, layout
 
@@ -303,7 +342,7 @@ def formula_problem(mlp: nn.Module, layout: GatedLayout) -> str | None:
     """Why ``mlp``'s own forward is not ``down(relu(gate(x)) * up(x))`` on a probe input, or it has hooks the
     replacement would drop (None if neither); its projections are checked as any sparse layer's
     (:func:`lambda_gelu.sparse._kept_as_is`)."""
-    gate, up, down = (getattr(mlp, a) for a in (layout.gate, layout.up, layout.down))
+    gate, up, down = gated_parts(mlp, layout)
     if mlp._forward_hooks or mlp._forward_pre_hooks:
         return "has forward hooks, which replacing it would drop"
     generator = torch.Generator(device="cpu").manual_seed(0)
