@@ -433,6 +433,21 @@ def test_kept_modules_stay_as_they_are_in_the_check_of_the_config_fields_to_set(
     assert problem is None and fields == {"text_config.hidden_activation": "relu"}
 
 
+def test_where_no_config_fields_fit_the_refusal_names_the_converted_module_they_miss_not_a_kept_one():
+    """Where no set of fields rebuilds the network, the refusal names the converting module none of them builds as
+    ReLU (as Aria's experts, whose SiLU their code fixes), not the kept vision tower, which comes first and which
+    only setting its own field would change (it named the tower)."""
+    from lambda_gelu.keep import kept
+    model = transformers.AutoModelForImageTextToText.from_config(_tiny_gemma3_with_vision())
+    tower = [n for n, m in model.named_modules() if lg.is_reluizable(m) and "vision" in n]
+    model.model.language_model.layers[0].mlp.fixed = torch.nn.GELU()  # an activation its config builds nowhere
+    with kept(model, tower):
+        problem = lg.relu_config_problem(model)
+    assert problem.startswith("at 'model.language_model.layers.0.mlp.fixed' the converted network has ReLU but its "
+                              "config (activation fields naming GELU: ")
+    assert problem.endswith(") builds no module there")
+
+
 def test_a_multimodal_models_vision_tower_which_text_never_reaches_stays_as_it_was_and_its_text_model_converts(
         tmp_path, capsys):
     """Gemma 3 from 4B holds a SigLIP vision tower beside its text model: text never reaches the tower, so it stays

@@ -376,16 +376,19 @@ def rebuilt_from_config(hf: nn.Module, fields: dict) -> nn.Module | str:
         return f"{type(hf).__name__} cannot be built from its config alone to check it ({type(e).__name__}: {e})"
 
 
-def _mismatch(hf: nn.Module, fields: dict[str, str | bool], becomes_relu: FilterFn) -> str | None:
+def _mismatch(hf: nn.Module, fields: dict[str, str | bool], becomes_relu: FilterFn,
+              with_kept: bool = True) -> str | None:
     """Where ``hf`` rebuilt from its config with ``fields`` set (as loading a saved checkpoint rebuilds it)
     would differ in an activation from ``hf`` once the modules ``becomes_relu`` accepts are ``nn.ReLU``;
-    None where it would not."""
+    None where it would not. ``with_kept=False``: not where a module left out of the conversion would."""
     rebuilt = rebuilt_from_config(hf, fields)
     if isinstance(rebuilt, str):
         return rebuilt
     built = dict(rebuilt.named_modules())
     for name, m in hf.named_modules():
         kept = isinstance(m, KeptActivation)  # left out of the conversion: it stays as it is
+        if kept and not with_kept:
+            continue
         m = m.kept_module if kept else m
         relu = (not kept and becomes_relu(m, name)) or isinstance(m, nn.ReLU)
         b = built.get(name)
@@ -416,7 +419,8 @@ def _fitting_fields(hf: nn.Module, becomes_relu: FilterFn) -> tuple[dict, str | 
     """The activation fields of ``hf``'s config to set to ReLU so that it rebuilds ``hf`` as it is once the modules
     ``becomes_relu`` accepts are ReLU: all of them, or else the most of them that do (a multimodal model whose
     vision tower a conversion left out: its ``text_config``'s field, not its ``vision_config``'s); with None, or with
-    why setting them all does not."""
+    why setting them all does not: where a module that converts would differ, if one would (a module left out
+    differs under some fields only, and is not what no subset of them mends)."""
     fields = _relu_fields(hf.config)
     problem = _mismatch(hf, fields, becomes_relu)
     if problem is None or len(fields) > 6:
@@ -426,7 +430,7 @@ def _fitting_fields(hf: nn.Module, becomes_relu: FilterFn) -> tuple[dict, str | 
             some = {name: fields[name] for name in names}
             if _mismatch(hf, some, becomes_relu) is None:
                 return some, None
-    return fields, problem
+    return fields, _mismatch(hf, fields, becomes_relu, with_kept=False) or problem
 
 
 def relu_config_problem(model: nn.Module, becomes_relu: FilterFn | None = None) -> str | None:
