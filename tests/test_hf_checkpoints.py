@@ -482,6 +482,45 @@ def test_a_model_whose_activations_text_never_reaches_is_refused_in_one_line(tmp
     assert not (tmp_path / "relu").exists()
 
 
+def test_a_field_the_text_model_shares_with_a_module_text_never_reaches_is_refused_naming_that_module(tmp_path,
+                                                                                                       capsys):
+    """Idefics2's projector between its vision tower and its text model is built from the text model's ``hidden_act``:
+    with the projector kept (text never reaches it), no config names ReLU in the text model alone, so the checkpoint
+    is refused in one line naming the projector, nothing written (it was written with the config saying SiLU, and
+    reloaded with every text gate SiLU again)."""
+    text = transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=1, head_dim=16, vocab_size=VOCAB + 8,
+                                      max_position_embeddings=128, pad_token_id=0)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = transformers.Idefics2Config(text_config=text, vision_config=vision, perceiver_config={"hidden_size": 32},
+                                         image_token_id=VOCAB + 5)
+    source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"error: {source}: at 'model.connector.modality_projection.act_fn' the converted network has SiLUActivation but "
+        "its config (activation fields naming GELU or SiLU: ")
+    assert not out.exists()
+
+
+def test_a_config_that_sets_its_activation_itself_as_it_loads_is_refused(tmp_path, capsys):
+    """Step-3.7's config sets ``hidden_act`` to SiLU whatever its file says: a checkpoint naming ReLU would load with
+    SiLU gates, so it is refused in one line, nothing written (it was written, and reloaded SiLU)."""
+    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, vocab_size=VOCAB + 8, max_position_embeddings=128,
+                moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, pad_token_id=0)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = transformers.AutoConfig.for_model("step3p7", text_config=text, vision_config=vision,
+                                               image_token_id=VOCAB + 5)
+    source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"error: {source}: at 'model.language_model.layers.0.mlp.act_fn' the converted network has ReLU but its config "
+        "(activation fields naming GELU or SiLU: text_config.hidden_act='silu') builds SiLUActivation there")
+    assert not out.exists()
+
+
 def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_function(tmp_path):
     """XLM's and FlauBERT's config choose GELU by a boolean, whose false builds ``nn.functional.relu`` as a plain
     attribute: the same arithmetic as the converted network's ``nn.ReLU``, so its checkpoint is written."""

@@ -364,14 +364,16 @@ def _set_field(config, path: str, value) -> None:
 
 def rebuilt_from_config(hf: nn.Module, fields: dict) -> nn.Module | str:
     """``hf``'s class built on the meta device from its config with ``fields`` set, as loading a saved checkpoint
-    rebuilds it; or why it cannot be (what the class needs beyond its config)."""
+    rebuilds it (the config read back from what saving writes, so that a config which overrides a field as it loads,
+    as Step-3.7's forces ``hidden_act`` to SiLU, is seen to); or why it cannot be (what the class needs beyond its
+    config)."""
     config = copy.deepcopy(hf.config)
     for name, value in fields.items():
         _set_field(config, name, value)
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return type(hf)(config)
+            return type(hf)(type(config).from_dict(config.to_dict()))
     except Exception as e:  # noqa: BLE001 - whatever the class needs beyond its config, the check cannot run
         return f"{type(hf).__name__} cannot be built from its config alone to check it ({type(e).__name__}: {e})"
 
@@ -419,18 +421,22 @@ def _fitting_fields(hf: nn.Module, becomes_relu: FilterFn) -> tuple[dict, str | 
     """The activation fields of ``hf``'s config to set to ReLU so that it rebuilds ``hf`` as it is once the modules
     ``becomes_relu`` accepts are ReLU: all of them, or else the most of them that do (a multimodal model whose
     vision tower a conversion left out: its ``text_config``'s field, not its ``vision_config``'s); with None, or with
-    why setting them all does not: where a module that converts would differ, if one would (a module left out
-    differs under some fields only, and is not what no subset of them mends)."""
+    why none does: where a module left out differs under the fewest fields that build every converted module as
+    ReLU (it shares one with them, as Idefics2's projector with its text model), else where a converted module
+    differs under them all (no field builds it, as Aria's experts)."""
     fields = _relu_fields(hf.config)
     problem = _mismatch(hf, fields, becomes_relu)
     if problem is None or len(fields) > 6:
         return fields, problem
-    for size in range(len(fields) - 1, -1, -1):  # down to none: a config that already names ReLU where it is
-        for names in itertools.combinations(fields, size):
-            some = {name: fields[name] for name in names}
-            if _mismatch(hf, some, becomes_relu) is None:
-                return some, None
-    return fields, _mismatch(hf, fields, becomes_relu, with_kept=False) or problem
+    subsets = [{name: fields[name] for name in names} for size in range(len(fields) - 1, -1, -1)
+               for names in itertools.combinations(fields, size)]  # down to none: a config naming ReLU where it is
+    fitting = next((some for some in subsets if _mismatch(hf, some, becomes_relu) is None), None)
+    if fitting is not None:
+        return fitting, None
+    converted = next((some for some in [*reversed(subsets), fields]
+                      if _mismatch(hf, some, becomes_relu, with_kept=False) is None), None)
+    return fields, (_mismatch(hf, converted, becomes_relu) if converted is not None else
+                    _mismatch(hf, fields, becomes_relu, with_kept=False) or problem)
 
 
 def relu_config_problem(model: nn.Module, becomes_relu: FilterFn | None = None) -> str | None:

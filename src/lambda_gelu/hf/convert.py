@@ -193,7 +193,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     put_back = keep_(model, unreached)
     kept_note = (f"activation modules text never reaches left as they were ({len(unreached)}, from "
                  f"'{unreached[0]}'): training on text would make them ReLU untrained") if unreached else None
-    if unsaveable and unreached:  # of what converts: the kept modules stay as they are
+    if unreached:  # of what converts, the kept modules as they are: one may share a field with the text model's
         unsaveable = lg.relu_config_problem(model)
     if unsaveable:
         raise CheckpointError(f"{model_name}: {unsaveable}" + (f" (with the {kept_note})" if kept_note else "")
