@@ -271,6 +271,21 @@ def test_each_causal_family_converts_with_the_default_command_and_reloads_as_rel
     assert len(json.loads((out / "reluize_report.json").read_text())["refit"]) == 2  # each FFN's output projection
 
 
+def test_gemma_4_whose_head_size_varies_by_layer_converts_and_reloads_as_relu(tmp_path):
+    """Gemma 4's config keeps fields that vary by layer (its full-attention layers' wider heads), which its config
+    refuses to give as one value: reading its activation fields raised that error from deep inside (a traceback)."""
+    config = transformers.Gemma4TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=VOCAB, layer_types=["sliding_attention", "full_attention"], sliding_window=32,
+        max_position_embeddings=128)
+    source, out = _saved(config, tmp_path / "model"), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"]) == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert model.config.hidden_activation == "relu" and not any(lg.is_reluizable(m) for m in model.modules())
+    assert all(isinstance(layer.mlp.act_fn, torch.nn.ReLU) for layer in model.model.layers)
+
+
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_a_mixture_of_experts_converts_without_the_default_refit_and_refuses_one_given(family, tmp_path, capsys):
     """transformers keeps a mixture's experts as one gate-up and one down tensor, applied without a layer the refit

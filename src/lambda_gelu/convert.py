@@ -337,8 +337,8 @@ def _relu_fields(config, prefix: str = "") -> dict[str, str | bool]:
     to put there; a field of a config inside it (T5Gemma's ``encoder`` and ``decoder``, a multimodal model's
     ``text_config`` and ``vision_config``) by its dotted path, ``encoder.hidden_activation``."""
     out = {}
-    for name in config.to_dict():
-        value = getattr(config, name, None)
+    for name, written in config.to_dict().items():
+        value = vars(config).get(name, written)  # not getattr: a field that varies by layer (Gemma 4's) raises
         if callable(getattr(value, "to_dict", None)) and hasattr(value, "model_type"):  # a config inside this one
             out.update(_relu_fields(value, f"{prefix}{name}."))
         elif name in _GELU_SWITCHES and value is True:
