@@ -487,8 +487,8 @@ def test_a_multimodal_models_vision_tower_which_text_never_reaches_stays_as_it_w
 
 def test_a_model_whose_activations_text_never_reaches_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
     import lambda_gelu.hf.convert as hf_convert
-    monkeypatch.setattr(hf_convert, "unreached_activations",  # as if none were reached
-                        lambda model, batch: [n for n, m in model.named_modules() if lg.is_reluizable(m)])
+    monkeypatch.setattr(hf_convert, "never_reached",  # as if none were reached
+                        lambda model, reached: [n for n, m in model.named_modules() if lg.is_reluizable(m)])
     source = _tiny_llama(tmp_path / "model")
     assert main(["reluize", str(source), "--out", str(tmp_path / "relu"), "--steps", "2"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (

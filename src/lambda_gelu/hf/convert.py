@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 
+from ..convert import is_reluizable
 from ..keep import keep_
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
 from ..reluize.precision import autocast_dtype
-from ..reluize.probes import functional_gelu_calls, unreached_activations
+from ..reluize.probes import functional_gelu_calls, never_reached
 from ..reluize.refit import find_consumers
 from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
@@ -183,10 +184,9 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     text = corpus(tokenizer, seed=seed, batch_size=batch_size, max_tokens=config.max_tokens,
                   batching=config.batching, extra=extra, decoder=decoder)
     train, lengths, held_batches = text.train, text.lengths, text.held_batches()
-    problem = _forward_problem(model, held_batches[0])
+    problem, unreached = _forward_problem(model, held_batches[0])  # unreached: a vision tower text never trains
     if problem:  # a model that cannot be saved as ReLU is told so first, whatever its forward does
         raise CheckpointError(f"{model_name}: {unsaveable or problem}" + (UNSAVEABLE if unsaveable else ""))
-    unreached = unreached_activations(model, held_batches[0])  # a vision tower: text would never train it
     if len(unreached) == sum(lg.is_reluizable(m) for m in model.modules()):
         raise CheckpointError(f"{model_name}: none of its activation modules is reached by a forward on text (from "
                               f"'{unreached[0]}'): nothing a conversion on text can train")
@@ -355,18 +355,25 @@ def _activation_kinds(model: torch.nn.Module) -> list[str]:
                    and re.search(r"gelu|silu|swish|relu|act|elu$", type(m).__name__, re.IGNORECASE)})
 
 
-def _forward_problem(model: torch.nn.Module, batch: dict) -> str | None:
+def _forward_problem(model: torch.nn.Module, batch: dict) -> tuple[str | None, list[str]]:
     """Why ``model`` cannot be converted on text, found by one forward of ``batch``: its own forward fails there (a
-    model that reads tables or images), or it gives no hidden states."""
+    model that reads tables or images), or it gives no hidden states; and, where it can, the activation modules that
+    forward never reaches, none of their kind either (:func:`~lambda_gelu.reluize.probes.never_reached`)."""
+    reached = set()
+    handles = [m.register_forward_pre_hook(lambda mod, args: reached.add(mod))
+               for m in model.modules() if is_reluizable(m)]
     try:
         with torch.no_grad():
             out = model(**batch, output_hidden_states=True)
     except Exception as e:  # noqa: BLE001 - the model's own forward on its own tokenizer's text: said in one line
         return (f"its forward fails on a batch of its tokenizer's text ({type(e).__name__}: {_first_line(e)}), "
-                "which is what reluize trains and measures on")
+                "which is what reluize trains and measures on"), []
+    finally:
+        for handle in handles:
+            handle.remove()
     if hidden_states(out) is None:
-        return f"{type(model).__name__}'s output has no hidden_states, which reluize measures and distils"
-    return None
+        return f"{type(model).__name__}'s output has no hidden_states, which reluize measures and distils", []
+    return None, never_reached(model, reached)
 
 
 def _functional_gates(model: torch.nn.Module, tokenizer) -> list[str]:

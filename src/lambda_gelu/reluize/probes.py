@@ -14,7 +14,7 @@ from torch.overrides import TorchFunctionMode
 from ..batches import run_batch
 from ..convert import eval_mode, is_reluizable, is_silu_like
 
-__all__ = ["functional_gelu_calls", "unreached_activations", "never_reached", "run_hooked"]
+__all__ = ["functional_gelu_calls", "never_reached", "run_hooked"]
 
 
 class _GateCallsOutsideModules(TorchFunctionMode):
@@ -72,19 +72,10 @@ def functional_gelu_calls(model: nn.Module, batch, silu: bool | None = None, rea
             + f" applies {func}" for (cls, func), names in found.items()]
 
 
-def unreached_activations(model: nn.Module, batch) -> list[str]:
-    """The GELU- and SiLU-like modules of ``model`` that a forward of ``batch`` never runs, where none of their kind
-    runs either — the same name with any layer or expert number: a mixture's expert the batch routes nothing to is
-    trained when another batch routes to it, a vision tower on text never is."""
-    reached = set()
-    run_hooked(model, batch, [m.register_forward_pre_hook(lambda mod, args: reached.add(mod))
-                              for m in model.modules() if is_reluizable(m)])
-    return never_reached(model, reached)
-
-
 def never_reached(model: nn.Module, reached: set) -> list[str]:
-    """:func:`unreached_activations` of a forward that has run: the GELU- and SiLU-like modules of ``model`` not in
-    ``reached``, nor of a kind any of them is."""
+    """The GELU- and SiLU-like modules of ``model`` a forward that has run never reached (not in ``reached``), where
+    none of their kind was either — the same name with any layer or expert number: a mixture's expert the batch routes
+    nothing to is trained when another batch routes to it, a vision tower on text never is."""
     def kind(name: str) -> str:
         return re.sub(r"\.\d+(?=\.|$)", ".*", name)
 
