@@ -42,8 +42,7 @@ from .convert import _plain
 from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "Rows", "gated_parts", "sparse_gated_reference",
-           "sparse_gated_int8_reference",
-           "quantize_rows", "screen_rows", "int16_rows", "gated_mlps"]
+           "sparse_gated_int8_reference", "quantize_rows", "screen_rows", "int16_rows", "gated_mlps"]
 
 
 @dataclass(frozen=True)
