@@ -536,6 +536,26 @@ def test_a_config_that_sets_its_activation_itself_as_it_loads_is_refused(tmp_pat
     assert not out.exists()
 
 
+def test_an_image_text_model_whose_text_model_has_only_gates_applied_as_functions_is_refused_naming_one(tmp_path,
+                                                                                                        capsys):
+    """LFM2-VL: its vision tower's GELUs are the only modules to convert, and text never reaches them, while its text
+    model applies SiLU as a function: the refusal says where, as the one of a text-only LFM2 does."""
+    text = dict(model_type="lfm2", hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, vocab_size=VOCAB + 8, max_position_embeddings=128, pad_token_id=0,
+                layer_types=["conv", "full_attention"])
+    vision = dict(model_type="siglip2_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, patch_size=14)
+    config = transformers.Lfm2VlConfig(text_config=text, vision_config=vision, image_token_id=VOCAB + 5,
+                                       projector_hidden_size=32)
+    source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {source}: none of its activation modules is reached by a forward on text (from "
+        "'model.vision_tower.encoder.layers.0.mlp.activation_fn'): nothing a conversion on text can train (Lfm2MLP at "
+        "'model.language_model.layers.0.feed_forward' (and 1 more of its class) applies silu as a function)")
+    assert not out.exists()
+
+
 def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_function(tmp_path):
     """XLM's and FlauBERT's config choose GELU by a boolean, whose false builds ``nn.functional.relu`` as a plain
     attribute: the same arithmetic as the converted network's ``nn.ReLU``, so its checkpoint is written."""

@@ -18,6 +18,7 @@ import os
 import re
 import time
 import warnings
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,8 +189,12 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     if problem:  # a model that cannot be saved as ReLU is told so first, whatever its forward does
         raise CheckpointError(f"{model_name}: {unsaveable or problem}" + (UNSAVEABLE if unsaveable else ""))
     if len(unreached) == sum(lg.is_reluizable(m) for m in model.modules()):
+        kinds = _activation_kinds(model, leave=set(unreached))  # what text does reach: ReLU², a gate as a function
+        found = [f"its other activations are {', '.join(kinds)}"] if kinds else []
+        found += [f"{call} as a function" for call in _functional_gates(model, tokenizer)[:1]]
         raise CheckpointError(f"{model_name}: none of its activation modules is reached by a forward on text (from "
-                              f"'{unreached[0]}'): nothing a conversion on text can train")
+                              f"'{unreached[0]}'): nothing a conversion on text can train"
+                              + (f" ({'; '.join(found)})" if found else ""))
     put_back = keep_(model, unreached)
     kept_note = (f"activation modules text never reaches left as they were ({len(unreached)}, from "
                  f"'{unreached[0]}'): training on text would make them ReLU untrained") if unreached else None
@@ -348,10 +353,10 @@ def _copy(src: Path, dst: Path) -> None:
     (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
 
 
-def _activation_kinds(model: torch.nn.Module) -> list[str]:
-    """The classes of ``model``'s activation modules, by their names (``BloomGelu``, ``ReLUSquaredActivation``,
-    ``ReLU``): what a refusal can name where none is one the conversion takes."""
-    return sorted({type(m).__name__ for m in model.modules() if not list(m.children())
+def _activation_kinds(model: torch.nn.Module, leave: Collection[str] = ()) -> list[str]:
+    """The classes of ``model``'s activation modules but those named in ``leave``, by their names (``BloomGelu``,
+    ``ReLUSquaredActivation``, ``ReLU``): what a refusal can name where none is one the conversion takes."""
+    return sorted({type(m).__name__ for name, m in model.named_modules() if not list(m.children()) and name not in leave
                    and re.search(r"gelu|silu|swish|relu|act|elu$", type(m).__name__, re.IGNORECASE)})
 
 
