@@ -497,6 +497,18 @@ def test_a_model_whose_activations_text_never_reaches_is_refused_in_one_line(tmp
     assert not (tmp_path / "relu").exists()
 
 
+TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                   patch_size=14)
+
+
+def _image_text_refusal(config, tmp_path: Path, capsys) -> tuple[Path, str]:
+    """A tiny image-text checkpoint of ``config`` and the CLI's one line refusing it (exit 2, nothing written)."""
+    source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
+    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 2
+    assert not out.exists()
+    return source, capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_a_field_the_text_model_shares_with_a_module_text_never_reaches_is_refused_naming_that_module(tmp_path,
                                                                                                        capsys):
     """Idefics2's projector between its vision tower and its text model is built from the text model's ``hidden_act``:
@@ -506,16 +518,11 @@ def test_a_field_the_text_model_shares_with_a_module_text_never_reaches_is_refus
     text = transformers.MistralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                                       num_key_value_heads=1, head_dim=16, vocab_size=VOCAB + 8,
                                       max_position_embeddings=128, pad_token_id=0)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
-    config = transformers.Idefics2Config(text_config=text, vision_config=vision, perceiver_config={"hidden_size": 32},
-                                         image_token_id=VOCAB + 5)
-    source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
-    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        f"error: {source}: at 'model.connector.modality_projection.act_fn' the converted network has SiLUActivation but "
-        "its config (activation fields naming GELU or SiLU: ")
-    assert not out.exists()
+    config = transformers.Idefics2Config(text_config=text, vision_config=TINY_VISION,
+                                         perceiver_config={"hidden_size": 32}, image_token_id=VOCAB + 5)
+    source, said = _image_text_refusal(config, tmp_path, capsys)
+    assert said.startswith(f"error: {source}: at 'model.connector.modality_projection.act_fn' the converted network "
+                           "has SiLUActivation but its config (activation fields naming GELU or SiLU: ")
 
 
 def test_a_config_that_sets_its_activation_itself_as_it_loads_is_refused(tmp_path, capsys):
@@ -524,16 +531,12 @@ def test_a_config_that_sets_its_activation_itself_as_it_loads_is_refused(tmp_pat
     text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                 num_key_value_heads=1, head_dim=16, vocab_size=VOCAB + 8, max_position_embeddings=128,
                 moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, pad_token_id=0)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
-    config = transformers.AutoConfig.for_model("step3p7", text_config=text, vision_config=vision,
+    config = transformers.AutoConfig.for_model("step3p7", text_config=text, vision_config=TINY_VISION,
                                                image_token_id=VOCAB + 5)
-    source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
-    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        f"error: {source}: at 'model.language_model.layers.0.mlp.act_fn' the converted network has ReLU but its config "
-        "(activation fields naming GELU or SiLU: text_config.hidden_act='silu') builds SiLUActivation there")
-    assert not out.exists()
+    source, said = _image_text_refusal(config, tmp_path, capsys)
+    assert said.startswith(f"error: {source}: at 'model.language_model.layers.0.mlp.act_fn' the converted network has "
+                           "ReLU but its config (activation fields naming GELU or SiLU: text_config.hidden_act='silu') "
+                           "builds SiLUActivation there")
 
 
 def test_an_image_text_model_whose_text_model_has_only_gates_applied_as_functions_is_refused_naming_one(tmp_path,
@@ -547,13 +550,11 @@ def test_an_image_text_model_whose_text_model_has_only_gates_applied_as_function
                   num_attention_heads=2, patch_size=14)
     config = transformers.Lfm2VlConfig(text_config=text, vision_config=vision, image_token_id=VOCAB + 5,
                                        projector_hidden_size=32)
-    source, out = _saved(config, tmp_path / "model", "AutoModelForImageTextToText"), tmp_path / "relu"
-    assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4"]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: {source}: none of its activation modules is reached by a forward on text (from "
-        "'model.vision_tower.encoder.layers.0.mlp.activation_fn'): nothing a conversion on text can train (Lfm2MLP at "
-        "'model.language_model.layers.0.feed_forward' (and 1 more of its class) applies silu as a function)")
-    assert not out.exists()
+    source, said = _image_text_refusal(config, tmp_path, capsys)
+    assert said == (f"error: {source}: none of its activation modules is reached by a forward on text (from "
+                    "'model.vision_tower.encoder.layers.0.mlp.activation_fn'): nothing a conversion on text can train "
+                    "(Lfm2MLP at 'model.language_model.layers.0.feed_forward' (and 1 more of its class) applies silu as "
+                    "a function)")
 
 
 def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_function(tmp_path):
