@@ -1,21 +1,26 @@
 """Does my model convert? Every architecture the installed transformers builds for `AutoModelForCausalLM` (with
 `--kind encoder`: every text encoder it has a masked-LM head for, as the bare `AutoModel` a sentence-transformers
 checkpoint holds; with `--kind seq2seq`: every encoder-decoder it builds for `AutoModelForSeq2SeqLM`, T5's and BART's
-kinds), as a tiny random checkpoint saved as transformers saves it, through `lambda-gelu reluize`'s default command
-(its refit and threshold defaults; two steps), then loaded back with plain transformers.
+kinds; with `--kind multimodal`: every image-text model it builds for `AutoModelForImageTextToText`, its text model
+converted on text), as a tiny random checkpoint saved as transformers saves it, through `lambda-gelu reluize`'s
+default command (its refit and threshold defaults; two steps), then loaded back with plain transformers.
 
-    python experiments/families.py                  # docs/families.md, ≈ 20 minutes on 2 cores
-    python experiments/families.py --kind encoder   # docs/families_encoders.md, ≈ 5 minutes
-    python experiments/families.py --kind seq2seq   # docs/families_seq2seq.md, ≈ 5 minutes
+    python experiments/families.py                     # docs/families.md, ≈ 20 minutes on 2 cores
+    python experiments/families.py --kind encoder      # docs/families_encoders.md, ≈ 5 minutes
+    python experiments/families.py --kind seq2seq      # docs/families_seq2seq.md, ≈ 5 minutes
+    python experiments/families.py --kind multimodal   # docs/families_multimodal.md, ≈ 10 minutes
 
 Each architecture's config is its own defaults with a small width, two layers (the first two of its layer types, a
 second kind where it has one; an encoder-decoder's decoder starting from token 0 where its default names none, as
-T5's checkpoints name it, or one outside the tiny vocabulary) and MiniLM's tokenizer; one whose tiny config cannot
-be built, is composite (a text config inside), holds more than 5 million parameters, or whose own forward fails on a
-padded batch, is counted apart: that says nothing of its real checkpoints. Outcomes:
+T5's checkpoints name it, or one outside the tiny vocabulary) and MiniLM's tokenizer; a composite's (a text config
+inside, as an image-text model's) each of its configs so, images of two patches a side, its image tokens numbered
+after the tokenizer's. One whose tiny config cannot be built, is composite (but with `--kind multimodal`), holds more
+than 5 million parameters, or whose own forward fails on a padded batch, is counted apart: that says nothing of its
+real checkpoints. Outcomes:
 
-- *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left, its ReLUs counted (and a
-  gate its code applies as a function, which stays as it was, named; XLM's config builds its ReLU as a function);
+- *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left but those text never reaches
+  (a vision tower: left as they were, counted), its ReLUs counted (and a gate its code applies as a function, which
+  stays as it was, named; XLM's config builds its ReLU as a function);
 - *refused*: exit 2 with its one line (what the conversion cannot keep, and why);
 - *crashed*: anything else — a bug of this project's, listed in full.
 """
@@ -38,7 +43,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import CONFIG_MAPPING  # noqa: E402
 from transformers.models.auto.modeling_auto import (  # noqa: E402
-    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES, MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
 
 import lambda_gelu as lg  # noqa: E402
 from lambda_gelu.hf.text import decoder_inputs, teacher_forced  # noqa: E402
@@ -49,7 +55,9 @@ KINDS = {"causal": ("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "
                     "docs/families.md"),
          "encoder": ("AutoModel", MODEL_FOR_MASKED_LM_MAPPING_NAMES, "text encoders", "docs/families_encoders.md"),
          "seq2seq": ("AutoModelForSeq2SeqLM", MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-                     "encoder-decoder language models", "docs/families_seq2seq.md")}
+                     "encoder-decoder language models", "docs/families_seq2seq.md"),
+         "multimodal": ("AutoModelForImageTextToText", MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+                        "image-text models", "docs/families_multimodal.md")}
 MAX_PARAMETERS = 5_000_000
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
              head_dim=16, max_position_embeddings=128, sliding_window=32, n_embd=32, n_layer=2, n_head=2, n_inner=64,
@@ -57,18 +65,54 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atte
              encoder_attention_heads=2, decoder_ffn_dim=64, encoder_ffn_dim=64, moe_intermediate_size=32,
              shared_expert_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4,
              num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
-             v_head_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+             v_head_dim=16, hidden_size_per_layer_input=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+# a composite's other configs (vision, audio, ...): images of two patches a side, and the fields of vision
+# transformers and projectors that name their widths, depth and heads otherwise (Qwen2-VL's, Llama 4's, Command A's)
+IMAGES = dict(image_size=28, patch_size=14, embed_dim=32, depth=2, num_heads=2, out_hidden_size=32,
+              vision_output_dim=32, projector_input_dim=32, projector_output_dim=32, alignment_intermediate_size=64)
+MEDIA_TOKENS = 16  # a composite's vocabulary: the tokenizer's, then its image (video, ...) tokens, which text never holds
 
 
 def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
     """``model_type``'s config at its defaults, made small (the :data:`SMALL` fields it has, ``vocab`` tokens; an
-    encoder-decoder's ``encoder`` and ``decoder`` configs, as T5Gemma keeps them, each so)."""
-    def small(config) -> dict:  # the SMALL fields ``config`` has
-        return {k: v for k, v in {**SMALL, "vocab_size": vocab}.items() if hasattr(config, k)}
+    encoder-decoder's ``encoder`` and ``decoder`` configs, as T5Gemma keeps them, each so; a composite's configs,
+    text, vision or other, each so, images of :data:`IMAGES`, its media tokens numbered from ``vocab`` on)."""
+    def has(config, field: str) -> bool:  # a field that varies by layer (Gemma 4's head_dim) is one it has
+        try:
+            return hasattr(config, field)
+        except AttributeError:
+            return False
+        except Exception:  # noqa: BLE001 - transformers' per-layer attribute error
+            return True
+
+    def small(config, **more) -> dict:  # the SMALL fields ``config`` has, its vocabularies of ``vocab`` tokens
+        tokens = more.pop("vocab_size", vocab)
+        return {k: v for k, v in {**SMALL, "vocab_size": tokens, "vocab_size_per_layer_input": tokens, **more}.items()
+                if has(config, k)}
+
+    def layers(config) -> dict:  # the first layer's kind, and another kind where it has one (a hybrid's full attention)
+        types = list(getattr(config, "layer_types", None) or [])
+        return {"layer_types": [types[0], next((t for t in types if t != types[0]), types[0])]} if types else {}
+
+    def sections(config) -> dict:  # a rotary split in sections (Qwen2-VL's, by time, height, width), of the tiny head
+        if "mrope_section" not in getattr(type(config), "ignore_keys_at_rope_validation", ()):
+            return {}
+        rope = dict(getattr(config, "rope_parameters", None) or {})
+        half = int(SMALL["head_dim"] * rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1)))
+        half //= 2
+        return {"rope_parameters": {**rope, "mrope_section": [half - 2 * (half // 3), half // 3, half // 3]}}
 
     cls = CONFIG_MAPPING[model_type]
     default = cls()
     kwargs = small(default)
+    if getattr(default, "text_config", None) is not None:  # a composite: a text model inside another
+        more = dict(vocab_size=vocab + MEDIA_TOKENS, **IMAGES)
+        kwargs = small(default, **more)
+        kwargs.update({side: type(inner)(**small(inner, **more), **layers(inner), **sections(inner))
+                       for side, inner in vars(default).items() if isinstance(inner, transformers.PretrainedConfig)})
+        media = [k for k, v in vars(default).items() if k.endswith(("_token_id", "_token_index")) and
+                 isinstance(v, int) and k not in ("pad_token_id", "bos_token_id", "eos_token_id")]
+        kwargs.update({k: vocab + i for i, k in enumerate(media[:MEDIA_TOKENS])})
     for side in ("encoder", "decoder"):
         inner = getattr(default, side, None)
         if isinstance(inner, transformers.PretrainedConfig) and not hasattr(inner, "text_config"):
@@ -78,19 +122,17 @@ def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
         start = getattr(default, "decoder_start_token_id", None)
         if start is None or start >= vocab:
             kwargs["decoder_start_token_id"] = 0
-    types = list(getattr(default, "layer_types", None) or [])
-    if types:  # the first layer's kind, and another kind where it has one (a hybrid's full attention)
-        kwargs["layer_types"] = [types[0], next((t for t in types if t != types[0]), types[0])]
-    return cls(**kwargs)
+    return cls(**kwargs, **layers(default))
 
 
 def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
     """(outcome, what it says) for ``model_type`` built as ``auto`` (a transformers auto class) and converted in
     ``root``."""
     try:
-        config = tiny(model_type, len(tokenizer))
-        if getattr(config, "text_config", None) is not None:
+        composite = getattr(CONFIG_MAPPING[model_type](), "text_config", None) is not None
+        if composite and auto is not transformers.AutoModelForImageTextToText:
             return "not built", "composite: a text model inside another"
+        config = tiny(model_type, len(tokenizer))
         with torch.device("meta"):
             size = sum(p.numel() for p in auto.from_config(config).parameters())
         if size > MAX_PARAMETERS:
@@ -117,13 +159,16 @@ def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
     if code != 0:
         return ("refused" if code == 2 else "crashed"), said
     reloaded = auto.from_pretrained(out)
-    left = sorted({type(m).__name__ for m in reloaded.modules() if lg.is_reluizable(m)})
+    report = json.loads((out / "reluize_report.json").read_text())
+    kept = tuple(report["kept"])  # modules text never reaches (a vision tower), left as they were
+    left = sorted({type(m).__name__ for name, m in reloaded.named_modules() if lg.is_reluizable(m) and not any(
+        name == k or name.startswith(k + ".") for k in kept)})
     if left:
         return "crashed", f"reloads with {', '.join(left)} left"
     relus = sum(isinstance(m, torch.nn.ReLU) for m in reloaded.modules())
     functions = sum(v is torch.nn.functional.relu for m in reloaded.modules() for v in vars(m).values())  # XLM's
-    report = json.loads((out / "reluize_report.json").read_text())
     notes = ["the refit left out"] if report["refit_note"] and not report["refit"] else []
+    notes += [f"modules text never reaches left as they were: {len(kept)}"] if kept else []
     notes += [f"left as it was: {call} as a function" for call in report["functional"]]
     return "converted", "; ".join([f"ReLU × {relus}" if relus or not functions else
                                    f"ReLU × {functions} as a function (its config's choice)", *notes])
@@ -132,8 +177,8 @@ def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=list(KINDS), default="causal")
-    parser.add_argument("--output", help="default: docs/families.md, docs/families_encoders.md or "
-                        "docs/families_seq2seq.md")
+    parser.add_argument("--output", help="default: docs/families.md, docs/families_encoders.md, "
+                        "docs/families_seq2seq.md or docs/families_multimodal.md")
     parser.add_argument("--only", nargs="+", help="these model types only")
     args = parser.parse_args()
     auto_name, architectures, title, output = KINDS[args.kind]
