@@ -8,7 +8,7 @@ default command (its refit and threshold defaults; two steps), then loaded back 
     python experiments/families.py                     # docs/families.md, ≈ 20 minutes on 2 cores
     python experiments/families.py --kind encoder      # docs/families_encoders.md, ≈ 5 minutes
     python experiments/families.py --kind seq2seq      # docs/families_seq2seq.md, ≈ 5 minutes
-    python experiments/families.py --kind multimodal   # docs/families_multimodal.md, ≈ 10 minutes
+    python experiments/families.py --kind multimodal   # docs/families_multimodal.md, ≈ 15 minutes
 
 Each architecture's config is its own defaults with a small width, two layers (the first two of its layer types, a
 second kind where it has one; an encoder-decoder's decoder starting from token 0 where its default names none, as
