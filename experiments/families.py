@@ -70,7 +70,7 @@ SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atte
 # transformers and projectors that name their widths, depth and heads otherwise (Qwen2-VL's, Llama 4's, Command A's)
 IMAGES = dict(image_size=28, patch_size=14, embed_dim=32, depth=2, num_heads=2, out_hidden_size=32,
               vision_output_dim=32, projector_input_dim=32, projector_output_dim=32, alignment_intermediate_size=64)
-MEDIA_TOKENS = 16  # a composite's vocabulary: the tokenizer's, then its image (video, ...) tokens, which text never holds
+MEDIA_TOKENS = 16  # a composite's vocabulary: the tokenizer's, then its image (video, ...) tokens, never in text
 
 
 def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:

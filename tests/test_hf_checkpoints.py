@@ -553,8 +553,8 @@ def test_an_image_text_model_whose_text_model_has_only_gates_applied_as_function
     source, said = _image_text_refusal(config, tmp_path, capsys)
     assert said == (f"error: {source}: none of its activation modules is reached by a forward on text (from "
                     "'model.vision_tower.encoder.layers.0.mlp.activation_fn'): nothing a conversion on text can train "
-                    "(Lfm2MLP at 'model.language_model.layers.0.feed_forward' (and 1 more of its class) applies silu as "
-                    "a function)")
+                    "(Lfm2MLP at 'model.language_model.layers.0.feed_forward' (and 1 more of its class) applies silu "
+                    "as a function)")
 
 
 def test_xlm_says_relu_by_its_gelu_activation_switch_and_reloads_with_relu_as_a_function(tmp_path):
