@@ -29,7 +29,7 @@ from ..keep import keep_
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
 from ..reluize.precision import autocast_dtype
-from ..reluize.probes import functional_gelu_calls, never_reached
+from ..reluize.probes import functional_gelu_calls, never_reached, run_hooked
 from ..reluize.refit import find_consumers
 from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
@@ -365,17 +365,12 @@ def _forward_problem(model: torch.nn.Module, batch: dict) -> tuple[str | None, l
     model that reads tables or images), or it gives no hidden states; and, where it can, the activation modules that
     forward never reaches, none of their kind either (:func:`~lambda_gelu.reluize.probes.never_reached`)."""
     reached = set()
-    handles = [m.register_forward_pre_hook(lambda mod, args: reached.add(mod))
-               for m in model.modules() if is_reluizable(m)]
     try:
-        with torch.no_grad():
-            out = model(**batch, output_hidden_states=True)
+        out = run_hooked(model, batch, [m.register_forward_pre_hook(lambda mod, args: reached.add(mod))
+                                        for m in model.modules() if is_reluizable(m)], hidden_states=True)
     except Exception as e:  # noqa: BLE001 - the model's own forward on its own tokenizer's text: said in one line
         return (f"its forward fails on a batch of its tokenizer's text ({type(e).__name__}: {_first_line(e)}), "
                 "which is what reluize trains and measures on"), []
-    finally:
-        for handle in handles:
-            handle.remove()
     if hidden_states(out) is None:
         return f"{type(model).__name__}'s output has no hidden_states, which reluize measures and distils", []
     return None, never_reached(model, reached)

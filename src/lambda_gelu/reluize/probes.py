@@ -84,12 +84,13 @@ def never_reached(model: nn.Module, reached: set) -> list[str]:
     return [name for m, name in modules.items() if m not in reached and kind(name) not in kinds]
 
 
-def run_hooked(model: nn.Module, batch, handles: list) -> None:
+def run_hooked(model: nn.Module, batch, handles: list, hidden_states: bool = False):
     """One forward of ``batch`` through ``model`` in eval mode without gradients, for the hooks ``handles`` to see;
-    they are removed after it, whatever happens."""
+    they are removed after it, whatever happens. Returns its output (``hidden_states``: as
+    :func:`~lambda_gelu.batches.run_batch` asks for them)."""
     try:
         with torch.no_grad(), eval_mode(model):
-            run_batch(model, batch)
+            return run_batch(model, batch, hidden_states=hidden_states)
     finally:
         for h in handles:
             h.remove()
