@@ -433,10 +433,11 @@ def _fitting_fields(hf: nn.Module, becomes_relu: FilterFn) -> tuple[dict, str | 
     fitting = next((some for some in subsets if _mismatch(hf, some, becomes_relu) is None), None)
     if fitting is not None:
         return fitting, None
-    converted = next((some for some in [*reversed(subsets), fields]
-                      if _mismatch(hf, some, becomes_relu, with_kept=False) is None), None)
-    return fields, (_mismatch(hf, converted, becomes_relu) if converted is not None else
-                    _mismatch(hf, fields, becomes_relu, with_kept=False) or problem)
+    for some in [*reversed(subsets), fields]:  # the fewest fields first
+        converted = _mismatch(hf, some, becomes_relu, with_kept=False)
+        if converted is None:
+            return fields, _mismatch(hf, some, becomes_relu)
+    return fields, converted  # every field set: where a converted module still differs
 
 
 def relu_config_problem(model: nn.Module, becomes_relu: FilterFn | None = None) -> str | None:
