@@ -39,17 +39,19 @@ RATE = 0.5     # the share of each step's measured shift that is applied
 QUANTILE_MAX = 1 << 24  # the most values torch.quantile takes
 
 
-# the layouts whose gate is a layer of its own, whose whole output and bias the threshold reads and moves
+# the layouts whose gate is a layer of its own, whose whole output and bias the threshold reads and moves; not a
+# bundled one (Phi-3's gate_up_proj: up's half would be thresholded too)
 SEPARATE = tuple(layout for layout in GATED_LAYOUTS if not layout.bundled)
+BUNDLED = tuple(layout for layout in GATED_LAYOUTS if layout.bundled)
 
 
-def gated_ffns(model: nn.Module) -> list[tuple[str, nn.Module, tuple[nn.Linear, nn.Linear, nn.Linear]]]:
-    """(name, FFN, (gate, up, down)) of every gated FFN in ``model`` laid out as one of
-    :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` with ``nn.Linear`` projections, whatever its activation; not a
-    bundled layout's (Phi-3's ``gate_up_proj``: up's half would be thresholded too)."""
+def gated_ffns(model: nn.Module, layouts: Sequence = SEPARATE) -> list[tuple[str, nn.Module, tuple[nn.Linear, ...]]]:
+    """(name, FFN, (gate, up, down)) of every gated FFN in ``model`` laid out as one of ``layouts`` (those of
+    :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` the threshold takes) with ``nn.Linear`` projections, whatever
+    its activation."""
     found = []
     for name, m in model.named_modules():
-        for layout in SEPARATE:
+        for layout in layouts:
             parts = tuple(getattr(m, a, None) for a in (layout.gate, layout.up, layout.down))
             if hasattr(m, layout.act) and all(isinstance(p, nn.Linear) for p in parts):
                 found.append((name, m, parts))
@@ -60,12 +62,9 @@ def gate_zeros_problem(model: nn.Module) -> str | None:
     """Why ``model``'s gates cannot be thresholded (None if they can): it has no gated FFN, or a Hugging Face model in
     it could not save the biases on its gated FFNs."""
     if not gated_ffns(model):
-        bundled = next((lay for m in model.modules() for lay in GATED_LAYOUTS
-                        if lay.bundled and hasattr(m, lay.act) and isinstance(getattr(m, lay.gate, None), nn.Linear)),
-                       None)
-        if bundled:
-            return (f"its gated FFNs hold gate and up in one layer ({bundled.gate}), where a bias would shift up's "
-                    "half too: the threshold biases a gate of its own layer")
+        if gated_ffns(model, BUNDLED):
+            return (f"its gated FFNs hold gate and up in one layer ({', '.join(lay.gate for lay in BUNDLED)}), where "
+                    "a bias would shift up's half too: the threshold biases a gate of its own layer")
         return "the model has no gated FFN (" + "; ".join(
             f"{lay.gate}, {lay.up}, {lay.down} and {lay.act}" for lay in SEPARATE) + ") to threshold"
     for _, hf in _hugging_face_models(model):
