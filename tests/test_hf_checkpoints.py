@@ -676,6 +676,71 @@ def test_a_gguf_file_loads_dequantised_as_a_plain_checkpoint(tmp_path):
     assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
 
 
+def _gguf(config, path: Path, auto: str = "AutoModelForCausalLM", **extra) -> Path:
+    """A tiny random model of ``config`` written as the GGUF file ``path`` (the writer's vocabulary)."""
+    tiny_gguf = pytest.importorskip("tiny_gguf")
+    pytest.importorskip("gguf")
+    torch.manual_seed(0)
+    model = getattr(transformers, auto).from_config(config).eval()
+    tiny_gguf.write(model, path, extra=extra)
+    return model
+
+
+def _gguf_vocab() -> int:
+    import tiny_gguf
+    return len(tiny_gguf.vocabulary()[0])
+
+
+def test_a_gguf_file_loads_as_its_own_class_every_weight_as_written(tmp_path):
+    """A Llama file and a mixture of experts (Qwen3-MoE, whose experts llama.cpp stores as one tensor each for
+    gate, up and down): loaded as transformers loads them, every weight equal to the model written; llama.cpp's
+    factors of the rotary frequencies, which transformers does not read, said."""
+    from lambda_gelu.hf import load
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=_gguf_vocab(), eos_token_id=0, pad_token_id=1, bos_token_id=2)
+    for config in (transformers.LlamaConfig(**small),
+                   transformers.Qwen3MoeConfig(**small, num_experts=4, num_experts_per_tok=2)):  # GGUF's expert width
+        path = tmp_path / f"{config.model_type}.gguf"
+        written = _gguf(config, path, **{"rope_freqs.weight": torch.ones(4).numpy()}).state_dict()
+        loaded = load(path)
+        assert type(loaded.model).__name__ == f"{type(config).__name__.removesuffix('Config')}ForCausalLM"
+        assert loaded.causal and loaded.note.endswith(
+            f"as {type(loaded.model).__name__}; transformers does not read its rope_freqs.weight (llama.cpp's factors "
+            "of the rotary frequencies): its rotary embedding is the config's alone")
+        back = loaded.model.state_dict()
+        assert back.keys() == written.keys() and all(torch.equal(back[k], written[k]) for k in written)
+
+
+def test_a_gguf_encoder_decoder_converts_to_a_relu_checkpoint(tmp_path):
+    """A UMT5 file (llama.cpp's ``t5`` architecture): loaded as the encoder-decoder transformers reads it as, both
+    stacks converted, written as ReLU. It was refused before: read as a causal LM, which no T5 is."""
+    config = transformers.UMT5Config(d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16, vocab_size=_gguf_vocab(),
+                                     decoder_start_token_id=0, eos_token_id=0, pad_token_id=1)
+    _gguf(config, tmp_path / "umt5.gguf", "AutoModelForSeq2SeqLM")
+    out = tmp_path / "relu"
+    assert main(["reluize", str(tmp_path / "umt5.gguf"), "--out", str(out), "--steps", "2", "--batch-size", "4",
+                 "--quiet"]) == 0
+    relu = transformers.AutoModelForSeq2SeqLM.from_pretrained(out)
+    assert type(relu).__name__ == "UMT5ForConditionalGeneration"
+    assert sum(isinstance(m, torch.nn.ReLU) for m in relu.modules()) == 4
+    assert not any(lg.is_reluizable(m) for m in relu.modules())
+
+
+def test_a_gguf_tensor_no_class_reads_is_refused_by_name(tmp_path, capsys):
+    """transformers' GGUF reader skips a tensor it has no place for without a word: the conversion would write a
+    checkpoint without it. Refused, naming it, nothing written (it converted before)."""
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=_gguf_vocab(), eos_token_id=0, pad_token_id=1, bos_token_id=2)
+    _gguf(transformers.LlamaConfig(**small), tmp_path / "m.gguf", **{"blk.0.ffn_extra.weight": torch.ones(4).numpy(),
+                                                                      "rope_freqs.weight": torch.ones(8).numpy()})
+    assert main(["reluize", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "no"), "--steps", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'm.gguf'}: LlamaForCausalLM leaves 1 of its weights unused (blk.0.ffn_extra.weight), "
+        "LlamaModel leaves 2 of its weights unused (blk.0.ffn_extra.weight, output.weight), which its ReLU "
+        "checkpoint would lose")
+    assert not (tmp_path / "no").exists()
+
+
 def test_a_gguf_file_without_the_gguf_package_says_what_to_install(tmp_path, capsys, monkeypatch):
     import importlib.util
     fake = tmp_path / "model.gguf"

@@ -7,6 +7,9 @@
   LM's), so that the checkpoint written keeps every weight; where that class would leave weights unused but the
   bare model uses them all (a pooler, a base model saved under a head's name), as the bare model, and the caller
   is told. Only when every candidate would drop weights is it refused, naming them.
+- A GGUF file is read by transformers' GGUF reader, dequantised, as the class its metadata names (T5's encoder),
+  else as a causal LM, an encoder-decoder or the bare model, the first that reads every tensor the file holds:
+  that reader skips a tensor it has no place for without a word, so the file's own list is checked.
 - No code from the directory ever runs (``trust_remote_code=False``): a config that asks for it is refused.
 """
 from __future__ import annotations
@@ -137,7 +140,7 @@ def load(source: Path, name: str | None = None) -> Loaded:
     import transformers
 
     name = name or str(source)
-    if source.is_file():  # a GGUF file: a causal language model, dequantised to float32 by transformers
+    if source.is_file():  # a GGUF file, dequantised to float32 by transformers
         return _load_gguf(source, name)
     st = _modules(source) is not None
     folder = _transformer_folder(source)
@@ -158,10 +161,21 @@ def load(source: Path, name: str | None = None) -> Loaded:
         candidates = [c for c in (named, transformers.AutoModelForCausalLM if causal else None, transformers.AutoModel)
                       if c is not None]
         candidates = list(dict.fromkeys(candidates))
-    dropped, fallback = {}, None  # fallback: a class that uses every weight but leaves some of its own new
+    model, dropped, first = _first_keeping_all(candidates, name, architecture, pretrained_model_name_or_path=where)
+    return _loaded(source, name, model, folder, causal, dropped, first)
+
+
+def _first_keeping_all(candidates: list, name: str, architecture: str, unread=None, **where):
+    """(model, what each earlier candidate would have done, whether it is the first) for the first of the
+    transformers classes ``candidates`` that loads ``where`` using every weight it holds and leaving none of its own
+    new; else the first that uses them all (its missing weights newly initialised, as transformers loads it); else
+    a ``CheckpointError`` naming the weights every candidate leaves. ``unread(model)``: the weights the file holds
+    that ``model`` did not read, where transformers does not report them itself (a GGUF file's)."""
+    import transformers
+    dropped, fallback, last_error = {}, None, ""
     for loader in candidates:
         try:
-            model, info = loader.from_pretrained(where, output_loading_info=True, trust_remote_code=False)
+            model, info = loader.from_pretrained(**where, output_loading_info=True, trust_remote_code=False)
         except Exception as e:  # noqa: BLE001
             message = _first_line(e)
             if "trust_remote_code" in message or "custom code" in message:
@@ -169,7 +183,7 @@ def load(source: Path, name: str | None = None) -> Loaded:
             dropped[_label(loader)] = None
             last_error = message
             continue
-        unused = sorted(info["unexpected_keys"])
+        unused = sorted(info["unexpected_keys"]) + (unread(model) if unread else [])
         if unused:
             dropped[_label(model)] = unused
             continue
@@ -177,9 +191,9 @@ def load(source: Path, name: str | None = None) -> Loaded:
             fallback = fallback or model
             dropped[_label(model)] = []
             continue
-        return _loaded(source, name, model, folder, causal, dropped, first=loader is candidates[0])
+        return model, dropped, loader is candidates[0]
     if fallback is not None:  # as transformers itself loads it: the missing weights newly initialised
-        return _loaded(source, name, fallback, folder, causal, {}, first=True)
+        return fallback, {}, True
     if all(v is None for v in dropped.values()):
         raise CheckpointError(f"cannot load {name} with transformers: {last_error}")
     raise CheckpointError(f"{name}: " + ", ".join(f"{k} leaves {_some(v)}" for k, v in dropped.items() if v)
@@ -192,9 +206,7 @@ def _loaded(source: Path, name: str, model, folder: Path, causal: bool, dropped:
     import transformers
     note = None
     if not first:
-        note = (f"{name}: loaded as {type(model).__name__}, which uses every weight it holds, since "
-                + "; ".join(f"{k} would leave {_some(v)}" if v else f"{k} could not load it" if v is None
-                            else f"{k} would add weights it does not hold" for k, v in dropped.items()))
+        note = f"{name}: loaded as {type(model).__name__}, which uses every weight it holds, since {_why(dropped)}"
     stored = next(model.parameters()).dtype
     model.float().eval()  # trained in float32 (AdamW's small steps vanish in bfloat16), written as stored
     try:
@@ -206,19 +218,26 @@ def _loaded(source: Path, name: str, model, folder: Path, causal: bool, dropped:
 
 
 def _load_gguf(path: Path, name: str) -> Loaded:
+    """A GGUF file as transformers reads it, dequantised: as the class its metadata names (T5's encoder), else as a
+    causal LM, an encoder-decoder or the bare model, the first that reads every tensor the file holds."""
     import transformers
     if importlib.util.find_spec("gguf") is None:
         raise CheckpointError(f"{name} is a GGUF file, which transformers reads with the gguf package: pip install "
                               "'lambda-gelu[gguf]' (or pip install gguf)")
-    where = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name, "trust_remote_code": False}
+    where = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
     try:
-        model, info = transformers.AutoModelForCausalLM.from_pretrained(**where, output_loading_info=True)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(**where)
+        config = transformers.AutoConfig.from_pretrained(**where, trust_remote_code=False)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(**where, trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 - a file transformers cannot read: one line, whatever the cause
         raise CheckpointError(f"cannot load {name} with transformers' GGUF reader: {_first_line(e)}") from None
-    if info["unexpected_keys"]:
-        raise CheckpointError(f"{name}: {type(model).__name__} leaves {_some(sorted(info['unexpected_keys']))}, "
-                              "which its ReLU checkpoint would lose")
+    architecture = (config.architectures or [""])[0]
+    named = getattr(transformers, architecture, None) if architecture else None
+    candidates = [c for c in (named, transformers.AutoModelForCausalLM, transformers.AutoModelForSeq2SeqLM,
+                              transformers.AutoModel) if c is not None]
+    if hasattr(transformers, "GgufConfig"):  # every weight unpacked, even where a GGUF matmul kernel is installed
+        where["quantization_config"] = transformers.GgufConfig(dequantize=True)  # (no step could train a packed one)
+    model, dropped, first = _first_keeping_all(list(dict.fromkeys(candidates)), name, architecture,
+                                               unread=lambda model: _gguf_unread(path, model), **where)
     # transformers has dequantised every weight to float32 but still marks the model as quantized, which forbids
     # .float() and save_pretrained: it is a plain float32 model now, and is written as one
     model.hf_quantizer, model.is_quantized = None, False
@@ -228,8 +247,55 @@ def _load_gguf(path: Path, name: str) -> Loaded:
     if hasattr(model.config, "_is_quantized"):
         model.config._is_quantized = False
     model.float().eval()
-    return Loaded(model, tokenizer, torch.float32, True, note=f"{name}: read from GGUF, dequantised to float32; "
-                  "the checkpoint is written as float32 safetensors")
+    note = f"{name}: read from GGUF, dequantised to float32 (the checkpoint is written as float32 safetensors), as " \
+        f"{type(model).__name__}"
+    if not first:
+        note += f", which uses every weight it holds, since {_why(dropped)}"
+    factors = [t for t in _gguf_tensors(path)[1] if t.startswith("rope_")]
+    if factors:
+        note += f"; transformers does not read its {', '.join(factors)} (llama.cpp's factors of the rotary " \
+            "frequencies): its rotary embedding is the config's alone"
+    return Loaded(model, tokenizer, torch.float32, _is_causal(model), note=note)
+
+
+def _gguf_tensors(path: Path) -> tuple[str, list[str]]:
+    """The GGUF file's architecture and the names of its tensors."""
+    import gguf
+    reader = gguf.GGUFReader(str(path))
+    field = reader.fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode(), [t.name for t in reader.tensors]
+
+
+def _gguf_unread(path: Path, model) -> list[str]:
+    """The tensors of the GGUF file ``path`` that transformers' reader found no place for in ``model`` (it skips
+    them without a word), but for llama.cpp's factors of the rotary frequencies (``rope_freqs``: said apart); none
+    where transformers reads the file through its own conversion rules, which report such weights themselves."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    architecture, tensors = _gguf_tensors(path)
+    try:
+        from transformers.integrations.gguf import GGUF_ARCHS  # read by its own rules, which say what they leave
+    except ImportError:
+        GGUF_ARCHS = {}
+    if architecture in GGUF_ARCHS:
+        return []
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
+    try:
+        read = get_gguf_hf_weights_map(model, processor)
+    except NotImplementedError:  # a model type gguf does not name: transformers could not have read it either
+        return []
+    experts = getattr(processor, "GGUF_MOE_WEIGHTS_PATTERN", None)  # a mixture's experts, read under their stem
+
+    def was_read(tensor: str) -> bool:
+        match = experts.fullmatch(tensor) if experts is not None else None
+        return tensor in read or (match is not None and match["name"] in read)
+    return sorted(t for t in tensors if not was_read(t) and not t.startswith("rope_"))
+
+
+def _why(dropped: dict) -> str:
+    """What each class tried before the one chosen would have done with the checkpoint."""
+    return "; ".join(f"{k} would leave {_some(v)}" if v else f"{k} could not load it" if v is None
+                     else f"{k} would add weights it does not hold" for k, v in dropped.items())
 
 
 def _is_causal(model) -> bool:
