@@ -1,10 +1,11 @@
 """LeanDecoder: greedy decoding at batch 1 over a static cache gives transformers' generate()'s tokens, and sampled
 decoding its draws from the same seed, on tiny random models of the Llama layout (Llama, Mistral past its sliding
-window, Qwen2 with its biases, Qwen3 with its query/key norms) and the Gemma family's (Gemma's scaled embedding;
-Gemma 2's norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by layer type,
-local and global layers), sparsified or not, and refuses in one line what it does not run: another layout (GPT-2, attention both
-ways, a layer computing otherwise), a batch, a prompt beyond its cache. Its C decoding step gives the torch path's
-logits, which are the model's own, and stands aside where a norm is of another kind."""
+window, Qwen2 with its biases, Qwen3 with its query/key norms, Phi-3's query/key/value projections in one layer
+past its sliding window, Phi-4-mini's rotary embedding over part of each head) and the Gemma family's (Gemma's scaled
+embedding; Gemma 2's norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by
+layer type, local and global layers), sparsified or not, and refuses in one line what it does not run: another layout
+(GPT-2, attention both ways, a layer computing otherwise), a batch, a prompt beyond its cache. Its C decoding step
+gives the torch path's logits, which are the model's own, and stands aside where a norm is of another kind."""
 import copy
 
 import pytest
@@ -22,6 +23,8 @@ FAMILIES = {
     "mistral": lambda: transformers.MistralConfig(**SMALL, sliding_window=6),  # decoded past it
     "qwen2": lambda: transformers.Qwen2Config(**SMALL),
     "qwen3": lambda: transformers.Qwen3Config(**SMALL, head_dim=8),
+    "phi3": lambda: transformers.Phi3Config(**SMALL, sliding_window=6, pad_token_id=0),  # q, k, v in one layer
+    "phi4-mini": lambda: transformers.Phi3Config(**SMALL, partial_rotary_factor=0.5, pad_token_id=0),  # half rotated
     "gemma": lambda: transformers.GemmaConfig(**{**SMALL, "hidden_activation": "relu"}, head_dim=8),
     "gemma2": lambda: transformers.Gemma2Config(**{**SMALL, "hidden_activation": "relu"}, head_dim=8, sliding_window=6,
                                                 final_logit_softcapping=10.0),
@@ -83,13 +86,13 @@ def test_the_logits_at_each_step_are_the_models_own(family, fused):
     assert torch.allclose(ours, full[9:-1], rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
-@pytest.mark.parametrize("family", ["mistral", "gemma2", "gemma3"])
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma2", "gemma3"])
 @pytest.mark.parametrize("fused", [True, False])
 def test_sliding_windows_and_soft_caps_are_the_models_own(family, fused):
     model, ids = _model(FAMILIES[family]()), _prompt()
     with torch.no_grad():  # sharp attention, so a window left out or a soft cap not applied shows in the logits
-        for layer in model.model.layers:
-            layer.self_attn.q_proj.weight.mul_(50)
+        for a in (layer.self_attn for layer in model.model.layers):  # the query's rows (Phi-3's: of qkv_proj's)
+            (a.q_proj.weight if hasattr(a, "q_proj") else a.qkv_proj.weight[:model.config.hidden_size]).mul_(50)
     if family == "gemma2":
         model.config.attn_logit_softcapping = 0.5
         for layer in model.model.layers:

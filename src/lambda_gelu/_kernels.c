@@ -859,8 +859,8 @@ void lg_rms_norm_f32(const float *x, const float *w, float *y, int64_t d, double
 
 /* v rotated as transformers' rotary embedding rotates it: v·cos + rotate_half(v)·sin, rotate_half(v) = (−v₂, v₁)
  * for v = (v₁, v₂), its two halves. */
-static inline void rotate_f32(float *v, const float *cos, const float *sin, int64_t head_dim) {
-    int64_t half = head_dim / 2;
+static inline void rotate_f32(float *v, const float *cos, const float *sin, int64_t width) {
+    int64_t half = width / 2;
     for (int64_t i = 0; i < half; i++) {
         float a = v[i], b = v[i + half];
         v[i] = a * cos[i] - b * sin[i];
@@ -871,7 +871,8 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
 /* The attention half of a decoder layer for the token at position pos, in place on its hidden state h (d):
  *     x = rms_norm(h)·norm_w;   q | k | v = x·qkvᵀ + qkv_b;   each head of q and of k normalized over head_dim by
  *     its own RMS norm if q_norm_w, k_norm_w are given (Qwen3's; NULL: none);   q, k rotated by cos, sin (this
- *     position's);
+ *     position's) over the first rotary_dim features of each head (head_dim, or fewer: a partial rotary embedding,
+ *     Phi-4-mini's), the rest as they are;
  *     the cache's position pos ← k, v;   o = softmax(c(q·Kᵀ·scaling))·V per query head, over positions 0..pos of
  *     its key head (query head j reads key head j / (heads / kv_heads), as torch's grouped-query attention), c the
  *     identity or, with softcap > 0 (Gemma 2's), c(s) = softcap·tanh(s / softcap);
@@ -886,7 +887,8 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
                             const float *post_w, double post_eps, int post_plus_one, const float *qkv,
                             const float *qkv_b, const float *o_w, const float *o_b, const float *cos, const float *sin,
                             float *k_cache, float *v_cache, int64_t pos, int64_t length, int64_t d, int64_t heads,
-                            int64_t kv_heads, int64_t head_dim, double scaling, double softcap, int max_threads) {
+                            int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, double scaling, double softcap,
+                            int max_threads) {
     int64_t nq = heads * head_dim, nk = kv_heads * head_dim, rows = nq + 2 * nk, group = heads / kv_heads;
     float *x = malloc((size_t)(2 * d + rows + nq + heads * (pos + 1)) * sizeof *x);
     if (!x)
@@ -908,7 +910,7 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
                 lg_rms_norm_f32(v, q_norm_w, v, head_dim, q_eps, q_plus_one);
             else if (j >= heads && k_norm_w)
                 lg_rms_norm_f32(v, k_norm_w, v, head_dim, k_eps, k_plus_one);
-            rotate_f32(v, cos, sin, head_dim);
+            rotate_f32(v, cos, sin, rotary_dim);
             if (j >= heads) {
                 int64_t g = j - heads, at = (g * length + pos) * head_dim;
                 memcpy(k_cache + at, p + j * head_dim, (size_t)head_dim * sizeof *p);

@@ -5,7 +5,8 @@ processors, stopping criteria and cache bookkeeping, and each decoder layer a fe
 share does not shrink when the FFN blocks are sparsified (:func:`lambda_gelu.sparse.sparsify_`), so it caps what
 their speed-up can give end to end. :class:`LeanDecoder` runs the same model, its own modules and weights, with
 
-- one matrix product for the query, key and value projections (their weights stacked once, at construction);
+- one matrix product for the query, key and value projections (their weights stacked once, at construction, or
+  Phi-3's layer that holds them stacked);
 - a static key-value cache, written in place, and the rotary embedding's cos/sin tabulated for every position (a
   table per layer type where the model has several, as Gemma 3's local and global layers);
 - ``scaled_dot_product_attention`` over the cache with grouped-query heads (no repeated keys), for the prompt; a
@@ -20,7 +21,8 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
 
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
 ``generate``. The layout is the Llama family's (Llama, Mistral and Qwen2 with their sliding windows, Qwen3's per-head
-query/key norms, SmolLM) and the Gemma family's (Gemma, whose embedding module scales its output; Gemma 2 and 3, a
+query/key norms, SmolLM; Phi-3's stacked projections and Phi-4-mini's rotary embedding over part of each head) and
+the Gemma family's (Gemma, whose embedding module scales its output; Gemma 2 and 3, a
 norm after the attention and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type);
 a model of another layout, or one whose own forward gives other logits than this one on a probe prompt (checked at
 construction, the C step included), is refused with one line.
@@ -45,12 +47,16 @@ __all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
 
 PROBE_TOLERANCE = 1e-3  # the probe's largest logit difference from the model's own forward, relative to their scale
 _PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
-_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # or Phi-3's qkv_proj and o_proj
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), -1)
+def _rotated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x·cos + rotate_half(x)·sin over the first cos.shape[-1] features of each head (all but in a partial rotary
+    embedding, Phi-4-mini's), the rest as they are."""
+    width = cos.shape[-1]
+    x, rest = x[..., :width], x[..., width:]
+    half = width // 2
+    return torch.cat((x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin, rest), -1)
 
 
 class LeanDecoder:
@@ -106,13 +112,17 @@ class LeanDecoder:
         self.qkv = []
         for layer in self.model.model.layers:
             a = layer.self_attn
+            if hasattr(a, "qkv_proj"):  # Phi-3's: stacked already
+                q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+                self.qkv.append((a.qkv_proj.weight, a.qkv_proj.bias, [q, kv, kv]))
+                continue
             biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
             bias = None if all(b is None for b in biases) else torch.cat(
                 [b if b is not None else torch.zeros(p.out_features, dtype=p.weight.dtype)
                  for b, p in zip(biases, (a.q_proj, a.k_proj, a.v_proj))])
             self.qkv.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), bias,
                              [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]))
-        weight, rotary = self.model.model.layers[0].self_attn.q_proj.weight, self.model.model.rotary_emb
+        weight, rotary = self.model.model.layers[0].self_attn.o_proj.weight, self.model.model.rotary_emb
         position = torch.arange(self.max_length, device=weight.device)[None]
         tables, zero = {}, torch.zeros((), dtype=weight.dtype, device=weight.device)
         self.rotary = []  # each layer's (cos, sin) for every position: Gemma 3's differ by the layer's type
@@ -136,7 +146,8 @@ class LeanDecoder:
         and the one after it (Gemma 2's and 3's; None for none)), then the final norm's; None where it does not
         apply."""
         kernels, inner, none = _native.library(), self.model.model, (None, 0.0, 0)
-        if kernels is None or self.head_dim % 2 or self.heads % self.kv_heads:
+        if kernels is None or self.head_dim % 2 or self.heads % self.kv_heads or any(
+                cos.shape[-1] % 2 or cos.shape[-1] > self.head_dim for cos, _ in self.rotary):
             return None
         final = _rms_norm(inner.norm)
         steps = []
@@ -172,7 +183,8 @@ class LeanDecoder:
                     k_plus_one, pointer(post_w), post_eps, post_plus_one, qkv.data_ptr(), pointer(qkv_b),
                     o_w.data_ptr(), pointer(o_b), cos[start].data_ptr(), sin[start].data_ptr(),
                     k_cache.data_ptr() + first * row, v_cache.data_ptr() + first * row, start - first,
-                    k_cache.shape[2], d, self.heads, self.kv_heads, self.head_dim, float(layer.self_attn.scaling),
+                    k_cache.shape[2], d, self.heads, self.kv_heads, self.head_dim, cos.shape[-1],
+                    float(layer.self_attn.scaling),
                     float(softcap or 0.0), threads) < 0:
                 raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
             kernels.rms_norm_f32(h.data_ptr(), ffn[0].data_ptr(), x.data_ptr(), d, *ffn[1:])
@@ -203,8 +215,7 @@ class LeanDecoder:
                 q, k = a.q_norm(q), a.k_norm(k)
             q, k = q.transpose(1, 2), k.transpose(1, 2)
             cos, sin = cos[start:end], sin[start:end]
-            q = q * cos + _rotate_half(q) * sin
-            k_cache[:, :, start:end] = k * cos + _rotate_half(k) * sin
+            q, k_cache[:, :, start:end] = _rotated(q, cos, sin), _rotated(k, cos, sin)
             v_cache[:, :, start:end] = v.view(1, n, -1, self.head_dim).transpose(1, 2)
             o = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], a.scaling, start, window, softcap)
             o = a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
@@ -344,7 +355,9 @@ def _layout_problem(model) -> str | None:
     missing += [p for p in _PARTS if not hasattr(layer, p)]
     attention = getattr(layer, "self_attn", None)
     if attention is not None:
-        missing += [p for p in _PROJECTIONS + ("head_dim", "scaling") if not hasattr(attention, p)]
+        stacked = hasattr(attention, "qkv_proj")  # Phi-3's query, key and value projections in one layer
+        missing += [p for p in (("qkv_proj", "o_proj") if stacked else _PROJECTIONS) + ("head_dim", "scaling")
+                    if not hasattr(attention, p)]
         if not missing and not getattr(attention, "is_causal", True):
             return "attends both ways (not a causal decoder)"
     return f"lacks {', '.join(missing)}" if missing else None
