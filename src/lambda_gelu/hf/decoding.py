@@ -28,7 +28,8 @@ def decoding_speed(original, relu, input_ids: torch.Tensor, new_tokens: int, rou
     """Tokens/s of each of :data:`DECODERS` that runs here (median over ``rounds``), its speed-up over the original's
     ``generate`` (the median of the rounds' ratios), whether a ReLU decoder gave the dense ReLU model's tokens, and
     notes on what did not run. ``input_ids``: the prompt, (1, T)."""
-    sparse, notes = copy.deepcopy(relu), []
+    shared = {id(t): t for t in (*relu.parameters(), *relu.buffers())}  # its modules copied, its weights shared
+    sparse, notes = copy.deepcopy(relu, memo=shared), []
     try:
         replaced = sparsify_(sparse)
     except ValueError as e:  # gated FFNs it cannot take, said by name
