@@ -678,8 +678,8 @@ def test_a_gguf_file_loads_dequantised_as_a_plain_checkpoint(tmp_path):
 
 def _gguf(config, path: Path, auto: str = "AutoModelForCausalLM", **extra) -> Path:
     """A tiny random model of ``config`` written as the GGUF file ``path`` (the writer's vocabulary)."""
-    tiny_gguf = pytest.importorskip("tiny_gguf")
     pytest.importorskip("gguf")
+    import tiny_gguf
     torch.manual_seed(0)
     model = getattr(transformers, auto).from_config(config).eval()
     tiny_gguf.write(model, path, extra=extra)
