@@ -6,7 +6,7 @@ converted on text; with `--kind gguf`: every architecture it reads from a GGUF f
 saved as transformers saves it (or as llama.cpp writes a GGUF file), through `lambda-gelu reluize`'s default command
 (its refit and threshold defaults; two steps), then loaded back with plain transformers.
 
-    python experiments/families.py                     # docs/families.md, ≈ 20 minutes on 2 cores
+    python experiments/families.py                     # docs/families.md, ≈ 45 minutes on 2 cores
     python experiments/families.py --kind encoder      # docs/families_encoders.md, ≈ 5 minutes
     python experiments/families.py --kind seq2seq      # docs/families_seq2seq.md, ≈ 5 minutes
     python experiments/families.py --kind multimodal   # docs/families_multimodal.md, ≈ 15 minutes
