@@ -676,8 +676,8 @@ def test_a_gguf_file_loads_dequantised_as_a_plain_checkpoint(tmp_path):
     assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
 
 
-def _gguf(config, path: Path, auto: str = "AutoModelForCausalLM", **extra) -> Path:
-    """A tiny random model of ``config`` written as the GGUF file ``path`` (the writer's vocabulary)."""
+def _gguf(config, path: Path, auto: str = "AutoModelForCausalLM", **extra):
+    """A tiny random model of ``config`` (returned) written as the GGUF file ``path`` with the tensors ``extra``."""
     pytest.importorskip("gguf")
     import tiny_gguf
     torch.manual_seed(0)
@@ -691,13 +691,17 @@ def _gguf_vocab() -> int:
     return len(tiny_gguf.vocabulary()[0])
 
 
+def _gguf_small() -> dict:  # a tiny Llama-family config's fields, over the GGUF writer's vocabulary
+    return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, vocab_size=_gguf_vocab(), eos_token_id=0, pad_token_id=1, bos_token_id=2)
+
+
 def test_a_gguf_file_loads_as_its_own_class_every_weight_as_written(tmp_path):
     """A Llama file and a mixture of experts (Qwen3-MoE, whose experts llama.cpp stores as one tensor each for
     gate, up and down): loaded as transformers loads them, every weight equal to the model written; llama.cpp's
     factors of the rotary frequencies, which transformers does not read, said."""
     from lambda_gelu.hf import load
-    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=_gguf_vocab(), eos_token_id=0, pad_token_id=1, bos_token_id=2)
+    small = _gguf_small()
     for config in (transformers.LlamaConfig(**small),
                    transformers.Qwen3MoeConfig(**small, num_experts=4, num_experts_per_tok=2)):  # GGUF's expert width
         path = tmp_path / f"{config.model_type}.gguf"
@@ -729,8 +733,7 @@ def test_a_gguf_encoder_decoder_converts_to_a_relu_checkpoint(tmp_path):
 def test_a_gguf_tensor_no_class_reads_is_refused_by_name(tmp_path, capsys):
     """transformers' GGUF reader skips a tensor it has no place for without a word: the conversion would write a
     checkpoint without it. Refused, naming it, nothing written (it converted before)."""
-    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=_gguf_vocab(), eos_token_id=0, pad_token_id=1, bos_token_id=2)
+    small = _gguf_small()
     _gguf(transformers.LlamaConfig(**small), tmp_path / "m.gguf", **{"blk.0.ffn_extra.weight": torch.ones(4).numpy(),
                                                                       "rope_freqs.weight": torch.ones(8).numpy()})
     assert main(["reluize", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "no"), "--steps", "2"]) == 2
