@@ -236,8 +236,9 @@ def _load_gguf(path: Path, name: str) -> Loaded:
                               transformers.AutoModel) if c is not None]
     if hasattr(transformers, "GgufConfig"):  # every weight unpacked, even where a GGUF matmul kernel is installed
         where["quantization_config"] = transformers.GgufConfig(dequantize=True)  # (no step could train a packed one)
+    kind, tensors = _gguf_tensors(path)  # read once: what every candidate is checked against
     model, dropped, first = _first_keeping_all(list(dict.fromkeys(candidates)), name, architecture,
-                                               unread=lambda model: _gguf_unread(path, model), **where)
+                                               unread=lambda model: _gguf_unread(kind, tensors, model), **where)
     # transformers has dequantised every weight to float32 but still marks the model as quantized, which forbids
     # .float() and save_pretrained: it is a plain float32 model now, and is written as one
     model.hf_quantizer, model.is_quantized = None, False
@@ -251,7 +252,7 @@ def _load_gguf(path: Path, name: str) -> Loaded:
         f"{type(model).__name__}"
     if not first:
         note += f", which uses every weight it holds, since {_why(dropped)}"
-    factors = [t for t in _gguf_tensors(path)[1] if t.startswith("rope_")]
+    factors = [t for t in tensors if t.startswith("rope_")]
     if factors:
         note += f"; transformers does not read its {', '.join(factors)} (llama.cpp's factors of the rotary " \
             "frequencies): its rotary embedding is the config's alone"
@@ -266,13 +267,13 @@ def _gguf_tensors(path: Path) -> tuple[str, list[str]]:
     return bytes(field.parts[field.data[0]]).decode(), [t.name for t in reader.tensors]
 
 
-def _gguf_unread(path: Path, model) -> list[str]:
-    """The tensors of the GGUF file ``path`` that transformers' reader found no place for in ``model`` (it skips
-    them without a word), but for llama.cpp's factors of the rotary frequencies (``rope_freqs``: said apart); none
-    where transformers reads the file through its own conversion rules, which report such weights themselves."""
+def _gguf_unread(architecture: str, tensors: list[str], model) -> list[str]:
+    """The ``tensors`` of a GGUF file of ``architecture`` that transformers' reader found no place for in ``model``
+    (it skips them without a word), but for llama.cpp's factors of the rotary frequencies (``rope_freqs``: said
+    apart); none where transformers reads the file through its own conversion rules, which report such weights
+    themselves."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    architecture, tensors = _gguf_tensors(path)
     try:
         from transformers.integrations.gguf import GGUF_ARCHS  # read by its own rules, which say what they leave
     except ImportError:
