@@ -30,31 +30,31 @@ def _permute(w, heads):  # llama.cpp's order of a query's or key's rows, which t
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _laid_out(arch: str, name: str, w: np.ndarray, config) -> list[tuple[str, np.ndarray]]:
-    """The GGUF tensors ``name`` (already a GGUF name) is written as."""
+def _laid_out(arch: str, name: str, w: np.ndarray, config) -> np.ndarray:
+    """``w`` as llama.cpp writes the tensor ``name`` (a GGUF name): what transformers' reader undoes."""
     if arch == "llama" and ".attn_q." in name:
-        return [(name, _permute(w, config.num_attention_heads))]
+        return _permute(w, config.num_attention_heads)
     if arch == "llama" and ".attn_k." in name:
-        return [(name, _permute(w, config.num_key_value_heads))]
+        return _permute(w, config.num_key_value_heads)
     if arch in ("gemma2", "gemma3", "nemotron") and "norm.weight" in name:
-        return [(name, w + 1)]
+        return w + 1
     if arch == "gpt2" and re.search(r"(attn_qkv|ffn_down|ffn_up|attn_output)\.weight$", name):
-        return [(name, w.T)]
+        return w.T
     if arch == "mamba" and "ssm_conv1d.weight" in name:
-        return [(name, w[:, 0])]
+        return w[:, 0]
     if arch == "mamba" and "ssm_a" in name:
-        return [(name, -np.exp(w))]
+        return -np.exp(w)
     if arch == "bloom" and "attn_qkv" in name:
         heads, width = config.n_head, config.hidden_size
         qkv = w.reshape(heads, 3, width // heads, *w.shape[1:])
-        return [(name, np.concatenate([qkv[:, i].reshape(width, *w.shape[1:]) for i in range(3)]))]
+        return np.concatenate([qkv[:, i].reshape(width, *w.shape[1:]) for i in range(3)])
     if arch in ("qwen2moe", "qwen3moe") and "ffn_gate_exps" in name:
-        return [(name, w[:, :w.shape[1] // 2])]
+        return w[:, :w.shape[1] // 2]
     if arch in ("qwen2moe", "qwen3moe") and "ffn_up_exps" in name:
-        return [(name, w[:, w.shape[1] // 2:])]
+        return w[:, w.shape[1] // 2:]
     if arch in ("qwen2moe", "qwen3moe") and "ffn_gate_inp_shexp" in name:
-        return [(name, w[0])]
-    return [(name, w)]
+        return w[0]
+    return w
 
 
 def write(model, path, name: str | None = None, extra: dict | None = None) -> None:
@@ -98,10 +98,9 @@ def write(model, path, name: str | None = None, extra: dict | None = None) -> No
     for hf, tensor in state.items():
         for g in names.get(hf, []):
             g = g if g.endswith((".weight", ".bias")) or not g.endswith("_exps") else g + ".weight"  # as llama.cpp
-            for gname, w in _laid_out(arch, g, tensor.detach().float().numpy(), config):
-                if gname not in written:
-                    writer.add_tensor(gname, np.ascontiguousarray(w))
-                    written.add(gname)
+            if g not in written:
+                writer.add_tensor(g, np.ascontiguousarray(_laid_out(arch, g, tensor.detach().float().numpy(), config)))
+                written.add(g)
     for gname, w in (extra or {}).items():
         writer.add_tensor(gname, np.ascontiguousarray(w, dtype=np.float32))
     writer.write_header_to_file()
