@@ -136,6 +136,10 @@ def tiny(model_type: str, vocab: int) -> transformers.PretrainedConfig:
     return cls(**kwargs, **layers(default))
 
 
+def _first_line(e: BaseException) -> str:  # what a tiny model that could not be built says, in a table's cell
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+
+
 def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
     """(outcome, what it says) for ``model_type`` built as ``auto`` (a transformers auto class) and converted in
     ``root``."""
@@ -158,7 +162,7 @@ def outcome(model_type: str, auto, tokenizer, root: Path) -> tuple[str, str]:
         model.save_pretrained(source)
         tokenizer.save_pretrained(source)
     except Exception as e:  # noqa: BLE001 - the tiny config, not the conversion: counted apart
-        return "not built", f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+        return "not built", _first_line(e)
     return converted(source, root / f"{model_type}-relu", auto)
 
 
@@ -236,7 +240,7 @@ def gguf_outcome(model_type: str, root: Path) -> tuple[str, str]:
             return "not built", f"transformers reads {len(differ)} of the tiny file's weights back otherwise " \
                 f"({', '.join(differ[:2])}{', ...' if len(differ) > 2 else ''})"
     except Exception as e:  # noqa: BLE001 - the tiny file, not the conversion: counted apart
-        return "not built", f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+        return "not built", _first_line(e)
     return converted(source, root / f"{model_type}-relu", auto)
 
 
