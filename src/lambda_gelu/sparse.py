@@ -25,6 +25,7 @@ from torch.nn.utils import parametrize
 
 from . import _native
 from .convert import _is_conv1d, _plain, eval_mode
+from .sparse_experts import SparseExperts, experts_problem, relu_experts
 from .sparse_gated import SparseGatedMLP, formula_problem, gated_mlps, gated_parts
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
@@ -169,7 +170,9 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
               int8: bool = False) -> list[str]:
     """Replace, in place, every gated FFN whose gate is an exact ReLU by a
     :class:`~lambda_gelu.sparse_gated.SparseGatedMLP` (Llama-, Gemma-family blocks after
-    :func:`lambda_gelu.reluize`) and every other linear layer whose input comes straight from an ``nn.ReLU`` by
+    :func:`lambda_gelu.reluize`), every mixture's experts whose gates are exact ReLUs by a
+    :class:`~lambda_gelu.sparse_experts.SparseExperts` (the experts transformers keeps as two tensors: Mixtral,
+    Qwen2/3-MoE, OLMoE, DeepSeek, ...) and every other linear layer whose input comes straight from an ``nn.ReLU`` by
     a :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
     ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face GPT-2 blocks
     (``mlp.c_proj``, a ``Conv1D``) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
@@ -181,8 +184,9 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     parametrized layer, one with forward hooks (which the replacement would drop; pruning's among them),
     or with non-finite weights (a skipped zero input would turn 0·inf = NaN into 0); and layers of fewer
     than ``min_weights`` weights, where the sparse path costs more than it saves (:data:`MIN_WEIGHTS`; 0
-    replaces every eligible layer). ``int8=True``: the gated FFNs read int8 weights with a scale per row
-    (:class:`~lambda_gelu.sparse_gated.SparseGatedMLP`'s ``int8``; no longer exact: the weights are rounded)."""
+    replaces every eligible layer; an expert counts as its up projection). ``int8=True``: the gated FFNs and the
+    experts read int8 weights with a scale per row (:class:`~lambda_gelu.sparse_gated.SparseGatedMLP`'s ``int8``;
+    no longer exact: the weights are rounded)."""
     if isinstance(min_weights, bool) or not isinstance(min_weights, int) or min_weights < 0:
         raise ValueError(f"min_weights is a number of weights ≥ 0, got {min_weights!r}")
     gated, left = [], []  # gated FFNs to replace; and (name, why not) of those that stay dense
@@ -194,20 +198,30 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
         if problem is None and gated_parts(mlp, layout)[1].weight.numel() < min_weights:
             problem = f"is smaller than min_weights={min_weights} weights a projection"
         (gated.append((name, parent, attr, layout)) if problem is None else left.append((name, problem)))
+    experts, left_experts = [], []  # a mixture's experts to replace; and those that stay dense
+    for name, parent, attr in list(relu_experts(model)):
+        module = parent._modules[attr] if parent is not None else None
+        problem = "is the model itself" if module is None else experts_problem(module)
+        if problem is None and module.down_proj[0].numel() < min_weights:
+            problem = f"is smaller than min_weights={min_weights} weights a projection of an expert"
+        (experts.append((name, parent, attr)) if problem is None else left_experts.append((name, problem)))
     eligible = list(_eligible(model))
     why = {name: _kept_as_is(getattr(parent, attr)) for name, parent, attr in eligible}
     found = [(name, parent, attr) for name, parent, attr in eligible if why[name] is None]
-    large = [(name, parent, attr) for name, parent, attr in found if getattr(parent, attr).weight.numel() >= min_weights]
-    if not gated and not large:  # nothing replaced: say why, the model untouched
-        if left:
-            raise ValueError(f"sparsify_ found {len(left)} gated FFN(s) with a ReLU gate, but can replace none: "
+    large = [(name, parent, attr) for name, parent, attr in found
+             if getattr(parent, attr).weight.numel() >= min_weights]
+    if not gated and not experts and not large:  # nothing replaced: say why, the model untouched
+        if left or left_experts:
+            kind = " and ".join(k for k, n in (("gated FFN(s)", left), ("experts module(s)", left_experts)) if n)
+            left += left_experts
+            raise ValueError(f"sparsify_ found {len(left)} {kind} with a ReLU gate, but can replace none: "
                              f"{left[0][0]!r} {left[0][1]}")
         if not eligible:
             raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
                              "right after nn.ReLU in an nn.Sequential, for the second FFN projection of Hugging Face "
                              "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation, and for gated FFNs (Llama, "
-                             "Gemma, T5, Phi-3) whose gate is an nn.ReLU, not a mixture's experts kept as one tensor "
-                             "(convert GELU or SiLU first, e.g. with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
+                             "Gemma, T5, Phi-3) and a mixture's experts whose gate is an nn.ReLU (convert GELU or SiLU "
+                             "first, e.g. with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
         if not found:
             name = eligible[0][0]
             raise ValueError(f"sparsify_ found {len(eligible)} linear layer(s) fed by an nn.ReLU, but none it can "
@@ -219,9 +233,11 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     for _, parent, attr, layout in gated:
         parent._modules[attr] = SparseGatedMLP.from_dense(parent._modules[attr], layout,
                                                           max(max_density, GATED_MAX_DENSITY), int8=int8)
+    for _, parent, attr in experts:
+        parent._modules[attr] = SparseExperts(parent._modules[attr], int8=int8)
     for _, parent, attr in large:
         setattr(parent, attr, SparseLinear.from_dense(getattr(parent, attr), max_density))
-    return [name for name, *_ in gated] + [name for name, _, _ in large]
+    return [name for name, *_ in gated] + [name for name, _, _ in experts] + [name for name, _, _ in large]
 
 
 @torch.no_grad()
