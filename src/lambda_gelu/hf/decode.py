@@ -20,12 +20,14 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
   the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
 
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
-``generate``. The layout is the Llama family's (Llama, Mistral and Qwen2 with their sliding windows, Qwen3's per-head
-query/key norms, SmolLM; Phi-3's stacked projections and Phi-4-mini's rotary embedding over part of each head) and
-the Gemma family's (Gemma, whose embedding module scales its output; Gemma 2 and 3, a
-norm after the attention and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type);
-a model of another layout, or one whose own forward gives other logits than this one on a probe prompt (checked at
-construction, the C step included), is refused with one line.
+``generate``. The layout is the Llama family's (Llama, Mistral and Qwen2 with their sliding windows, Qwen3's
+per-head query/key norms, SmolLM; Phi-3's stacked projections and Phi-4-mini's rotary embedding over part of each
+head) and the Gemma family's (Gemma, whose embedding module scales its output; Gemma 2 and 3, a norm after the
+attention and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; Gemma 4's text
+models by the torch path: its global layers' wider heads and values taken from the keys' projection, the layers that
+read an earlier layer's keys and values (their cache that layer's), each layer's own input per token and scale of
+its output, a mixture of experts beside the FFN); a model of another layout, or one whose own forward gives other
+logits than this one on a probe prompt (checked at construction, the C step included), is refused with one line.
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
@@ -70,8 +72,8 @@ class LeanDecoder:
         screen_head: the next token through the output layer's int8 screen (the default; an int8 copy of its rows
             is held, a quarter more of its bytes), or ``False``: every logit computed and their argmax taken.
         fused: each new token's norms and attention in one C call per layer and one for the FFN's norm (the
-            default, where it applies: float32 on CPU, RMS norms of the Llama or Gemma kind, per head too;
-            :attr:`fused` says whether it does), or ``False``: the torch path, which is its reference.
+            default, where it applies: float32 on CPU, RMS norms of the Llama or Gemma kind, per head too, not
+            Gemma 4's layers; :attr:`fused` says whether it does), or ``False``: the torch path, its reference.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
     one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights and the output layer's
@@ -91,13 +93,14 @@ class LeanDecoder:
         self.windows = [_window(layer.self_attn, config) for layer in model.model.layers]
         self.softcaps = [getattr(layer.self_attn, "attn_logit_softcapping", None) for layer in model.model.layers]
         self.final_softcap = getattr(config, "final_logit_softcapping", None)
-        attention = model.model.layers[0].self_attn
         self.heads = config.num_attention_heads
-        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
-        self.head_dim = attention.head_dim
+        self.head_dims = [layer.self_attn.head_dim for layer in model.model.layers]  # Gemma 4's vary by layer type
+        self.owners = _cache_owners(model.model.layers)
         try:
-            self.refresh()
-            problem = self._probe()
+            problem = None if all(o is not None for o in self.owners) else "shares a layer's keys and values with none"
+            if problem is None:
+                self.refresh()
+                problem = self._probe()
         except Exception as e:  # noqa: BLE001 - a module of another signature: not the Llama layout, in one line
             problem = f"does not run as it ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
         if problem:
@@ -109,19 +112,27 @@ class LeanDecoder:
         """Stack the query/key/value weights again, tabulate the rotary embedding and copy the output layer's rows to
         int8."""
         self._made = Made(self._sources())
-        self.qkv = []
-        for layer in self.model.model.layers:
+        self.qkv, self.kv_heads = [], []
+        for i, (layer, head_dim) in enumerate(zip(self.model.model.layers, self.head_dims)):
             a = layer.self_attn
-            if hasattr(a, "qkv_proj"):  # Phi-3's: stacked already
-                q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-                self.qkv.append((a.qkv_proj.weight, a.qkv_proj.bias, [q, kv, kv]))
+            if self.owners[i] != i:  # Gemma 4's shared layers: queries only, an earlier layer's keys and values
+                self.qkv.append((a.q_proj.weight, a.q_proj.bias, [a.q_proj.out_features]))
+                self.kv_heads.append(self.kv_heads[self.owners[i]])
                 continue
-            biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+            if hasattr(a, "qkv_proj"):  # Phi-3's: stacked already
+                q = self.heads * head_dim
+                kv = (a.qkv_proj.out_features - q) // 2
+                self.qkv.append((a.qkv_proj.weight, a.qkv_proj.bias, [q, kv, kv]))
+                self.kv_heads.append(kv // head_dim)
+                continue
+            # Gemma 4's full-attention layers without v_proj take the keys' projection as values (normed apart)
+            projections = (a.q_proj, a.k_proj, a.v_proj if a.v_proj is not None else a.k_proj)
+            biases = [p.bias for p in projections]
             bias = None if all(b is None for b in biases) else torch.cat(
                 [b if b is not None else torch.zeros(p.out_features, dtype=p.weight.dtype)
-                 for b, p in zip(biases, (a.q_proj, a.k_proj, a.v_proj))])
-            self.qkv.append((torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), bias,
-                             [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]))
+                 for b, p in zip(biases, projections)])
+            self.qkv.append((torch.cat([p.weight for p in projections]), bias, [p.out_features for p in projections]))
+            self.kv_heads.append(a.k_proj.out_features // head_dim)
         weight, rotary = self.model.model.layers[0].self_attn.o_proj.weight, self.model.model.rotary_emb
         position = torch.arange(self.max_length, device=weight.device)[None]
         tables, zero = {}, torch.zeros((), dtype=weight.dtype, device=weight.device)
@@ -146,8 +157,9 @@ class LeanDecoder:
         and the one after it (Gemma 2's and 3's; None for none)), then the final norm's; None where it does not
         apply."""
         kernels, inner, none = _native.library(), self.model.model, (None, 0.0, 0)
-        if kernels is None or self.head_dim % 2 or self.heads % self.kv_heads or any(
-                cos.shape[-1] % 2 or cos.shape[-1] > self.head_dim for cos, _ in self.rotary):
+        if kernels is None or any(_torch_only(layer) for layer in inner.layers) or any(
+                head_dim % 2 or self.heads % kv_heads or cos.shape[-1] % 2 or cos.shape[-1] > head_dim
+                for head_dim, kv_heads, (cos, _) in zip(self.head_dims, self.kv_heads, self.rotary)):
             return None
         final = _rms_norm(inner.norm)
         steps = []
@@ -173,9 +185,11 @@ class LeanDecoder:
         kernels, inner, d = _native.library(), self.model.model, self.model.config.hidden_size
         h = inner.embed_tokens(ids).reshape(d).contiguous()
         x, y = torch.empty(1, 1, d, dtype=h.dtype), torch.empty(d, dtype=h.dtype)
-        threads, row = torch.get_num_threads(), self.head_dim * h.element_size()
+        threads = torch.get_num_threads()
         for layer, (norm, norms, qkv, qkv_b, o_w, o_b, ffn, ffn_post), (cos, sin), window, softcap, k_cache, \
-                v_cache in zip(inner.layers, self._steps, self.rotary, self.windows, self.softcaps, keys, values):
+                v_cache, head_dim, kv_heads in zip(inner.layers, self._steps, self.rotary, self.windows, self.softcaps,
+                                                   keys, values, self.head_dims, self.kv_heads):
+            row = head_dim * h.element_size()
             q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one, post_w, post_eps, post_plus_one = norms
             first = 0 if window is None else max(0, start + 1 - window)  # the window's first position
             if kernels.decode_attention_f32(
@@ -183,7 +197,7 @@ class LeanDecoder:
                     k_plus_one, pointer(post_w), post_eps, post_plus_one, qkv.data_ptr(), pointer(qkv_b),
                     o_w.data_ptr(), pointer(o_b), cos[start].data_ptr(), sin[start].data_ptr(),
                     k_cache.data_ptr() + first * row, v_cache.data_ptr() + first * row, start - first,
-                    k_cache.shape[2], d, self.heads, self.kv_heads, self.head_dim, cos.shape[-1],
+                    k_cache.shape[2], d, self.heads, kv_heads, head_dim, cos.shape[-1],
                     float(layer.self_attn.scaling),
                     float(softcap or 0.0), threads) < 0:
                 raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
@@ -206,25 +220,36 @@ class LeanDecoder:
         n, end = ids.shape[1], start + ids.shape[1]
         inner = self.model.model
         h = inner.embed_tokens(ids)
-        for layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache in zip(
-                inner.layers, self.qkv, self.rotary, self.windows, self.softcaps, keys, values):
+        per_layer = (inner.project_per_layer_inputs(h, inner.get_per_layer_inputs(ids, h))  # Gemma 4's
+                     if getattr(inner, "hidden_size_per_layer_input", None) else None)
+        for i, (layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache, head_dim) in enumerate(
+                zip(inner.layers, self.qkv, self.rotary, self.windows, self.softcaps, keys, values, self.head_dims)):
             a = layer.self_attn
-            q, k, v = F.linear(layer.input_layernorm(h), weight, bias).split(split, -1)
-            q, k = q.view(1, n, -1, self.head_dim), k.view(1, n, -1, self.head_dim)
-            if hasattr(a, "q_norm"):  # Qwen3, Gemma 3: a norm over each head's query and key
-                q, k = a.q_norm(q), a.k_norm(k)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            q, *kv = F.linear(layer.input_layernorm(h), weight, bias).split(split, -1)
+            q = q.view(1, n, -1, head_dim)
+            if hasattr(a, "q_norm"):  # Qwen3, Gemma 3 and 4: a norm over each head's query (and key)
+                q = a.q_norm(q)
             cos, sin = cos[start:end], sin[start:end]
-            q, k_cache[:, :, start:end] = _rotated(q, cos, sin), _rotated(k, cos, sin)
-            v_cache[:, :, start:end] = v.view(1, n, -1, self.head_dim).transpose(1, 2)
+            q = _rotated(q.transpose(1, 2), cos, sin)
+            if kv:  # the layer's own keys and values, not an earlier layer's (Gemma 4's shared layers)
+                k, v = (t.view(1, n, -1, head_dim) for t in kv)
+                k = a.k_norm(k) if hasattr(a, "k_norm") else k
+                v = a.v_norm(v) if hasattr(a, "v_norm") else v  # Gemma 4's, without a weight
+                k_cache[:, :, start:end], v_cache[:, :, start:end] = _rotated(k.transpose(1, 2), cos, sin), \
+                    v.transpose(1, 2)
             o = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], a.scaling, start, window, softcap)
             o = a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
-            if _sandwiched(layer):  # Gemma 2, 3: the attention's output and the FFN's normalized too
+            if _sandwiched(layer):  # Gemma 2, 3, 4: the attention's output and the FFN's normalized too
                 h = h + layer.post_attention_layernorm(o)
-                h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+                h = h + layer.post_feedforward_layernorm(_ffn(layer, layer.pre_feedforward_layernorm(h), h))
             else:
                 h = h + o
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
+            if per_layer is not None:  # Gemma 4: each layer's own input for the token, gated by the hidden state
+                gated = layer.act_fn(layer.per_layer_input_gate(h)) * per_layer[:, :, i]
+                h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
+            if hasattr(layer, "layer_scalar"):  # Gemma 4's scale of the layer's output
+                h = h * layer.layer_scalar
         return inner.norm(h[:, -1])
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, scaling: float, start: int, window: int | None,
@@ -232,14 +257,14 @@ class LeanDecoder:
         """Causal attention of the queries at positions start.. over the keys and values at 0..: each query over
         the last ``window`` positions up to its own if a window is given, the scores soft-capped as
         softcap·tanh(score / softcap) if a softcap is (Gemma 2's)."""
-        n, end, gqa = q.shape[2], keys.shape[2], self.kv_heads != self.heads
+        n, end, gqa = q.shape[2], keys.shape[2], keys.shape[1] != q.shape[1]
         if window is None and softcap is None:
             return F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1, scale=scaling, enable_gqa=gqa)
         at, to = torch.arange(start, start + n, device=q.device)[:, None], torch.arange(end, device=q.device)
         allowed = (to <= at) & (to > at - window) if window is not None else to <= at
         if softcap is None:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=scaling, enable_gqa=gqa)
-        group = self.heads // self.kv_heads
+        group = q.shape[1] // keys.shape[1]
         scores = q @ keys.repeat_interleave(group, 1).transpose(-1, -2) * scaling
         scores = (torch.tanh(scores / softcap) * softcap).masked_fill(~allowed, float("-inf"))
         return F.softmax(scores, -1, dtype=torch.float32).to(q.dtype) @ values.repeat_interleave(group, 1)
@@ -291,10 +316,13 @@ class LeanDecoder:
         return torch.cat(out, 1)
 
     def _cache(self, length: int) -> list[Tensor]:
-        """One layer's keys (or values) for ``length`` positions, per layer, uninitialised."""
-        weight = self.qkv[0][0]
-        return [torch.empty(1, self.kv_heads, length, self.head_dim, dtype=weight.dtype, device=weight.device)
-                for _ in self.qkv]
+        """One layer's keys (or values) for ``length`` positions, per layer, uninitialised; a layer that reads an
+        earlier layer's keys and values (Gemma 4's shared layers) holds that layer's tensor."""
+        weight, caches = self.qkv[0][0], []
+        for i, (owner, kv_heads, head_dim) in enumerate(zip(self.owners, self.kv_heads, self.head_dims)):
+            caches.append(caches[owner] if owner != i else torch.empty(1, kv_heads, length, head_dim,
+                                                                        dtype=weight.dtype, device=weight.device))
+        return caches
 
     @torch.inference_mode()
     def _probe(self) -> str | None:
@@ -361,6 +389,40 @@ def _layout_problem(model) -> str | None:
         if not missing and not getattr(attention, "is_causal", True):
             return "attends both ways (not a causal decoder)"
     return f"lacks {', '.join(missing)}" if missing else None
+
+
+def _cache_owners(layers) -> list[int | None]:
+    """Each layer's cache: its own index, or for a layer that reads an earlier layer's keys and values (Gemma 4's
+    shared layers) the last earlier layer of its type with keys of its own, which stores them (None if none)."""
+    owners, last = [], {}
+    for i, layer in enumerate(layers):
+        kind = getattr(layer.self_attn, "layer_type", None)
+        if getattr(layer.self_attn, "is_kv_shared_layer", False):
+            owners.append(last.get(kind))
+        else:
+            owners.append(i)
+            last[kind] = i
+    return owners
+
+
+def _torch_only(layer) -> bool:
+    """Whether the layer holds what the C step does not compute (Gemma 4's: a norm of the values, another layer's
+    keys and values, a per-layer input, a mixture of experts beside the FFN, a scale of its output)."""
+    a = layer.self_attn
+    return (hasattr(a, "v_norm") or getattr(a, "is_kv_shared_layer", False) or hasattr(layer, "layer_scalar")
+            or bool(getattr(layer, "hidden_size_per_layer_input", None)) or getattr(layer, "enable_moe_block", False))
+
+
+def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
+    """The layer's FFN on its normalized input x: its ``mlp``, and beside it, where the layer has one (Gemma 4's
+    ``enable_moe_block``), its experts routed from the residual stream, each output normalized, the two summed."""
+    out = layer.mlp(x)
+    if not getattr(layer, "enable_moe_block", False):
+        return out
+    flat = residual.reshape(-1, residual.shape[-1])
+    _, weights, index = layer.router(flat)
+    experts = layer.experts(layer.pre_feedforward_layernorm_2(flat), index, weights).reshape(residual.shape)
+    return layer.post_feedforward_layernorm_1(out) + layer.post_feedforward_layernorm_2(experts)
 
 
 def _sandwiched(layer) -> bool:
