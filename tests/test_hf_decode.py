@@ -4,10 +4,11 @@ window, Qwen2 with its biases, Qwen3 with its query/key norms, Phi-3's query/key
 its sliding window, Phi-4-mini's rotary embedding over part of each head) and the Gemma family's (Gemma's scaled
 embedding; Gemma 2's norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by
 layer type, local and global layers; Gemma 4's wider global heads, shared keys and values, per-layer inputs, scaled
-layer outputs and experts, by its torch path), sparsified or not, and refuses in one line what it does not run:
-another layout (GPT-2, attention both ways, a layer computing otherwise), a batch, a prompt beyond its cache. Its C
-decoding step gives the torch path's logits, which are the model's own, and stands aside where a norm is of another
-kind."""
+layer outputs and experts, by its torch path) and the OLMo family's (clipped projections, norms after the attention
+and the FFN, over every head's query at once, sliding windows, experts; also by the torch path), sparsified or not,
+and refuses in one line what it does not run: another layout (GPT-2, attention both ways, a layer computing
+otherwise), a batch, a prompt beyond its cache. Its C decoding step gives the torch path's logits, which are the
+model's own, and stands aside where a norm is of another kind."""
 import copy
 
 import pytest
@@ -45,8 +46,16 @@ FAMILIES = {
     "gemma4-moe": lambda: transformers.Gemma4TextConfig(**GEMMA4, enable_moe_block=True, num_experts=4,
                                                         top_k_experts=2, moe_intermediate_size=24,
                                                         hidden_size_per_layer_input=0),
+    # OLMo: LayerNorms without weights and queries, keys and values clipped; OLMo 2: norms after the attention and the
+    # FFN alone, one over every head's query; OLMo 3: with sliding windows; OLMoE: those norms, clipped, with experts
+    "olmo": lambda: transformers.OlmoConfig(**SMALL, clip_qkv=0.5, pad_token_id=0),
+    "olmo2": lambda: transformers.Olmo2Config(**SMALL, pad_token_id=0),
+    "olmo3": lambda: transformers.Olmo3Config(**SMALL, sliding_window=6, pad_token_id=0,
+                                              layer_types=["sliding_attention", "full_attention"]),
+    "olmoe": lambda: transformers.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, clip_qkv=0.5,
+                                              pad_token_id=0),
 }
-TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe"}  # what the C step does not compute: their torch path
+TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "olmo", "olmo2", "olmo3", "olmoe"}  # not in the C step
 
 
 def _model(config):
@@ -105,13 +114,15 @@ def test_the_logits_at_each_step_are_the_models_own(family, fused):
     assert torch.allclose(ours, full[9:-1], rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
-@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma2", "gemma3", "gemma4-shared"])
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma2", "gemma3", "gemma4-shared", "olmo3"])
 @pytest.mark.parametrize("fused", [True, False])
 def test_sliding_windows_and_soft_caps_are_the_models_own(family, fused):
     model, ids = _model(FAMILIES[family]()), _prompt()
     with torch.no_grad():  # sharp attention, so a window left out or a soft cap not applied shows in the logits
         for a in (layer.self_attn for layer in model.model.layers):  # the query's rows (Phi-3's: of qkv_proj's)
             (a.q_proj.weight if hasattr(a, "q_proj") else a.qkv_proj.weight[:model.config.hidden_size]).mul_(50)
+            if family == "olmo3":  # whose norm over every query would undo that: its weight instead
+                a.q_norm.weight.mul_(50)
     if family == "gemma2":
         model.config.attn_logit_softcapping = 0.5
         for layer in model.model.layers:

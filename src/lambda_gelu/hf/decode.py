@@ -26,8 +26,11 @@ head) and the Gemma family's (Gemma, whose embedding module scales its output; G
 attention and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; Gemma 4's text
 models by the torch path: its global layers' wider heads and values taken from the keys' projection, the layers that
 read an earlier layer's keys and values (their cache that layer's), each layer's own input per token and scale of
-its output, a mixture of experts beside the FFN); a model of another layout, or one whose own forward gives other
-logits than this one on a probe prompt (checked at construction, the C step included), is refused with one line.
+its output, a mixture of experts beside the FFN) and, by the torch path too, the OLMo family's (OLMo's clipped
+queries, keys and values; OLMo 2's and 3's norms after the attention and the FFN and not before, and over every
+head's query at once; OLMo 3's sliding windows; OLMoE); a model of another layout, or one whose own forward gives
+other logits than this one on a probe prompt (checked at construction, the C step included), is refused with one
+line.
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
@@ -73,7 +76,8 @@ class LeanDecoder:
             is held, a quarter more of its bytes), or ``False``: every logit computed and their argmax taken.
         fused: each new token's norms and attention in one C call per layer and one for the FFN's norm (the
             default, where it applies: float32 on CPU, RMS norms of the Llama or Gemma kind, per head too, not
-            Gemma 4's layers; :attr:`fused` says whether it does), or ``False``: the torch path, its reference.
+            Gemma 4's or OLMo's layers; :attr:`fused` says whether it does), or ``False``: the torch path, its
+            reference.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
     one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights and the output layer's
@@ -96,6 +100,7 @@ class LeanDecoder:
         self.heads = config.num_attention_heads
         self.head_dims = [layer.self_attn.head_dim for layer in model.model.layers]  # Gemma 4's vary by layer type
         self.owners = _cache_owners(model.model.layers)
+        self.clip = getattr(config, "clip_qkv", None)  # OLMo's and OLMoE's bound on queries, keys and values
         try:
             problem = None if all(o is not None for o in self.owners) else "shares a layer's keys and values with none"
             if problem is None:
@@ -136,9 +141,10 @@ class LeanDecoder:
         weight, rotary = self.model.model.layers[0].self_attn.o_proj.weight, self.model.model.rotary_emb
         position = torch.arange(self.max_length, device=weight.device)[None]
         tables, zero = {}, torch.zeros((), dtype=weight.dtype, device=weight.device)
-        self.rotary = []  # each layer's (cos, sin) for every position: Gemma 3's differ by the layer's type
-        for layer in self.model.model.layers:
-            kind = getattr(layer.self_attn, "layer_type", None) if hasattr(rotary, "layer_types") else None
+        self.rotary = []  # each layer's (cos, sin) for every position: Gemma 3's and OLMo 3's differ by layer type
+        kinds = getattr(self.model.config, "layer_types", None) if hasattr(rotary, "layer_types") else None
+        for i in range(len(self.model.model.layers)):
+            kind = kinds[i] if kinds else None  # as the model's forward tabulates them
             if kind not in tables:
                 cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
                 tables[kind] = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
@@ -157,7 +163,8 @@ class LeanDecoder:
         and the one after it (Gemma 2's and 3's; None for none)), then the final norm's; None where it does not
         apply."""
         kernels, inner, none = _native.library(), self.model.model, (None, 0.0, 0)
-        if kernels is None or any(_torch_only(layer) for layer in inner.layers) or any(
+        if kernels is None or self.clip is not None or any(
+                _torch_only(layer, head_dim) for layer, head_dim in zip(inner.layers, self.head_dims)) or any(
                 head_dim % 2 or self.heads % kv_heads or cos.shape[-1] % 2 or cos.shape[-1] > head_dim
                 for head_dim, kv_heads, (cos, _) in zip(self.head_dims, self.kv_heads, self.rotary)):
             return None
@@ -224,16 +231,21 @@ class LeanDecoder:
                      if getattr(inner, "hidden_size_per_layer_input", None) else None)
         for i, (layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache, head_dim) in enumerate(
                 zip(inner.layers, self.qkv, self.rotary, self.windows, self.softcaps, keys, values, self.head_dims)):
-            a = layer.self_attn
-            q, *kv = F.linear(layer.input_layernorm(h), weight, bias).split(split, -1)
+            a, whole = layer.self_attn, _whole_width(layer.self_attn, head_dim)
+            x = layer.input_layernorm(h) if hasattr(layer, "input_layernorm") else h  # OLMo 2 and 3: none
+            q, *kv = F.linear(x, weight, bias).split(split, -1)
+            if whole:  # OLMo 2 and 3, OLMoE: one norm over every head's query, and one over the keys
+                q, kv = a.q_norm(q), [a.k_norm(kv[0]), kv[1]] if kv else kv
+            if self.clip is not None:  # OLMo's and OLMoE's clip_qkv, after those norms
+                q, kv = q.clamp(-self.clip, self.clip), [t.clamp(-self.clip, self.clip) for t in kv]
             q = q.view(1, n, -1, head_dim)
-            if hasattr(a, "q_norm"):  # Qwen3, Gemma 3 and 4: a norm over each head's query (and key)
+            if hasattr(a, "q_norm") and not whole:  # Qwen3, Gemma 3 and 4: a norm over each head's query (and key)
                 q = a.q_norm(q)
             cos, sin = cos[start:end], sin[start:end]
             q = _rotated(q.transpose(1, 2), cos, sin)
             if kv:  # the layer's own keys and values, not an earlier layer's (Gemma 4's shared layers)
                 k, v = (t.view(1, n, -1, head_dim) for t in kv)
-                k = a.k_norm(k) if hasattr(a, "k_norm") else k
+                k = a.k_norm(k) if hasattr(a, "k_norm") and not whole else k
                 v = a.v_norm(v) if hasattr(a, "v_norm") else v  # Gemma 4's, without a weight
                 k_cache[:, :, start:end], v_cache[:, :, start:end] = _rotated(k.transpose(1, 2), cos, sin), \
                     v.transpose(1, 2)
@@ -242,6 +254,9 @@ class LeanDecoder:
             if _sandwiched(layer):  # Gemma 2, 3, 4: the attention's output and the FFN's normalized too
                 h = h + layer.post_attention_layernorm(o)
                 h = h + layer.post_feedforward_layernorm(_ffn(layer, layer.pre_feedforward_layernorm(h), h))
+            elif _post_normed(layer):  # OLMo 2 and 3: the attention's output and the FFN's normalized, not inputs
+                h = h + layer.post_attention_layernorm(o)
+                h = h + layer.post_feedforward_layernorm(layer.mlp(h))
             else:
                 h = h + o
                 h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -380,7 +395,7 @@ def _layout_problem(model) -> str | None:
     missing = ["model.norm / embed_tokens / rotary_emb"] if not all(
         hasattr(inner, n) for n in ("norm", "embed_tokens", "rotary_emb")) else []
     layer = layers[0]
-    missing += [p for p in _PARTS if not hasattr(layer, p)]
+    missing += [p for p in _PARTS if not hasattr(layer, p) and not (p == "input_layernorm" and _post_normed(layer))]
     attention = getattr(layer, "self_attn", None)
     if attention is not None:
         stacked = hasattr(attention, "qkv_proj")  # Phi-3's query, key and value projections in one layer
@@ -405,12 +420,26 @@ def _cache_owners(layers) -> list[int | None]:
     return owners
 
 
-def _torch_only(layer) -> bool:
-    """Whether the layer holds what the C step does not compute (Gemma 4's: a norm of the values, another layer's
-    keys and values, a per-layer input, a mixture of experts beside the FFN, a scale of its output)."""
+def _torch_only(layer, head_dim: int) -> bool:
+    """Whether the layer holds what the C step does not compute: Gemma 4's norm of the values, another layer's keys
+    and values, per-layer input, mixture of experts beside the FFN or scale of its output; OLMo 2's and 3's norms
+    after the attention and the FFN alone, or over every head's query at once (OLMoE's too)."""
     a = layer.self_attn
     return (hasattr(a, "v_norm") or getattr(a, "is_kv_shared_layer", False) or hasattr(layer, "layer_scalar")
-            or bool(getattr(layer, "hidden_size_per_layer_input", None)) or getattr(layer, "enable_moe_block", False))
+            or bool(getattr(layer, "hidden_size_per_layer_input", None)) or getattr(layer, "enable_moe_block", False)
+            or _post_normed(layer) or _whole_width(a, head_dim))
+
+
+def _whole_width(attention, head_dim: int) -> bool:
+    """Whether the attention's query norm spans every head at once (OLMo 2 and 3, OLMoE), not each head alone."""
+    weight = getattr(getattr(attention, "q_norm", None), "weight", None)
+    return isinstance(weight, Tensor) and weight.numel() != head_dim
+
+
+def _post_normed(layer) -> bool:
+    """Whether the layer normalizes its attention's and FFN's outputs and not their inputs (OLMo 2 and 3)."""
+    return (not hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
+            and hasattr(layer, "post_feedforward_layernorm"))
 
 
 def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
