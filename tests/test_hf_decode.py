@@ -1,14 +1,15 @@
 """LeanDecoder: greedy decoding at batch 1 over a static cache gives transformers' generate()'s tokens, and sampled
 decoding its draws from the same seed, on tiny random models of the Llama layout (Llama, Mistral past its sliding
 window, Qwen2 with its biases, Qwen3 with its query/key norms, Phi-3's query/key/value projections in one layer past
-its sliding window, Phi-4-mini's rotary embedding over part of each head) and the Gemma family's (Gemma's scaled
-embedding; Gemma 2's norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by
-layer type, local and global layers; Gemma 4's wider global heads, shared keys and values, per-layer inputs, scaled
-layer outputs and experts, by its torch path) and the OLMo family's (clipped projections, norms after the attention
-and the FFN, over every head's query at once, sliding windows, experts; also by the torch path), sparsified or not,
-and refuses in one line what it does not run: another layout (GPT-2, attention both ways, a layer computing
-otherwise), a batch, a prompt beyond its cache. Its C decoding step gives the torch path's logits, which are the
-model's own, and stands aside where a norm is of another kind."""
+its sliding window, Phi-4-mini's rotary embedding over part of each head; GLM's, GLM-4's and ERNIE 4.5's rotation of
+neighbouring pairs, GLM-4's norms after the attention and the FFN) and the Gemma family's (Gemma's scaled embedding;
+Gemma 2's norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by layer type,
+local and global layers; Gemma 4's wider global heads, shared keys and values, per-layer inputs, scaled layer
+outputs and experts, by its torch path) and the OLMo family's (clipped projections, norms after the attention and
+the FFN, over every head's query at once, sliding windows, experts; also by the torch path), sparsified or not, and
+refuses in one line what it does not run: another layout (GPT-2, attention both ways, a layer computing otherwise),
+a batch, a prompt beyond its cache. Its C decoding step gives the torch path's logits, which are the model's own,
+and stands aside where a norm is of another kind."""
 import copy
 
 import pytest
@@ -46,6 +47,11 @@ FAMILIES = {
     "gemma4-moe": lambda: transformers.Gemma4TextConfig(**GEMMA4, enable_moe_block=True, num_experts=4,
                                                         top_k_experts=2, moe_intermediate_size=24,
                                                         hidden_size_per_layer_input=0),
+    # GLM: each head's neighbouring features rotated in pairs, over half of it; GLM-4: with norms after the attention
+    # and the FFN of other names; ERNIE 4.5: rotated in pairs over the whole head
+    "glm": lambda: transformers.GlmConfig(**SMALL, pad_token_id=0),
+    "glm4": lambda: transformers.Glm4Config(**SMALL, pad_token_id=0),
+    "ernie4_5": lambda: transformers.Ernie4_5Config(**SMALL, pad_token_id=0),
     # OLMo: LayerNorms without weights and queries, keys and values clipped; OLMo 2: norms after the attention and the
     # FFN alone, one over every head's query; OLMo 3: with sliding windows; OLMoE: those norms, clipped, with experts
     "olmo": lambda: transformers.OlmoConfig(**SMALL, clip_qkv=0.5, pad_token_id=0),

@@ -22,21 +22,23 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
 ``generate``. The layout is the Llama family's (Llama, Mistral and Qwen2 with their sliding windows, Qwen3's
 per-head query/key norms, SmolLM; Phi-3's stacked projections and Phi-4-mini's rotary embedding over part of each
-head) and the Gemma family's (Gemma, whose embedding module scales its output; Gemma 2 and 3, a norm after the
-attention and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; Gemma 4's text
-models by the torch path: its global layers' wider heads and values taken from the keys' projection, the layers that
-read an earlier layer's keys and values (their cache that layer's), each layer's own input per token and scale of
-its output, a mixture of experts beside the FFN) and, by the torch path too, the OLMo family's (OLMo's clipped
-queries, keys and values; OLMo 2's and 3's norms after the attention and the FFN and not before, and over every
-head's query at once; OLMo 3's sliding windows; OLMoE); a model of another layout, or one whose own forward gives
-other logits than this one on a probe prompt (checked at construction, the C step included), is refused with one
-line.
+head; GLM's, GLM-4's and ERNIE 4.5's rotation of neighbouring pairs, GLM-4's norms after the attention and the FFN)
+and the Gemma family's (Gemma, whose embedding module scales its output; Gemma 2 and 3, a norm after the attention
+and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; Gemma 4's text models by
+the torch path: its global layers' wider heads and values taken from the keys' projection, the layers that read an
+earlier layer's keys and values (their cache that layer's), each layer's own input per token and scale of its
+output, a mixture of experts beside the FFN) and, by the torch path too, the OLMo family's (OLMo's clipped queries,
+keys and values; OLMo 2's and 3's norms after the attention and the FFN and not before, and over every head's query
+at once; OLMo 3's sliding windows; OLMoE); a model of another layout, or one whose own forward gives other logits
+than this one on a probe prompt (checked at construction, the C step included), is refused with one line.
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
     tokens = decoder.generate(input_ids, 64, do_sample=True, temperature=0.7, top_p=0.9)  # as model.generate draws
 """
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn as nn
@@ -51,7 +53,15 @@ from ..screened_argmax import ScreenedArgmax
 __all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
 
 PROBE_TOLERANCE = 1e-3  # the probe's largest logit difference from the model's own forward, relative to their scale
-_PARTS = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
+_PARTS = ("self_attn", "mlp")
+# where a layer keeps its norms: before the attention, after it, before the FFN, after it (None: none), the first
+# layout whose every named norm the layer has (and, for one without a norm before the attention, lacking that name)
+NORM_LAYOUTS = (
+    ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",  # Gemma 2-4
+     "post_feedforward_layernorm"),
+    ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"),  # GLM-4
+    (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),  # OLMo 2 and 3: after, not before
+    ("input_layernorm", None, "post_attention_layernorm", None))  # Llama's and most others
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # or Phi-3's qkv_proj and o_proj
 
 
@@ -100,6 +110,7 @@ class LeanDecoder:
         self.heads = config.num_attention_heads
         self.head_dims = [layer.self_attn.head_dim for layer in model.model.layers]  # Gemma 4's vary by layer type
         self.owners = _cache_owners(model.model.layers)
+        self.interleaved = [_interleaved(layer.self_attn) for layer in model.model.layers]
         self.clip = getattr(config, "clip_qkv", None)  # OLMo's and OLMoE's bound on queries, keys and values
         try:
             problem = None if all(o is not None for o in self.owners) else "shares a layer's keys and values with none"
@@ -117,6 +128,17 @@ class LeanDecoder:
         """Stack the query/key/value weights again, tabulate the rotary embedding and copy the output layer's rows to
         int8."""
         self._made = Made(self._sources())
+        weight, rotary = self.model.model.layers[0].self_attn.o_proj.weight, self.model.model.rotary_emb
+        position = torch.arange(self.max_length, device=weight.device)[None]
+        tables, zero = {}, torch.zeros((), dtype=weight.dtype, device=weight.device)
+        self.rotary = []  # each layer's (cos, sin) for every position: Gemma 3's and OLMo 3's differ by layer type
+        kinds = getattr(self.model.config, "layer_types", None) if hasattr(rotary, "layer_types") else None
+        for i in range(len(self.model.model.layers)):
+            kind = kinds[i] if kinds else None  # as the model's forward tabulates them
+            if kind not in tables:
+                cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
+                tables[kind] = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
+            self.rotary.append(tables[kind])
         self.qkv, self.kv_heads = [], []
         for i, (layer, head_dim) in enumerate(zip(self.model.model.layers, self.head_dims)):
             a = layer.self_attn
@@ -138,17 +160,11 @@ class LeanDecoder:
                  for b, p in zip(biases, projections)])
             self.qkv.append((torch.cat([p.weight for p in projections]), bias, [p.out_features for p in projections]))
             self.kv_heads.append(a.k_proj.out_features // head_dim)
-        weight, rotary = self.model.model.layers[0].self_attn.o_proj.weight, self.model.model.rotary_emb
-        position = torch.arange(self.max_length, device=weight.device)[None]
-        tables, zero = {}, torch.zeros((), dtype=weight.dtype, device=weight.device)
-        self.rotary = []  # each layer's (cos, sin) for every position: Gemma 3's and OLMo 3's differ by layer type
-        kinds = getattr(self.model.config, "layer_types", None) if hasattr(rotary, "layer_types") else None
-        for i in range(len(self.model.model.layers)):
-            kind = kinds[i] if kinds else None  # as the model's forward tabulates them
-            if kind not in tables:
-                cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
-                tables[kind] = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
-            self.rotary.append(tables[kind])
+        for i, layer in enumerate(self.model.model.layers):
+            if self.interleaved[i]:  # GLM's, ERNIE 4.5's rotation of neighbouring pairs: as halves, rows reordered
+                weight, bias, split = self.qkv[i]
+                order = _halves_order(split, self.head_dims[i], self.rotary[i][0].shape[-1])
+                self.qkv[i] = weight[order], None if bias is None else bias[order], split
         self.head = ScreenedArgmax(self.model.lm_head) if self.screen_head else None
         self._steps = self._fused_steps() if self.fused else None
         self.fused = self._steps is not None
@@ -160,8 +176,8 @@ class LeanDecoder:
         """What the C decoding step reads per layer (the model's tensors and :attr:`qkv`'s: the input norm's weight
         with eps and plus_one, the per-head query and key norms' and the norm after the attention (Qwen3's, Gemma's;
         None, 0.0, 0 for none), q/k/v stacked and its bias, o_proj's weight and bias, then the FFN's norm before it
-        and the one after it (Gemma 2's and 3's; None for none)), then the final norm's; None where it does not
-        apply."""
+        and the one after it (Gemma 2's and 3's, GLM-4's; None for none)), then the final norm's; None where it does
+        not apply."""
         kernels, inner, none = _native.library(), self.model.model, (None, 0.0, 0)
         if kernels is None or self.clip is not None or any(
                 _torch_only(layer, head_dim) for layer, head_dim in zip(inner.layers, self.head_dims)) or any(
@@ -173,18 +189,16 @@ class LeanDecoder:
         for layer, (weight, bias, _) in zip(inner.layers, self.qkv):
             a = layer.self_attn
             per_head = (_rms_norm(a.q_norm), _rms_norm(a.k_norm)) if hasattr(a, "q_norm") else (none, none)
-            sandwich = _sandwiched(layer)  # the input's, the FFN's, the attention output's, the FFN output's
-            norms = (_rms_norm(layer.input_layernorm),
-                     _rms_norm(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm),
-                     _rms_norm(layer.post_attention_layernorm) if sandwich else none,
-                     _rms_norm(layer.post_feedforward_layernorm) if sandwich else none)
+            before, after, ffn_before, ffn_after = _norms(layer)  # an input norm: _torch_only says so otherwise
+            norms = (_rms_norm(before), _rms_norm(ffn_before), _rms_norm(after) if after else none,
+                     _rms_norm(ffn_after) if ffn_after else none)
             tensors = [weight, bias, a.o_proj.weight, a.o_proj.bias]
             if (None in norms or None in per_head or final is None or type(a.o_proj) is not nn.Linear
                     or not all(t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
                                for t in tensors)):
                 return None
             steps.append((norms[0], per_head[0] + per_head[1] + norms[2], *tensors, norms[1],
-                          norms[3] if sandwich else None))
+                          norms[3] if ffn_after else None))
         return steps + [final]
 
     def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
@@ -232,7 +246,8 @@ class LeanDecoder:
         for i, (layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache, head_dim) in enumerate(
                 zip(inner.layers, self.qkv, self.rotary, self.windows, self.softcaps, keys, values, self.head_dims)):
             a, whole = layer.self_attn, _whole_width(layer.self_attn, head_dim)
-            x = layer.input_layernorm(h) if hasattr(layer, "input_layernorm") else h  # OLMo 2 and 3: none
+            before, after, ffn_before, ffn_after = _norms(layer)
+            x = before(h) if before is not None else h  # OLMo 2 and 3: none
             q, *kv = F.linear(x, weight, bias).split(split, -1)
             if whole:  # OLMo 2 and 3, OLMoE: one norm over every head's query, and one over the keys
                 q, kv = a.q_norm(q), [a.k_norm(kv[0]), kv[1]] if kv else kv
@@ -251,15 +266,9 @@ class LeanDecoder:
                     v.transpose(1, 2)
             o = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], a.scaling, start, window, softcap)
             o = a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
-            if _sandwiched(layer):  # Gemma 2, 3, 4: the attention's output and the FFN's normalized too
-                h = h + layer.post_attention_layernorm(o)
-                h = h + layer.post_feedforward_layernorm(_ffn(layer, layer.pre_feedforward_layernorm(h), h))
-            elif _post_normed(layer):  # OLMo 2 and 3: the attention's output and the FFN's normalized, not inputs
-                h = h + layer.post_attention_layernorm(o)
-                h = h + layer.post_feedforward_layernorm(layer.mlp(h))
-            else:
-                h = h + o
-                h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + (after(o) if after is not None else o)  # Gemma 2-4, GLM-4, OLMo 2 and 3: the output normalized
+            out = _ffn(layer, ffn_before(h) if ffn_before is not None else h, h)
+            h = h + (ffn_after(out) if ffn_after is not None else out)
             if per_layer is not None:  # Gemma 4: each layer's own input for the token, gated by the hidden state
                 gated = layer.act_fn(layer.per_layer_input_gate(h)) * per_layer[:, :, i]
                 h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
@@ -395,7 +404,9 @@ def _layout_problem(model) -> str | None:
     missing = ["model.norm / embed_tokens / rotary_emb"] if not all(
         hasattr(inner, n) for n in ("norm", "embed_tokens", "rotary_emb")) else []
     layer = layers[0]
-    missing += [p for p in _PARTS if not hasattr(layer, p) and not (p == "input_layernorm" and _post_normed(layer))]
+    missing += [p for p in _PARTS if not hasattr(layer, p)]
+    if _norms(layer) is None:
+        missing.append("input_layernorm, post_attention_layernorm")
     attention = getattr(layer, "self_attn", None)
     if attention is not None:
         stacked = hasattr(attention, "qkv_proj")  # Phi-3's query, key and value projections in one layer
@@ -404,6 +415,36 @@ def _layout_problem(model) -> str | None:
         if not missing and not getattr(attention, "is_causal", True):
             return "attends both ways (not a causal decoder)"
     return f"lacks {', '.join(missing)}" if missing else None
+
+
+def _interleaved(attention) -> bool:
+    """Whether the attention's module rotates each head's neighbouring features in pairs (GLM, ERNIE 4.5, Helium:
+    GPT-J's way) rather than its two halves (Llama's): its own ``apply_rotary_pos_emb`` tried on a probe input.
+    Such a layer's queries and keys, each head's rotated features reordered evens first then odds
+    (:func:`_halves_order`), are rotated by halves as they would be in pairs: the same scores."""
+    apply = getattr(sys.modules.get(type(attention).__module__), "apply_rotary_pos_emb", None)
+    if apply is None or hasattr(attention, "q_norm"):  # a per-head norm's weight would need reordering too
+        return False
+    generator = torch.Generator().manual_seed(0)
+    x, angles = torch.randn(1, 1, 2, 8, generator=generator), torch.randn(1, 2, 4, generator=generator)
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    try:
+        theirs = apply(x, x, cos, sin)[0]
+    except Exception:  # noqa: BLE001 - another signature: the probe prompt decides
+        return False
+    even, odd, c, s = x[..., 0::2], x[..., 1::2], cos[:, None, :, :4], sin[:, None, :, :4]
+    pairs = torch.stack((even * c - odd * s, odd * c + even * s), -1).flatten(-2)
+    return isinstance(theirs, Tensor) and theirs.shape == x.shape and torch.allclose(theirs, pairs, atol=1e-6)
+
+
+def _halves_order(split: list[int], head_dim: int, width: int) -> Tensor:
+    """The rows of a stacked query/key/value weight with each query and key head's first ``width`` features
+    reordered evens first, then odds (a rotation of neighbouring pairs becomes one of halves); the values' as they
+    are."""
+    within = torch.cat([torch.arange(0, width, 2), torch.arange(1, width, 2), torch.arange(width, head_dim)])
+    rotated = split[0] + (split[1] if len(split) > 1 else 0)  # the queries' rows, then the keys'
+    heads = torch.arange(0, rotated, head_dim)[:, None] + within
+    return torch.cat([heads.reshape(-1), torch.arange(rotated, sum(split))])
 
 
 def _cache_owners(layers) -> list[int | None]:
@@ -427,7 +468,7 @@ def _torch_only(layer, head_dim: int) -> bool:
     a = layer.self_attn
     return (hasattr(a, "v_norm") or getattr(a, "is_kv_shared_layer", False) or hasattr(layer, "layer_scalar")
             or bool(getattr(layer, "hidden_size_per_layer_input", None)) or getattr(layer, "enable_moe_block", False)
-            or _post_normed(layer) or _whole_width(a, head_dim))
+            or _norms(layer)[0] is None or _whole_width(a, head_dim))
 
 
 def _whole_width(attention, head_dim: int) -> bool:
@@ -436,10 +477,13 @@ def _whole_width(attention, head_dim: int) -> bool:
     return isinstance(weight, Tensor) and weight.numel() != head_dim
 
 
-def _post_normed(layer) -> bool:
-    """Whether the layer normalizes its attention's and FFN's outputs and not their inputs (OLMo 2 and 3)."""
-    return (not hasattr(layer, "input_layernorm") and hasattr(layer, "post_attention_layernorm")
-            and hasattr(layer, "post_feedforward_layernorm"))
+def _norms(layer) -> tuple[nn.Module | None, ...] | None:
+    """The layer's norms before its attention, after it, before its FFN and after it (None: none there), as the
+    first of :data:`NORM_LAYOUTS` it has places them; None if it has none of them."""
+    for names in NORM_LAYOUTS:
+        if all(n is None or hasattr(layer, n) for n in names) and (names[0] or not hasattr(layer, "input_layernorm")):
+            return tuple(None if n is None else getattr(layer, n) for n in names)
+    return None
 
 
 def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
@@ -452,12 +496,6 @@ def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
     _, weights, index = layer.router(flat)
     experts = layer.experts(layer.pre_feedforward_layernorm_2(flat), index, weights).reshape(residual.shape)
     return layer.post_feedforward_layernorm_1(out) + layer.post_feedforward_layernorm_2(experts)
-
-
-def _sandwiched(layer) -> bool:
-    """Whether the layer normalizes the FFN's input and output by norms of its own (Gemma 2's and 3's), its
-    post_attention_layernorm then being the attention output's."""
-    return hasattr(layer, "pre_feedforward_layernorm") and hasattr(layer, "post_feedforward_layernorm")
 
 
 def _window(attention, config) -> int | None:
