@@ -2,7 +2,8 @@
 decoding its draws from the same seed, on tiny random models of the Llama layout (Llama, Mistral past its sliding
 window, Qwen2 with its biases, Qwen3 with its query/key norms, Phi-3's query/key/value projections in one layer past
 its sliding window, Phi-4-mini's rotary embedding over part of each head; GLM's, GLM-4's and ERNIE 4.5's rotation of
-neighbouring pairs, GLM-4's norms after the attention and the FFN) and the Gemma family's (Gemma's scaled embedding;
+neighbouring pairs, GLM-4's norms after the attention and the FFN; SmolLM3's and EXAONE 4's layers without rotary
+embedding, EXAONE 4's norms after the attention and the FFN alone) and the Gemma family's (Gemma's scaled embedding;
 Gemma 2's norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by layer type,
 local and global layers; Gemma 4's wider global heads, shared keys and values, per-layer inputs, scaled layer
 outputs and experts, by its torch path) and the OLMo family's (clipped projections, norms after the attention and
@@ -52,6 +53,11 @@ FAMILIES = {
     "glm": lambda: transformers.GlmConfig(**SMALL, pad_token_id=0),
     "glm4": lambda: transformers.Glm4Config(**SMALL, pad_token_id=0),
     "ernie4_5": lambda: transformers.Ernie4_5Config(**SMALL, pad_token_id=0),
+    # SmolLM3: a layer without rotary embedding; EXAONE 4: norms after the attention and the FFN alone, its global
+    # layers without rotary embedding, its local ones sliding
+    "smollm3": lambda: transformers.SmolLM3Config(**SMALL, no_rope_layers=[1, 0], pad_token_id=0),
+    "exaone4": lambda: transformers.Exaone4Config(**SMALL, sliding_window=6, pad_token_id=0,
+                                                  layer_types=["sliding_attention", "full_attention"]),
     # OLMo: LayerNorms without weights and queries, keys and values clipped; OLMo 2: norms after the attention and the
     # FFN alone, one over every head's query; OLMo 3: with sliding windows; OLMoE: those norms, clipped, with experts
     "olmo": lambda: transformers.OlmoConfig(**SMALL, clip_qkv=0.5, pad_token_id=0),
@@ -61,7 +67,7 @@ FAMILIES = {
     "olmoe": lambda: transformers.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, clip_qkv=0.5,
                                               pad_token_id=0),
 }
-TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "olmo", "olmo2", "olmo3", "olmoe"}  # not in the C step
+TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "exaone4", "olmo", "olmo2", "olmo3", "olmoe"}  # not in C
 
 
 def _model(config):
@@ -120,7 +126,7 @@ def test_the_logits_at_each_step_are_the_models_own(family, fused):
     assert torch.allclose(ours, full[9:-1], rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
-@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma2", "gemma3", "gemma4-shared", "olmo3"])
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma2", "gemma3", "gemma4-shared", "olmo3", "exaone4"])
 @pytest.mark.parametrize("fused", [True, False])
 def test_sliding_windows_and_soft_caps_are_the_models_own(family, fused):
     model, ids = _model(FAMILIES[family]()), _prompt()

@@ -22,15 +22,17 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
 ``generate``. The layout is the Llama family's (Llama, Mistral and Qwen2 with their sliding windows, Qwen3's
 per-head query/key norms, SmolLM; Phi-3's stacked projections and Phi-4-mini's rotary embedding over part of each
-head; GLM's, GLM-4's and ERNIE 4.5's rotation of neighbouring pairs, GLM-4's norms after the attention and the FFN)
-and the Gemma family's (Gemma, whose embedding module scales its output; Gemma 2 and 3, a norm after the attention
-and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; Gemma 4's text models by
-the torch path: its global layers' wider heads and values taken from the keys' projection, the layers that read an
-earlier layer's keys and values (their cache that layer's), each layer's own input per token and scale of its
-output, a mixture of experts beside the FFN) and, by the torch path too, the OLMo family's (OLMo's clipped queries,
-keys and values; OLMo 2's and 3's norms after the attention and the FFN and not before, and over every head's query
-at once; OLMo 3's sliding windows; OLMoE); a model of another layout, or one whose own forward gives other logits
-than this one on a probe prompt (checked at construction, the C step included), is refused with one line.
+head; GLM's, GLM-4's and ERNIE 4.5's rotation of neighbouring pairs, GLM-4's norms after the attention and the FFN;
+SmolLM3's layers without rotary embedding; EXAONE 4's, by the torch path: norms after the attention and the FFN
+alone, global layers without rotary embedding) and the Gemma family's (Gemma, whose embedding module scales its
+output; Gemma 2 and 3, a norm after the attention and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary
+embedding by layer type; Gemma 4's text models by the torch path: its global layers' wider heads and values taken
+from the keys' projection, the layers that read an earlier layer's keys and values (their cache that layer's), each
+layer's own input per token and scale of its output, a mixture of experts beside the FFN) and, by the torch path
+too, the OLMo family's (OLMo's clipped queries, keys and values; OLMo 2's and 3's norms after the attention and the
+FFN and not before, and over every head's query at once; OLMo 3's sliding windows; OLMoE); a model of another
+layout, or one whose own forward gives other logits than this one on a probe prompt (checked at construction, the C
+step included), is refused with one line.
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
@@ -133,12 +135,15 @@ class LeanDecoder:
         tables, zero = {}, torch.zeros((), dtype=weight.dtype, device=weight.device)
         self.rotary = []  # each layer's (cos, sin) for every position: Gemma 3's and OLMo 3's differ by layer type
         kinds = getattr(self.model.config, "layer_types", None) if hasattr(rotary, "layer_types") else None
-        for i in range(len(self.model.model.layers)):
+        for i, layer in enumerate(self.model.model.layers):
             kind = kinds[i] if kinds else None  # as the model's forward tabulates them
             if kind not in tables:
                 cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
                 tables[kind] = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
-            self.rotary.append(tables[kind])
+            cos, sin = tables[kind]
+            if not _rotates(layer.self_attn):  # a layer without rotary embedding turns by 0: cos 1, sin 0
+                cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
+            self.rotary.append((cos, sin))
         self.qkv, self.kv_heads = [], []
         for i, (layer, head_dim) in enumerate(zip(self.model.model.layers, self.head_dims)):
             a = layer.self_attn
@@ -498,9 +503,20 @@ def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
     return layer.post_feedforward_layernorm_1(out) + layer.post_feedforward_layernorm_2(experts)
 
 
+def _rotates(attention) -> bool:
+    """Whether the layer turns its queries and keys by the rotary embedding: not SmolLM3's and Llama 4's layers
+    without it (``use_rope``), nor EXAONE 4's global layers, which keep a sliding window they do not use."""
+    if getattr(attention, "use_rope", True) in (False, 0):
+        return False
+    return not (getattr(attention, "is_sliding", True) is False and getattr(attention, "sliding_window", None))
+
+
 def _window(attention, config) -> int | None:
     """The layer's sliding window: its attention's own where it has one (Qwen2, Gemma 2 and 3: None on the global
-    layers), else the config's (Mistral's, every layer), None for none."""
+    layers; EXAONE 4's global layers, which keep the config's, attend to every position), else the config's
+    (Mistral's, every layer), None for none."""
+    if getattr(attention, "is_sliding", None) is False:
+        return None
     if hasattr(attention, "sliding_window"):
         return attention.sliding_window
     return getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
