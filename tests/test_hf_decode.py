@@ -1,16 +1,11 @@
 """LeanDecoder: greedy decoding at batch 1 over a static cache gives transformers' generate()'s tokens, and sampled
-decoding its draws from the same seed, on tiny random models of the Llama layout (Llama, Mistral past its sliding
-window, Qwen2 with its biases, Qwen3 with its query/key norms, Phi-3's query/key/value projections in one layer past
-its sliding window, Phi-4-mini's rotary embedding over part of each head; GLM's, GLM-4's and ERNIE 4.5's rotation of
-neighbouring pairs, GLM-4's norms after the attention and the FFN; SmolLM3's and EXAONE 4's layers without rotary
-embedding, EXAONE 4's norms after the attention and the FFN alone) and the Gemma family's (Gemma's scaled embedding;
-Gemma 2's norms around the attention and the FFN, its soft-capped logits; Gemma 3's rotary embeddings by layer type,
-local and global layers; Gemma 4's wider global heads, shared keys and values, per-layer inputs, scaled layer
-outputs and experts, by its torch path) and the OLMo family's (clipped projections, norms after the attention and
-the FFN, over every head's query at once, sliding windows, experts; also by the torch path), sparsified or not, and
-refuses in one line what it does not run: another layout (GPT-2, attention both ways, a layer computing otherwise),
-a batch, a prompt beyond its cache. Its C decoding step gives the torch path's logits, which are the model's own,
-and stands aside where a norm is of another kind."""
+decoding its draws from the same seed, on tiny random models of each layout it runs (FAMILIES, each with what it
+adds: sliding windows, biases, query/key norms, stacked projections, partial or paired rotary embeddings, layers
+without one, norms placed otherwise, scaled embeddings, sublayers and logits, shared caches, per-layer inputs,
+experts), sparsified or not, and refuses in one line what it does not run: another layout (GPT-2, attention both
+ways, a layer computing otherwise), a batch, a prompt beyond its cache. Its C decoding step gives the torch path's
+logits, which are the model's own, and stands aside where a norm is of another kind or a layer holds what it does
+not compute."""
 import copy
 
 import pytest
@@ -25,6 +20,8 @@ SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_atte
              vocab_size=100, max_position_embeddings=128, hidden_act="relu")
 GEMMA4 = dict(SMALL, hidden_activation="relu", num_hidden_layers=4, head_dim=8, global_head_dim=16, sliding_window=6,
               layer_types=["sliding_attention", "full_attention"] * 2)
+GRANITE = dict(embedding_multiplier=3.0, residual_multiplier=0.5, logits_scaling=4.0, attention_multiplier=0.2,
+               pad_token_id=0)
 FAMILIES = {
     "llama": lambda: transformers.LlamaConfig(**SMALL),
     "mistral": lambda: transformers.MistralConfig(**SMALL, sliding_window=6),  # decoded past it
@@ -58,6 +55,11 @@ FAMILIES = {
     "smollm3": lambda: transformers.SmolLM3Config(**SMALL, no_rope_layers=[1, 0], pad_token_id=0),
     "exaone4": lambda: transformers.Exaone4Config(**SMALL, sliding_window=6, pad_token_id=0,
                                                   layer_types=["sliding_attention", "full_attention"]),
+    # Granite: its embedding, each sublayer's output and the logits scaled; its mixture, block_sparse_moe; HunYuan:
+    # each head's query and key normalized after the rotation
+    "granite": lambda: transformers.GraniteConfig(**SMALL, **GRANITE),
+    "granitemoe": lambda: transformers.GraniteMoeConfig(**SMALL, **GRANITE, num_local_experts=4, num_experts_per_tok=2),
+    "hunyuan": lambda: transformers.HunYuanDenseV1Config(**SMALL, head_dim=8, pad_token_id=0),
     # OLMo: LayerNorms without weights and queries, keys and values clipped; OLMo 2: norms after the attention and the
     # FFN alone, one over every head's query; OLMo 3: with sliding windows; OLMoE: those norms, clipped, with experts
     "olmo": lambda: transformers.OlmoConfig(**SMALL, clip_qkv=0.5, pad_token_id=0),
@@ -67,7 +69,8 @@ FAMILIES = {
     "olmoe": lambda: transformers.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, clip_qkv=0.5,
                                               pad_token_id=0),
 }
-TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "exaone4", "olmo", "olmo2", "olmo3", "olmoe"}  # not in C
+TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "exaone4", "granite", "granitemoe", "hunyuan", "olmo", "olmo2",
+              "olmo3", "olmoe"}  # what the C step does not compute: their torch path
 
 
 def _model(config):

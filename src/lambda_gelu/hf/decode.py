@@ -20,19 +20,22 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
   the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
 
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
-``generate``. The layout is the Llama family's (Llama, Mistral and Qwen2 with their sliding windows, Qwen3's
-per-head query/key norms, SmolLM; Phi-3's stacked projections and Phi-4-mini's rotary embedding over part of each
-head; GLM's, GLM-4's and ERNIE 4.5's rotation of neighbouring pairs, GLM-4's norms after the attention and the FFN;
-SmolLM3's layers without rotary embedding; EXAONE 4's, by the torch path: norms after the attention and the FFN
-alone, global layers without rotary embedding) and the Gemma family's (Gemma, whose embedding module scales its
-output; Gemma 2 and 3, a norm after the attention and around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary
-embedding by layer type; Gemma 4's text models by the torch path: its global layers' wider heads and values taken
-from the keys' projection, the layers that read an earlier layer's keys and values (their cache that layer's), each
-layer's own input per token and scale of its output, a mixture of experts beside the FFN) and, by the torch path
-too, the OLMo family's (OLMo's clipped queries, keys and values; OLMo 2's and 3's norms after the attention and the
-FFN and not before, and over every head's query at once; OLMo 3's sliding windows; OLMoE); a model of another
-layout, or one whose own forward gives other logits than this one on a probe prompt (checked at construction, the C
-step included), is refused with one line.
+``generate``. The layouts it runs, each model checked on a probe prompt at construction (its own forward's logits
+against this one's, the C step included; another layout, or other logits, is refused with one line):
+
+- the Llama family's: Llama, Mistral and Qwen2 with their sliding windows, Qwen3's per-head query/key norms, SmolLM,
+  SmolLM3's layers without rotary embedding; Phi-3's stacked projections, Phi-4-mini's rotary embedding over part of
+  each head; GLM's, GLM-4's and ERNIE 4.5's rotation of neighbouring pairs, GLM-4's norms after the attention and
+  the FFN;
+- the Gemma family's: Gemma, whose embedding module scales its output; Gemma 2 and 3, a norm after the attention and
+  around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type;
+- by the torch path alone (what the C step does not compute): Gemma 4's text models (its global layers' wider heads
+  and values taken from the keys' projection, layers that read an earlier layer's keys and values, each layer's own
+  input per token and scale of its output, experts beside the FFN); EXAONE 4 (norms after the attention and the FFN
+  alone, global layers without rotary embedding); Granite and its mixtures (its embedding, each sublayer's output
+  and the logits scaled); HunYuan (each head's query and key normalized after the rotation); the OLMo family (OLMo's
+  clipped queries, keys and values; OLMo 2's and 3's norms after the attention and the FFN alone and over every
+  head's query at once; OLMo 3's sliding windows; OLMoE).
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
@@ -114,6 +117,8 @@ class LeanDecoder:
         self.owners = _cache_owners(model.model.layers)
         self.interleaved = [_interleaved(layer.self_attn) for layer in model.model.layers]
         self.clip = getattr(config, "clip_qkv", None)  # OLMo's and OLMoE's bound on queries, keys and values
+        self.embedding_multiplier = getattr(model.model, "embedding_multiplier", 1.0)  # Granite's scales
+        self.logits_scaling = getattr(config, "logits_scaling", 1.0)
         try:
             problem = None if all(o is not None for o in self.owners) else "shares a layer's keys and values with none"
             if problem is None:
@@ -209,7 +214,7 @@ class LeanDecoder:
     def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         """:meth:`_forward` for one token, by the C decoding step."""
         kernels, inner, d = _native.library(), self.model.model, self.model.config.hidden_size
-        h = inner.embed_tokens(ids).reshape(d).contiguous()
+        h = (inner.embed_tokens(ids) * self.embedding_multiplier).reshape(d).contiguous()
         x, y = torch.empty(1, 1, d, dtype=h.dtype), torch.empty(d, dtype=h.dtype)
         threads = torch.get_num_threads()
         for layer, (norm, norms, qkv, qkv_b, o_w, o_b, ffn, ffn_post), (cos, sin), window, softcap, k_cache, \
@@ -229,9 +234,9 @@ class LeanDecoder:
                 raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
             kernels.rms_norm_f32(h.data_ptr(), ffn[0].data_ptr(), x.data_ptr(), d, *ffn[1:])
             if ffn_post is None:
-                h += layer.mlp(x).reshape(d)
+                h += _ffn(layer, x, h.view(1, 1, d)).reshape(d)
             else:  # Gemma 2's and 3's norm of the FFN's output
-                out = layer.mlp(x).reshape(d).contiguous()  # held while the C call reads it
+                out = _ffn(layer, x, h.view(1, 1, d)).reshape(d).contiguous()  # held while the C call reads it
                 kernels.rms_norm_f32(out.data_ptr(), ffn_post[0].data_ptr(), y.data_ptr(), d, *ffn_post[1:])
                 h += y
         out, final = torch.empty(1, d, dtype=h.dtype), self._steps[-1]
@@ -245,7 +250,7 @@ class LeanDecoder:
             return self._step(ids, start, keys, values)
         n, end = ids.shape[1], start + ids.shape[1]
         inner = self.model.model
-        h = inner.embed_tokens(ids)
+        h = inner.embed_tokens(ids) * self.embedding_multiplier
         per_layer = (inner.project_per_layer_inputs(h, inner.get_per_layer_inputs(ids, h))  # Gemma 4's
                      if getattr(inner, "hidden_size_per_layer_input", None) else None)
         for i, (layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache, head_dim) in enumerate(
@@ -263,17 +268,21 @@ class LeanDecoder:
                 q = a.q_norm(q)
             cos, sin = cos[start:end], sin[start:end]
             q = _rotated(q.transpose(1, 2), cos, sin)
+            if hasattr(a, "query_layernorm"):  # HunYuan's: each head's query normalized after the rotation
+                q = a.query_layernorm(q)
             if kv:  # the layer's own keys and values, not an earlier layer's (Gemma 4's shared layers)
                 k, v = (t.view(1, n, -1, head_dim) for t in kv)
                 k = a.k_norm(k) if hasattr(a, "k_norm") and not whole else k
                 v = a.v_norm(v) if hasattr(a, "v_norm") else v  # Gemma 4's, without a weight
-                k_cache[:, :, start:end], v_cache[:, :, start:end] = _rotated(k.transpose(1, 2), cos, sin), \
-                    v.transpose(1, 2)
+                k = _rotated(k.transpose(1, 2), cos, sin)
+                k_cache[:, :, start:end] = a.key_layernorm(k) if hasattr(a, "key_layernorm") else k
+                v_cache[:, :, start:end] = v.transpose(1, 2)
             o = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], a.scaling, start, window, softcap)
             o = a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
-            h = h + (after(o) if after is not None else o)  # Gemma 2-4, GLM-4, OLMo 2 and 3: the output normalized
+            scale = getattr(layer, "residual_multiplier", 1.0)  # Granite's scale of each sublayer's output
+            h = h + (after(o) if after is not None else o) * scale  # Gemma 2-4, GLM-4, OLMo 2 and 3: normalized
             out = _ffn(layer, ffn_before(h) if ffn_before is not None else h, h)
-            h = h + (ffn_after(out) if ffn_after is not None else out)
+            h = h + (ffn_after(out) if ffn_after is not None else out) * scale
             if per_layer is not None:  # Gemma 4: each layer's own input for the token, gated by the hidden state
                 gated = layer.act_fn(layer.per_layer_input_gate(h)) * per_layer[:, :, i]
                 h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
@@ -299,8 +308,9 @@ class LeanDecoder:
         return F.softmax(scores, -1, dtype=torch.float32).to(q.dtype) @ values.repeat_interleave(group, 1)
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        """The output layer's logits, soft-capped as the model caps them (Gemma 2's final_logit_softcapping)."""
-        logits, cap = self.model.lm_head(hidden), self.final_softcap
+        """The output layer's logits, divided as Granite divides them (its logits_scaling, > 0) and soft-capped as
+        the model caps them (Gemma 2's final_logit_softcapping): neither moves the largest."""
+        logits, cap = self.model.lm_head(hidden) / self.logits_scaling, self.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @torch.inference_mode()
@@ -409,7 +419,7 @@ def _layout_problem(model) -> str | None:
     missing = ["model.norm / embed_tokens / rotary_emb"] if not all(
         hasattr(inner, n) for n in ("norm", "embed_tokens", "rotary_emb")) else []
     layer = layers[0]
-    missing += [p for p in _PARTS if not hasattr(layer, p)]
+    missing += [p for p in _PARTS if not hasattr(layer, p) and not (p == "mlp" and hasattr(layer, "block_sparse_moe"))]
     if _norms(layer) is None:
         missing.append("input_layernorm, post_attention_layernorm")
     attention = getattr(layer, "self_attn", None)
@@ -469,11 +479,13 @@ def _cache_owners(layers) -> list[int | None]:
 def _torch_only(layer, head_dim: int) -> bool:
     """Whether the layer holds what the C step does not compute: Gemma 4's norm of the values, another layer's keys
     and values, per-layer input, mixture of experts beside the FFN or scale of its output; OLMo 2's and 3's norms
-    after the attention and the FFN alone, or over every head's query at once (OLMoE's too)."""
+    after the attention and the FFN alone, or over every head's query at once (OLMoE's too); HunYuan's norms of each
+    head's query and key after the rotation; Granite's scale of each sublayer's output."""
     a = layer.self_attn
     return (hasattr(a, "v_norm") or getattr(a, "is_kv_shared_layer", False) or hasattr(layer, "layer_scalar")
             or bool(getattr(layer, "hidden_size_per_layer_input", None)) or getattr(layer, "enable_moe_block", False)
-            or _norms(layer)[0] is None or _whole_width(a, head_dim))
+            or _norms(layer)[0] is None or _whole_width(a, head_dim) or hasattr(a, "query_layernorm")
+            or getattr(layer, "residual_multiplier", 1.0) != 1.0)
 
 
 def _whole_width(attention, head_dim: int) -> bool:
@@ -492,8 +504,13 @@ def _norms(layer) -> tuple[nn.Module | None, ...] | None:
 
 
 def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
-    """The layer's FFN on its normalized input x: its ``mlp``, and beside it, where the layer has one (Gemma 4's
+    """The layer's FFN on its normalized input x: its ``mlp`` (Granite's mixtures: ``block_sparse_moe``, with the
+    dense ``shared_mlp`` beside it if it has one), and beside it, where the layer has one (Gemma 4's
     ``enable_moe_block``), its experts routed from the residual stream, each output normalized, the two summed."""
+    if not hasattr(layer, "mlp"):
+        shared = getattr(layer, "shared_mlp", None)
+        out = layer.block_sparse_moe(x)
+        return out if shared is None else out + shared(x)
     out = layer.mlp(x)
     if not getattr(layer, "enable_moe_block", False):
         return out
