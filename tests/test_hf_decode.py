@@ -231,17 +231,17 @@ def test_decoding_stops_after_the_end_token():
 def test_what_it_does_not_run_is_refused_in_one_line():
     gemma = _model(transformers.Gemma3TextConfig(**{**SMALL, "hidden_activation": "relu"}, head_dim=8,
                                                  use_bidirectional_attention=True))
-    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and Gemma3ForCausalLM attends both "
+    with pytest.raises(ValueError, match=r"^LeanDecoder does not run Gemma3ForCausalLM, which attends both "
                                          r"ways \(not a causal decoder\): use its generate\(\) instead$"):
         LeanDecoder(gemma)
     llama = _model(FAMILIES["llama"]())
     layer = llama.model.layers[1]
     layer.forward = lambda *args, forward=layer.forward, **kwargs: forward(*args, **kwargs) + 1.0
-    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and LlamaForCausalLM gives other "
+    with pytest.raises(ValueError, match=r"^LeanDecoder does not run LlamaForCausalLM, which gives other "
                                          r"logits on a probe prompt than this decoder \(by .* of their scale\): use "
                                          r"its generate\(\) instead$"):
         LeanDecoder(llama)
-    with pytest.raises(ValueError, match=r"^LeanDecoder runs the Llama layout, and GPT2LMHeadModel has no "
+    with pytest.raises(ValueError, match=r"^LeanDecoder does not run GPT2LMHeadModel, which has no "
                                          r"model.layers and lm_head: use its generate\(\) instead$"):
         LeanDecoder(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)))
     decoder = LeanDecoder(_model(FAMILIES["llama"]()), max_length=16)

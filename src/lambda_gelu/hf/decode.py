@@ -84,8 +84,9 @@ class LeanDecoder:
     inference only.
 
     Args:
-        model: a ``...ForCausalLM`` of the Llama layout (``model.model.layers[i].self_attn.q_proj`` ..., a rotary
-            embedding at ``model.model.rotary_emb``, ``model.lm_head``), in float32 or another floating dtype.
+        model: a ``...ForCausalLM`` of a layout the module lists (``model.model.layers[i].self_attn.q_proj`` ...,
+            a rotary embedding at ``model.model.rotary_emb``, ``model.lm_head``), in float32 or another floating
+            dtype.
         max_length: tokens the cache holds, prompt included.
         screen_head: the next token through the output layer's int8 screen (the default; an int8 copy of its rows
             is held, a quarter more of its bytes), or ``False``: every logit computed and their argmax taken.
@@ -105,8 +106,8 @@ class LeanDecoder:
             raise ValueError(f"max_length is a number of tokens ≥ 2, got {max_length!r}")
         problem = _layout_problem(model)
         if problem:
-            raise ValueError(f"LeanDecoder runs the Llama layout, and {type(model).__name__} {problem}: "
-                             "use its generate() instead")
+            raise ValueError(f"LeanDecoder does not run {type(model).__name__}, which {problem}: use its generate() "
+                             "instead")
         config = model.config
         self.model, self.max_length, self.screen_head, self.fused = model, max_length, bool(screen_head), bool(fused)
         self.windows = [_window(layer.self_attn, config) for layer in model.model.layers]
@@ -124,11 +125,11 @@ class LeanDecoder:
             if problem is None:
                 self.refresh()
                 problem = self._probe()
-        except Exception as e:  # noqa: BLE001 - a module of another signature: not the Llama layout, in one line
-            problem = f"does not run as it ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+        except Exception as e:  # noqa: BLE001 - a module of another signature: not a layout it runs, in one line
+            problem = f"fails in it ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
         if problem:
-            raise ValueError(f"LeanDecoder runs the Llama layout, and {type(model).__name__} {problem}: use its "
-                             "generate() instead")
+            raise ValueError(f"LeanDecoder does not run {type(model).__name__}, which {problem}: use its generate() "
+                             "instead")
 
     @torch.inference_mode()
     def refresh(self) -> None:
