@@ -26,7 +26,9 @@ is counted apart: that says nothing of its real checkpoints. Outcomes:
 
 - *converted*: exit 0, and the checkpoint loads with no GELU- or SiLU-like module left but those text never reaches
   (a vision tower: left as they were, counted), its ReLUs counted (and a gate its code applies as a function, which
-  stays as it was, named; XLM's config builds its ReLU as a function);
+  stays as it was, named; XLM's config builds its ReLU as a function); a causal LM's decoding too: the blocks
+  `sparsify_` replaces (at any size) or its one line, and whether `LeanDecoder` runs the sparsified model, with its C
+  step or by its torch path, or its one line;
 - *refused*: exit 2 with its one line (what the conversion cannot keep, and why);
 - *crashed*: anything else — a bug of this project's, listed in full.
 """
@@ -190,8 +192,28 @@ def converted(source: Path, out: Path, auto) -> tuple[str, str]:
     notes = ["the refit left out"] if report["refit_note"] and not report["refit"] else []
     notes += [f"modules text never reaches left as they were: {len(kept)}"] if kept else []
     notes += [f"left as it was: {call} as a function" for call in report["functional"]]
+    notes += decoding(reloaded) if auto is transformers.AutoModelForCausalLM else []
     return "converted", "; ".join([f"ReLU × {relus}" if relus or not functions else
                                    f"ReLU × {functions} as a function (its config's choice)", *notes])
+
+
+def decoding(model) -> list[str]:
+    """What decoding a converted causal LM gets: the blocks ``sparsify_`` replaces, and whether ``LeanDecoder`` runs
+    the sparsified model, with its C step or by its torch path; each's one line where it does not."""
+    from lambda_gelu.hf import LeanDecoder
+    from lambda_gelu.sparse import sparsify_
+    model.eval()
+    try:
+        notes = [f"sparsify_: {len(sparsify_(model, min_weights=0))} blocks"]
+    except ValueError as e:
+        notes = [f"sparsify_: {str(e).splitlines()[0].removeprefix('sparsify_ ')}"]
+    try:
+        lean = LeanDecoder(model, max_length=64)
+        notes.append(f"LeanDecoder: {'its C step' if lean.fused else 'its torch path'}")
+    except ValueError as e:
+        why = str(e).splitlines()[0].split(", which ", 1)[-1].split(": use its ")[0]
+        notes.append(f"LeanDecoder refuses it, which {why}")
+    return notes
 
 
 def newer_gguf_rules() -> set[str]:
