@@ -249,6 +249,39 @@ def test_sparsify_hugging_face_blocks(family):
         torch.testing.assert_close(model(input_ids=ids).last_hidden_state, ref, rtol=1e-4, atol=1e-5)
 
 
+UNGATED = {  # an ungated FFN as each family names it, ReLU: the second projection's qualified name in layer i
+    "gpt_neox": (lambda t: t.GPTNeoXConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=2, hidden_act="relu", vocab_size=50),
+                 "gpt_neox.layers.{}.mlp.dense_4h_to_h"),
+    "starcoder2": (lambda t: t.Starcoder2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                num_attention_heads=2, num_key_value_heads=1, hidden_act="relu",
+                                                vocab_size=50), "model.layers.{}.mlp.c_proj"),
+    "phi": (lambda t: t.PhiConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  hidden_act="relu", vocab_size=50), "model.layers.{}.mlp.fc2"),
+    "gptj": (lambda t: t.GPTJConfig(n_embd=32, n_layer=2, n_head=2, rotary_dim=8, activation_function="relu",
+                                    vocab_size=50), "transformer.h.{}.mlp.fc_out"),
+    "opt": (lambda t: t.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=2,
+                                  word_embed_proj_dim=32, activation_function="relu", vocab_size=50),
+            "model.decoder.layers.{}.fc2"),
+}
+
+
+@pytest.mark.parametrize("family", list(UNGATED))
+def test_sparsify_finds_the_ungated_ffns_of_other_families(family):
+    """GPT-NeoX (Pythia), StarCoder2, Phi, GPT-J and OPT name their FFN's projections otherwise than GPT-2: their
+    second projection reads the ReLU's output all the same, and is replaced; the model computes what it did."""
+    transformers = pytest.importorskip("transformers")
+    make, name = UNGATED[family]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(make(transformers)).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    with torch.inference_mode():
+        ref = model(ids).logits
+        assert sparsify_(model, max_density=1.0, min_weights=0) == [name.format(i) for i in range(2)]
+        assert all(isinstance(model.get_submodule(name.format(i)), SparseLinear) for i in range(2))
+        torch.testing.assert_close(model(ids).logits, ref, rtol=1e-4, atol=1e-5)
+
+
 def test_sparsify_leaves_gelu_hugging_face_blocks_alone():
     transformers = pytest.importorskip("transformers")
     cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,

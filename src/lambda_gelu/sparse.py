@@ -29,10 +29,17 @@ from .sparse_experts import SparseExperts, experts_problem, relu_experts
 from .sparse_gated import SparseGatedMLP, formula_problem, gated_mlps, gated_parts
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
-           "MAX_DENSITY", "MIN_WEIGHTS"]
+           "MAX_DENSITY", "MIN_WEIGHTS", "UNGATED_LAYOUTS"]
 
 MAX_DENSITY = 0.35  # fraction of active inputs above which the layer runs dense; conservative: the 3072-input
 # FFN of benchmarks/bench_sparse.py still gains at 0.6, small layers gain less (a fixed cost per call)
+# an ungated FFN's first projection, activation and second projection, as each family names them: the second reads
+# the activation's output (and is replaced; a SparseLinear computes any input exactly, zeros or not)
+UNGATED_LAYOUTS = (("c_fc", "act", "c_proj"),  # GPT-2 (Conv1D), StarCoder2
+                   ("dense_h_to_4h", "act", "dense_4h_to_h"),  # GPT-NeoX (Pythia), Falcon
+                   ("fc1", "activation_fn", "fc2"),  # Phi-1 and 2; OPT's, BART's and their kinds' layers
+                   ("fc_in", "act", "fc_out"),  # GPT-J
+                   ("wi", "act", "wo"))  # T5 v1.0's, ReLU as trained
 GATED_MAX_DENSITY = 0.5  # a gated FFN reads 2 of its 3 matrices only for active units: it gains up to about here
 # with more rows than decoding (SparseGatedMLP: decoding never falls back)
 MIN_WEIGHTS = 1 << 17  # layers with fewer weights stay dense: the sparse path's fixed cost per call (a C call
@@ -141,15 +148,19 @@ def _eligible(model: nn.Module):
             for (_, a), (attr, b) in zip(children, children[1:]):
                 if type(a) is nn.ReLU and isinstance(b, nn.Linear):
                     yield prefix + attr, parent, attr
-        # GPT-2's MLP: c_proj(act(c_fc(x)))
-        if (type(getattr(parent, "act", None)) is nn.ReLU and _is_conv1d(getattr(parent, "c_fc", None))
-                and _is_conv1d(getattr(parent, "c_proj", None))):
-            yield prefix + "c_proj", parent, "c_proj"
+        for up, act, down in UNGATED_LAYOUTS:  # down(act(up(x))), GPT-2's and the others' names for them
+            if (type(getattr(parent, act, None)) is nn.ReLU and _projection(getattr(parent, up, None))
+                    and _projection(getattr(parent, down, None))):
+                yield prefix + down, parent, down
         # BERT / MPNet / RoBERTa layers: output.dense(intermediate_act_fn(intermediate.dense(x)))
         inter, out = getattr(parent, "intermediate", None), getattr(parent, "output", None)
         if (type(getattr(inter, "intermediate_act_fn", None)) is nn.ReLU
                 and isinstance(getattr(out, "dense", None), nn.Linear)):
             yield prefix + "output.dense", out, "dense"
+
+
+def _projection(layer) -> bool:
+    return isinstance(layer, nn.Linear) or _is_conv1d(layer)
 
 
 def _kept_as_is(layer: nn.Module) -> str | None:
@@ -174,8 +185,9 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     :class:`~lambda_gelu.sparse_experts.SparseExperts` (the experts transformers keeps as two tensors: Mixtral,
     Qwen2/3-MoE, OLMoE, DeepSeek, ...) and every other linear layer whose input comes straight from an ``nn.ReLU`` by
     a :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
-    ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face GPT-2 blocks
-    (``mlp.c_proj``, a ``Conv1D``) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
+    ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face ungated FFNs as
+    :data:`UNGATED_LAYOUTS` names them (GPT-2's ``mlp.c_proj``, a ``Conv1D``; GPT-NeoX's, StarCoder2's, Phi's,
+    GPT-J's, OPT's and BART's, T5 v1.0's) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
     is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``); the gated FFNs of
     :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` whose own forward is ``down(relu(gate(x)) * up(x))``.
     Layers whose input is not
@@ -219,9 +231,9 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
         if not eligible:
             raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
                              "right after nn.ReLU in an nn.Sequential, for the second FFN projection of Hugging Face "
-                             "GPT-2 / BERT / MPNet / RoBERTa blocks with a ReLU activation, and for gated FFNs (Llama, "
-                             "Gemma, T5, Phi-3) and a mixture's experts whose gate is an nn.ReLU (convert GELU or SiLU "
-                             "first, e.g. with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
+                             "GPT-2 / GPT-NeoX / Phi / OPT / T5 / BERT / ... blocks with a ReLU activation, and for "
+                             "gated FFNs (Llama, Gemma, T5, Phi-3) and a mixture's experts whose gate is an nn.ReLU "
+                             "(convert GELU or SiLU first, e.g. with lambda_gelu.to_relu_ or lambda_gelu.reluize)")
         if not found:
             name = eligible[0][0]
             raise ValueError(f"sparsify_ found {len(eligible)} linear layer(s) fed by an nn.ReLU, but none it can "
