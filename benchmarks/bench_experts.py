@@ -94,7 +94,8 @@ def main():
         del dense, eager, sparse, int8, variants
     result = {"tokens": args.tokens, "rounds": args.rounds, "header": header(), "rows": results}
     print(save("experts", result))
-    print_table("a mixture's experts decoding a token: dense (transformers' default) against sparse", result["header"], [
+    title = "a mixture's experts decoding a token: dense (transformers' default) against sparse"
+    print_table(title, result["header"], [
         [r["model"], f"{r['zeros']:.1%}", f"{r['us']['dense']:.0f}", f"{r['us']['eager']:.0f}",
          f"{r['us']['sparse']:.0f}", f"{r['us']['sparse int8']:.0f}",
          f"{r['speedup']['sparse']:.2f} ({r['speedup_quartiles']['sparse'][0]:.2f}–"
