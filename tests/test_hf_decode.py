@@ -34,6 +34,8 @@ FAMILIES = {
                                                 final_logit_softcapping=10.0),
     "gemma3": lambda: transformers.Gemma3TextConfig(**{**SMALL, "hidden_activation": "relu"}, head_dim=8,
                                                     sliding_window=6, sliding_window_pattern=2),  # local, global
+    # VaultGemma: a norm before the FFN named as Gemma 2's, none after the attention
+    "vaultgemma": lambda: transformers.VaultGemmaConfig(**{**SMALL, "hidden_activation": "relu"}, head_dim=8),
     # Gemma 4: wider heads on the global layers, each layer's own input per token, a scale of each layer's output
     "gemma4": lambda: transformers.Gemma4TextConfig(**GEMMA4, hidden_size_per_layer_input=8,
                                                     vocab_size_per_layer_input=100, final_logit_softcapping=10.0),

@@ -28,7 +28,7 @@ against this one's, the C step included; another layout, or other logits, is ref
   each head; GLM's, GLM-4's and ERNIE 4.5's rotation of neighbouring pairs, GLM-4's norms after the attention and
   the FFN;
 - the Gemma family's: Gemma, whose embedding module scales its output; Gemma 2 and 3, a norm after the attention and
-  around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type;
+  around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; VaultGemma;
 - by the torch path alone (what the C step does not compute): Gemma 4's text models (its global layers' wider heads
   and values taken from the keys' projection, layers that read an earlier layer's keys and values, each layer's own
   input per token and scale of its output, experts beside the FFN); EXAONE 4 (norms after the attention and the FFN
@@ -66,6 +66,7 @@ NORM_LAYOUTS = (
      "post_feedforward_layernorm"),
     ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"),  # GLM-4
     (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),  # OLMo 2 and 3: after, not before
+    ("input_layernorm", None, "pre_feedforward_layernorm", None),  # VaultGemma
     ("input_layernorm", None, "post_attention_layernorm", None))  # Llama's and most others
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # or Phi-3's qkv_proj and o_proj
 
@@ -421,8 +422,8 @@ def _layout_problem(model) -> str | None:
         hasattr(inner, n) for n in ("norm", "embed_tokens", "rotary_emb")) else []
     layer = layers[0]
     missing += [p for p in _PARTS if not hasattr(layer, p) and not (p == "mlp" and hasattr(layer, "block_sparse_moe"))]
-    if _norms(layer) is None:
-        missing.append("input_layernorm, post_attention_layernorm")
+    if _norms(layer) is None:  # what the most common layout, Llama's, names and it lacks
+        missing += [n for n in NORM_LAYOUTS[-1] if n is not None and not hasattr(layer, n)]
     attention = getattr(layer, "self_attn", None)
     if attention is not None:
         stacked = hasattr(attention, "qkv_proj")  # Phi-3's query, key and value projections in one layer
