@@ -62,6 +62,9 @@ FAMILIES = {
     "granite": lambda: transformers.GraniteConfig(**SMALL, **GRANITE),
     "granitemoe": lambda: transformers.GraniteMoeConfig(**SMALL, **GRANITE, num_local_experts=4, num_experts_per_tok=2),
     "hunyuan": lambda: transformers.HunYuanDenseV1Config(**SMALL, head_dim=8, pad_token_id=0),
+    # Cohere: the attention and the FFN side by side on one norm's output, each angle twice in a row in its rotary
+    # table for neighbouring pairs, LayerNorms, scaled logits
+    "cohere": lambda: transformers.CohereConfig(**SMALL, logit_scale=0.25, pad_token_id=0),
     # OLMo: LayerNorms without weights and queries, keys and values clipped; OLMo 2: norms after the attention and the
     # FFN alone, one over every head's query; OLMo 3: with sliding windows; OLMoE: those norms, clipped, with experts
     "olmo": lambda: transformers.OlmoConfig(**SMALL, clip_qkv=0.5, pad_token_id=0),
@@ -71,8 +74,8 @@ FAMILIES = {
     "olmoe": lambda: transformers.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, clip_qkv=0.5,
                                               pad_token_id=0),
 }
-TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "exaone4", "granite", "granitemoe", "hunyuan", "olmo", "olmo2",
-              "olmo3", "olmoe"}  # what the C step does not compute: their torch path
+TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "exaone4", "granite", "granitemoe", "hunyuan", "cohere", "olmo",
+              "olmo2", "olmo3", "olmoe"}  # what the C step does not compute: their torch path
 
 
 def _model(config):

@@ -33,9 +33,10 @@ against this one's, the C step included; another layout, or other logits, is ref
   and values taken from the keys' projection, layers that read an earlier layer's keys and values, each layer's own
   input per token and scale of its output, experts beside the FFN); EXAONE 4 (norms after the attention and the FFN
   alone, global layers without rotary embedding); Granite and its mixtures (its embedding, each sublayer's output
-  and the logits scaled); HunYuan (each head's query and key normalized after the rotation); the OLMo family (OLMo's
-  clipped queries, keys and values; OLMo 2's and 3's norms after the attention and the FFN alone and over every
-  head's query at once; OLMo 3's sliding windows; OLMoE).
+  and the logits scaled); HunYuan (each head's query and key normalized after the rotation); Cohere (Command R, Aya:
+  the attention and the FFN side by side on one norm's output, neighbouring pairs rotated, scaled logits); the OLMo
+  family (OLMo's clipped queries, keys and values; OLMo 2's and 3's norms after the attention and the FFN alone and
+  over every head's query at once; OLMo 3's sliding windows; OLMoE).
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
@@ -67,7 +68,10 @@ NORM_LAYOUTS = (
     ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"),  # GLM-4
     (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),  # OLMo 2 and 3: after, not before
     ("input_layernorm", None, "pre_feedforward_layernorm", None),  # VaultGemma
-    ("input_layernorm", None, "post_attention_layernorm", None))  # Llama's and most others
+    ("input_layernorm", None, "post_attention_layernorm", None),  # Llama's and most others
+    # one norm before both, the attention and the FFN reading the layer's input side by side (Cohere's: the only
+    # layout whose norm before the FFN is the one before the attention)
+    ("input_layernorm", None, "input_layernorm", None))
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # or Phi-3's qkv_proj and o_proj
 
 
@@ -121,6 +125,10 @@ class LeanDecoder:
         self.clip = getattr(config, "clip_qkv", None)  # OLMo's and OLMoE's bound on queries, keys and values
         self.embedding_multiplier = getattr(model.model, "embedding_multiplier", 1.0)  # Granite's scales
         self.logits_scaling = getattr(config, "logits_scaling", 1.0)
+        self.logit_scale = getattr(config, "logit_scale", 1.0)  # Cohere's
+        if not self.logits_scaling > 0 or not self.logit_scale > 0:  # the screen's largest logit would not be theirs
+            raise ValueError(f"LeanDecoder does not run {type(model).__name__}, which scales its logits by a number "
+                             "≤ 0: use its generate() instead")
         try:
             problem = None if all(o is not None for o in self.owners) else "shares a layer's keys and values with none"
             if problem is None:
@@ -148,6 +156,8 @@ class LeanDecoder:
                 cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
                 tables[kind] = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
             cos, sin = tables[kind]
+            if _paired_table(cos):  # Cohere's table repeats each angle twice in a row: as halves, for the pairs' order
+                cos, sin = (torch.cat([t[..., 0::2]] * 2, -1) for t in (cos, sin))
             if not _rotates(layer.self_attn):  # a layer without rotary embedding turns by 0: cos 1, sin 0
                 cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
             self.rotary.append((cos, sin))
@@ -282,6 +292,9 @@ class LeanDecoder:
             o = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], a.scaling, start, window, softcap)
             o = a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
             scale = getattr(layer, "residual_multiplier", 1.0)  # Granite's scale of each sublayer's output
+            if ffn_before is before is not None:  # Cohere's: the FFN reads the layer's input beside the attention
+                h = h + o + _ffn(layer, x, h)
+                continue
             h = h + (after(o) if after is not None else o) * scale  # Gemma 2-4, GLM-4, OLMo 2 and 3: normalized
             out = _ffn(layer, ffn_before(h) if ffn_before is not None else h, h)
             h = h + (ffn_after(out) if ffn_after is not None else out) * scale
@@ -310,9 +323,9 @@ class LeanDecoder:
         return F.softmax(scores, -1, dtype=torch.float32).to(q.dtype) @ values.repeat_interleave(group, 1)
 
     def _logits(self, hidden: Tensor) -> Tensor:
-        """The output layer's logits, divided as Granite divides them (its logits_scaling, > 0) and soft-capped as
-        the model caps them (Gemma 2's final_logit_softcapping): neither moves the largest."""
-        logits, cap = self.model.lm_head(hidden) / self.logits_scaling, self.final_softcap
+        """The output layer's logits, scaled as Cohere and Granite scale them (logit_scale, logits_scaling; > 0) and
+        soft-capped as the model caps them (Gemma 2's final_logit_softcapping): neither moves the largest."""
+        logits, cap = self.model.lm_head(hidden) * self.logit_scale / self.logits_scaling, self.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     @torch.inference_mode()
@@ -444,14 +457,22 @@ def _interleaved(attention) -> bool:
         return False
     generator = torch.Generator().manual_seed(0)
     x, angles = torch.randn(1, 1, 2, 8, generator=generator), torch.randn(1, 2, 4, generator=generator)
-    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
-    try:
-        theirs = apply(x, x, cos, sin)[0]
-    except Exception:  # noqa: BLE001 - another signature: the probe prompt decides
-        return False
-    even, odd, c, s = x[..., 0::2], x[..., 1::2], cos[:, None, :, :4], sin[:, None, :, :4]
+    even, odd, c, s = x[..., 0::2], x[..., 1::2], angles.cos()[:, None], angles.sin()[:, None]
     pairs = torch.stack((even * c - odd * s, odd * c + even * s), -1).flatten(-2)
-    return isinstance(theirs, Tensor) and theirs.shape == x.shape and torch.allclose(theirs, pairs, atol=1e-6)
+    for tabulate in (lambda t: torch.cat([t] * 2, -1), lambda t: t.repeat_interleave(2, -1)):  # ERNIE's, Cohere's
+        try:
+            theirs = apply(x, x, tabulate(angles.cos()), tabulate(angles.sin()))[0]
+        except Exception:  # noqa: BLE001 - another signature: the probe prompt decides
+            return False
+        if isinstance(theirs, Tensor) and theirs.shape == x.shape and torch.allclose(theirs, pairs, atol=1e-6):
+            return True
+    return False
+
+
+def _paired_table(cos: Tensor) -> bool:
+    """Whether a rotary table repeats each angle twice in a row (Cohere's) rather than in two halves (the others')."""
+    return cos.shape[-1] > 2 and torch.equal(cos[..., 0::2], cos[..., 1::2]) and not torch.equal(
+        cos[..., :cos.shape[-1] // 2], cos[..., cos.shape[-1] // 2:])
 
 
 def _halves_order(split: list[int], head_dim: int, width: int) -> Tensor:
@@ -487,7 +508,7 @@ def _torch_only(layer, head_dim: int) -> bool:
     return (hasattr(a, "v_norm") or getattr(a, "is_kv_shared_layer", False) or hasattr(layer, "layer_scalar")
             or bool(getattr(layer, "hidden_size_per_layer_input", None)) or getattr(layer, "enable_moe_block", False)
             or _norms(layer)[0] is None or _whole_width(a, head_dim) or hasattr(a, "query_layernorm")
-            or getattr(layer, "residual_multiplier", 1.0) != 1.0)
+            or getattr(layer, "residual_multiplier", 1.0) != 1.0 or _norms(layer)[2] is _norms(layer)[0])
 
 
 def _whole_width(attention, head_dim: int) -> bool:
