@@ -436,7 +436,7 @@ def _layout_problem(model) -> str | None:
     layer = layers[0]
     missing += [p for p in _PARTS if not hasattr(layer, p) and not (p == "mlp" and hasattr(layer, "block_sparse_moe"))]
     if _norms(layer) is None:  # what the most common layout, Llama's, names and it lacks
-        missing += [n for n in NORM_LAYOUTS[-1] if n is not None and not hasattr(layer, n)]
+        missing += [n for n in ("input_layernorm", "post_attention_layernorm") if not hasattr(layer, n)]
     attention = getattr(layer, "self_attn", None)
     if attention is not None:
         stacked = hasattr(attention, "qkv_proj")  # Phi-3's query, key and value projections in one layer
