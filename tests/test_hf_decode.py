@@ -249,6 +249,9 @@ def test_what_it_does_not_run_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"^LeanDecoder does not run GPT2LMHeadModel, which has no "
                                          r"model.layers and lm_head: use its generate\(\) instead$"):
         LeanDecoder(transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2)))
+    with pytest.raises(ValueError, match=r"^LeanDecoder does not run CohereForCausalLM, which scales its logits by a "
+                                         r"number ≤ 0: use its generate\(\) instead$"):  # argmax: not the model's
+        LeanDecoder(_model(transformers.CohereConfig(**SMALL, logit_scale=-0.25, pad_token_id=0)))
     decoder = LeanDecoder(_model(FAMILIES["llama"]()), max_length=16)
     with pytest.raises(ValueError, match=r"^LeanDecoder decodes one sequence: input_ids of shape \(1, T ≥ 1\), got "
                                          r"\(2, 10\)$"):
