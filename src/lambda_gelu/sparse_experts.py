@@ -23,6 +23,8 @@ only.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -31,13 +33,15 @@ from torch.nn.utils import parametrize
 
 from . import _native
 from .derived import Made
-from .sparse_gated import FUSED_ROWS, int16_rows, quantize_rows, screen_rows
+from .sparse_gated import FUSED_ROWS, quantize_rows, screen_rows, sparse_gated_int8_reference
 
 __all__ = ["SparseExperts", "sparse_experts_reference", "relu_experts", "experts_problem"]
 
 _PARAMETERS = ("gate_up_proj", "down_proj")
 # how transformers' experts decorator (use_experts_implementation) says the layout differs from (E, 2I, H), (E, H, I)
 # with no bias: where an attribute exists, the value each must have
+_INT8_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")
+_UNBIASED = SimpleNamespace(bias=None)  # an expert's projection as the gated block's int8 reference reads one
 _LAYOUT = {"is_transposed": False, "is_concatenated": True, "has_gate": True, "has_bias": False,
            "has_post_expert_norm": False}
 
@@ -80,22 +84,14 @@ def sparse_experts_reference(x: Tensor, gate_up: Tensor, down: Tensor, top_k_ind
 
 def _int8_reference(x: Tensor, b: dict[str, Tensor], units: int, top_k_index: Tensor,
                     top_k_weights: Tensor) -> Tensor:
-    """The int8 experts in plain torch: :func:`sparse_experts_reference` with each expert's rows dequantized from the
-    int8 rows and scales in ``b`` (``gate_q``, ``gate_s``, ... ``down_q`` the rows of each ``downᵀ``; ``units`` rows
-    an expert) and x rounded to 16 bits a row as the C kernel reads it (as it is if not finite)."""
-    experts = b["gate_s"].numel() // units
-    if bool(torch.isfinite(x).all()):
-        xq, t = int16_rows(x)
-        x = (t * xq).to(x.dtype)
-
-    def rows(name):  # in the scales' dtype (float32; float64 for an exact reference)
-        scale = b[f"{name}_s"]
-        return (b[f"{name}_q"].to(scale.dtype) * scale[:, None]).reshape(experts, units, -1)
-    gate, up, down_t = rows("gate"), rows("up"), rows("down")
+    """The int8 experts in plain torch: each expert the gated block's int8 reference
+    (:func:`~lambda_gelu.sparse_gated.sparse_gated_int8_reference`, x rounded to 16 bits a row as the C kernel reads
+    it) over its rows of the int8 rows and scales in ``b`` (``gate_q``, ``gate_s``, ... ``down_q`` the rows of each
+    ``downᵀ``; ``units`` rows an expert), weighted and added as :func:`sparse_experts_reference` adds them."""
     out = torch.zeros_like(x)
-    for e, tokens, slots in _routed(top_k_index, experts):
-        xs = x[tokens].to(gate.dtype)
-        y = (F.relu(xs @ gate[e].t()) * (xs @ up[e].t())) @ down_t[e]
+    for e, tokens, slots in _routed(top_k_index, b["gate_s"].numel() // units):
+        rows = {name: b[name][e * units:(e + 1) * units] for name in _INT8_BUFFERS}
+        y = sparse_gated_int8_reference(x[tokens], rows, _UNBIASED, _UNBIASED, _UNBIASED)
         out.index_add_(0, tokens, (y * top_k_weights[tokens, slots, None]).to(out.dtype))
     return out
 
@@ -155,7 +151,7 @@ class SparseExperts(nn.Module):
         """Expert ``e``'s addresses for the C call: into the parameters and the buffers, its rows alone."""
         if self._addresses is None:
             b = self._buffers
-            names = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s") if self.int8 else (
+            names = _INT8_BUFFERS if self.int8 else (
                 "gate_q", "gate_s", "gate_r", "gate_n", "down_t")
             self._addresses = (self.gate_up_proj.data_ptr(), {n: (b[n].data_ptr(), b[n].element_size()) for n in names})
         base, bufs = self._addresses
@@ -166,7 +162,7 @@ class SparseExperts(nn.Module):
             address, size = bufs[name]
             return address + rows * size * (h if name.endswith("_q") or name == "down_t" else 1)
         if self.int8:
-            return tuple(at(n) for n in ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s"))
+            return tuple(at(n) for n in _INT8_BUFFERS)
         gate, up = base + 2 * rows * h * 4, base + (2 * rows + units) * h * 4
         return gate, at("gate_q"), at("gate_s"), at("gate_r"), at("gate_n"), up, at("down_t")
 
@@ -256,11 +252,7 @@ def experts_problem(experts: nn.Module) -> str | None:
         theirs = experts(x, index, weights)
     except Exception as err:  # noqa: BLE001 - a forward of another signature is not the formula
         return f"its forward does not take (hidden_states, top_k_index, top_k_weights) ({type(err).__name__})"
-    ours = torch.zeros_like(x)
-    for t in range(3):
-        for j in range(k):
-            gate, up, dn = _expert_weights(gate_up, down, int(index[t, j]))
-            ours[t] += weights[t, j] * F.linear(F.relu(F.linear(x[t], gate)) * F.linear(x[t], up), dn)
+    ours = sparse_experts_reference(x, gate_up, down, index, weights)
     if not isinstance(theirs, Tensor) or theirs.shape != ours.shape or not torch.allclose(theirs, ours, rtol=1e-4,
                                                                                            atol=1e-5):
         return ("computes something else than Σ w·down_e(relu(gate_e(x)) ⊙ up_e(x)) over the routed experts "
