@@ -110,35 +110,37 @@ class LeanDecoder:
         if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
             raise ValueError(f"max_length is a number of tokens ≥ 2, got {max_length!r}")
         problem = _layout_problem(model)
+        if problem is None:
+            config = model.config
+            self.model, self.max_length = model, max_length
+            self.screen_head, self.fused = bool(screen_head), bool(fused)
+            self.windows = [_window(layer.self_attn, config) for layer in model.model.layers]
+            self.softcaps = [getattr(layer.self_attn, "attn_logit_softcapping", None) for layer in model.model.layers]
+            self.final_softcap = getattr(config, "final_logit_softcapping", None)
+            self.heads = config.num_attention_heads
+            self.head_dims = [layer.self_attn.head_dim for layer in model.model.layers]  # Gemma 4's vary by type
+            self.owners = _cache_owners(model.model.layers)
+            self.interleaved = [_interleaved(layer.self_attn) for layer in model.model.layers]
+            self.clip = getattr(config, "clip_qkv", None)  # OLMo's and OLMoE's bound on queries, keys and values
+            self.embedding_multiplier = getattr(model.model, "embedding_multiplier", 1.0)  # Granite's scales
+            self.logits_scaling = getattr(config, "logits_scaling", 1.0)
+            self.logit_scale = getattr(config, "logit_scale", 1.0)  # Cohere's
+            problem = self._problem()
         if problem:
             raise ValueError(f"LeanDecoder does not run {type(model).__name__}, which {problem}: use its generate() "
                              "instead")
-        config = model.config
-        self.model, self.max_length, self.screen_head, self.fused = model, max_length, bool(screen_head), bool(fused)
-        self.windows = [_window(layer.self_attn, config) for layer in model.model.layers]
-        self.softcaps = [getattr(layer.self_attn, "attn_logit_softcapping", None) for layer in model.model.layers]
-        self.final_softcap = getattr(config, "final_logit_softcapping", None)
-        self.heads = config.num_attention_heads
-        self.head_dims = [layer.self_attn.head_dim for layer in model.model.layers]  # Gemma 4's vary by layer type
-        self.owners = _cache_owners(model.model.layers)
-        self.interleaved = [_interleaved(layer.self_attn) for layer in model.model.layers]
-        self.clip = getattr(config, "clip_qkv", None)  # OLMo's and OLMoE's bound on queries, keys and values
-        self.embedding_multiplier = getattr(model.model, "embedding_multiplier", 1.0)  # Granite's scales
-        self.logits_scaling = getattr(config, "logits_scaling", 1.0)
-        self.logit_scale = getattr(config, "logit_scale", 1.0)  # Cohere's
-        if not self.logits_scaling > 0 or not self.logit_scale > 0:  # the screen's largest logit would not be theirs
-            raise ValueError(f"LeanDecoder does not run {type(model).__name__}, which scales its logits by a number "
-                             "≤ 0: use its generate() instead")
+
+    def _problem(self) -> str | None:
+        """Why this decoder cannot run its model, its probe prompt included (None if it can), in a few words."""
+        if not (self.logits_scaling > 0 and self.logit_scale > 0):  # the screen's largest logit would not be theirs
+            return "scales its logits by a number ≤ 0"
+        if None in self.owners:
+            return "shares a layer's keys and values with none"
         try:
-            problem = None if all(o is not None for o in self.owners) else "shares a layer's keys and values with none"
-            if problem is None:
-                self.refresh()
-                problem = self._probe()
+            self.refresh()
+            return self._probe()
         except Exception as e:  # noqa: BLE001 - a module of another signature: not a layout it runs, in one line
-            problem = f"fails in it ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
-        if problem:
-            raise ValueError(f"LeanDecoder does not run {type(model).__name__}, which {problem}: use its generate() "
-                             "instead")
+            return f"fails in it ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
 
     @torch.inference_mode()
     def refresh(self) -> None:
@@ -504,11 +506,11 @@ def _torch_only(layer, head_dim: int) -> bool:
     and values, per-layer input, mixture of experts beside the FFN or scale of its output; OLMo 2's and 3's norms
     after the attention and the FFN alone, or over every head's query at once (OLMoE's too); HunYuan's norms of each
     head's query and key after the rotation; Granite's scale of each sublayer's output."""
-    a = layer.self_attn
+    a, (before, _, ffn_before, _) = layer.self_attn, _norms(layer)
     return (hasattr(a, "v_norm") or getattr(a, "is_kv_shared_layer", False) or hasattr(layer, "layer_scalar")
             or bool(getattr(layer, "hidden_size_per_layer_input", None)) or getattr(layer, "enable_moe_block", False)
-            or _norms(layer)[0] is None or _whole_width(a, head_dim) or hasattr(a, "query_layernorm")
-            or getattr(layer, "residual_multiplier", 1.0) != 1.0 or _norms(layer)[2] is _norms(layer)[0])
+            or before is None or ffn_before is before or _whole_width(a, head_dim) or hasattr(a, "query_layernorm")
+            or getattr(layer, "residual_multiplier", 1.0) != 1.0)
 
 
 def _whole_width(attention, head_dim: int) -> bool:
