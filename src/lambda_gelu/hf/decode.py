@@ -154,15 +154,15 @@ class LeanDecoder:
         kinds = getattr(self.model.config, "layer_types", None) if hasattr(rotary, "layer_types") else None
         for i, layer in enumerate(self.model.model.layers):
             kind = kinds[i] if kinds else None  # as the model's forward tabulates them
-            if kind not in tables:
+            if kind not in tables:  # one table a kind, shared by its layers
                 cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
-                tables[kind] = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
-            cos, sin = tables[kind]
-            if _paired_table(cos):  # Cohere's table repeats each angle twice in a row: as halves, for the pairs' order
-                cos, sin = (torch.cat([t[..., 0::2]] * 2, -1) for t in (cos, sin))
-            if not _rotates(layer.self_attn):  # a layer without rotary embedding turns by 0: cos 1, sin 0
-                cos, sin = torch.ones_like(cos), torch.zeros_like(sin)
-            self.rotary.append((cos, sin))
+                cos, sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
+                if _paired_table(cos):  # Cohere's repeats each angle twice in a row: as halves, for the pairs' order
+                    cos, sin = (torch.cat([t[..., 0::2]] * 2, -1) for t in (cos, sin))
+                tables[kind] = cos, sin
+                tables[kind, "unturned"] = torch.ones_like(cos), torch.zeros_like(sin)  # cos 1, sin 0: turns by 0
+            # a layer without rotary embedding (SmolLM3's, EXAONE 4's global ones) takes the table that turns by 0
+            self.rotary.append(tables[kind] if _rotates(layer.self_attn) else tables[kind, "unturned"])
         self.qkv, self.kv_heads = [], []
         for i, (layer, head_dim) in enumerate(zip(self.model.model.layers, self.head_dims)):
             a = layer.self_attn
