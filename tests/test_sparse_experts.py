@@ -163,7 +163,11 @@ def test_experts_that_are_not_the_formula_or_not_relu_stay_dense_and_say_why():
     model = _model()
     experts = model.model.layers[0].mlp.experts
     experts.register_forward_hook(lambda *a: None)
-    assert experts_problem(experts) == "has forward hooks, which replacing it would drop"
+    hooked = "has forward hooks (pruning's, an observer's, ...), which SparseExperts would drop"
+    assert experts_problem(experts) == hooked
+    infinite = _model().model.layers[0].mlp.experts
+    infinite.down_proj.data[0, 0, 0] = float("inf")  # a skipped zero unit would hide 0·inf = NaN
+    assert experts_problem(infinite) == "has non-finite weights: a skipped zero input would turn 0·inf = NaN into 0"
     other, forward = model.model.layers[1].mlp.experts, model.model.layers[1].mlp.experts.forward
     other.forward = lambda x, index, weights: 2 * forward(x, index, weights)
     assert experts_problem(other).startswith("computes something else than Σ w·down_e(relu(gate_e(x))")

@@ -370,7 +370,8 @@ def test_a_projection_the_sparse_block_would_not_reproduce_keeps_its_block_dense
     model = _relu_llama()
     parametrize.register_parametrization(model.model.layers[0].mlp.up_proj, "weight", Doubled())
     model.model.layers[1].mlp.down_proj.weight.data[0, 0] = float("inf")
-    with pytest.raises(ValueError, match=r"'model.layers.0.mlp' \(up_proj\) has a parametrization"):
+    with pytest.raises(ValueError, match=r"'model.layers.0.mlp' \(up_proj\) has a parametrization "
+                                         r"\(torch.nn.utils.parametrize\), which SparseGatedMLP would not keep"):
         sparsify_(model, min_weights=0)
 
 

@@ -32,10 +32,11 @@ import inspect
 import itertools
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 import torch.nn as nn
+from torch.nn.utils import parametrize
 
 from .batches import run_batch
 from .config import DEFAULTS, LambdaGELUConfig
@@ -118,6 +119,20 @@ def _plain(m: nn.Module, cls: type) -> bool:
 def _is_conv1d(m: nn.Module) -> bool:
     """Hugging Face's ``Conv1D`` (GPT-2): a linear layer whose weight is stored (in, out)."""
     return type(m).__name__ == "Conv1D" and type(m).__module__.startswith("transformers.") and m.weight.dim() == 2
+
+
+def replacement_problem(module: nn.Module, by: str, weights: Iterable[torch.Tensor]) -> str | None:
+    """Why replacing ``module`` by ``by``, a module that skips the weights of zero inputs, could change a result, or
+    None: a parametrization ``by`` would not keep, forward hooks it would drop (pruning's, an observer's, ...),
+    non-finite ``weights`` (a skipped zero input would turn 0·inf = NaN into 0). Said in the same words for a sparse
+    linear layer, a gated FFN and a mixture's experts (:func:`lambda_gelu.sparse.sparsify_`)."""
+    if parametrize.is_parametrized(module):
+        return f"has a parametrization (torch.nn.utils.parametrize), which {by} would not keep"
+    if module._forward_hooks or module._forward_pre_hooks:
+        return f"has forward hooks (pruning's, an observer's, ...), which {by} would drop"
+    if not all(bool(torch.isfinite(w).all()) for w in weights):
+        return "has non-finite weights: a skipped zero input would turn 0·inf = NaN into 0"
+    return None
 
 
 def lambda_modules(model: nn.Module) -> Iterator[tuple[str, LambdaGELU]]:

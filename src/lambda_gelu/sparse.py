@@ -21,10 +21,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.utils import parametrize
 
 from . import _native
-from .convert import _is_conv1d, _plain, eval_mode
+from .convert import _is_conv1d, _plain, eval_mode, replacement_problem
 from .sparse_experts import SparseExperts, experts_problem, relu_experts
 from .sparse_gated import SparseGatedMLP, formula_problem, gated_mlps, gated_parts
 
@@ -163,18 +162,12 @@ def _projection(layer) -> bool:
     return isinstance(layer, nn.Linear) or _is_conv1d(layer)
 
 
-def _kept_as_is(layer: nn.Module) -> str | None:
-    """Why replacing ``layer`` by a SparseLinear could change a result, or None if it cannot."""
+def _kept_as_is(layer: nn.Module, by: str = "SparseLinear") -> str | None:
+    """Why replacing the linear ``layer`` (or a block holding it) by ``by`` could change a result, or None."""
     if not (_plain(layer, nn.Linear) or _is_conv1d(layer)):
-        return f"is a {type(layer).__name__} with a forward of its own (e.g. fake quantization), which SparseLinear " \
+        return f"is a {type(layer).__name__} with a forward of its own (e.g. fake quantization), which {by} " \
                "would not compute"
-    if parametrize.is_parametrized(layer):
-        return "has a parametrization (torch.nn.utils.parametrize), which SparseLinear would not keep"
-    if layer._forward_hooks or layer._forward_pre_hooks:
-        return "has forward hooks (pruning's, an observer's, ...), which replacing the layer would drop"
-    if not torch.isfinite(layer.weight).all():
-        return "has non-finite weights: a skipped zero input would turn 0·inf = NaN into 0"
-    return None
+    return replacement_problem(layer, by, (layer.weight,))
 
 
 def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: int = MIN_WEIGHTS,
@@ -205,7 +198,8 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     for name, parent, attr, layout in list(gated_mlps(model)):
         mlp = parent._modules[attr] if parent is not None else None
         problem = "is the model itself" if mlp is None else next(
-            (f"({a}) {why}" for a in (layout.gate, layout.up, layout.down) if (why := _kept_as_is(getattr(mlp, a)))),
+            (f"({a}) {why}" for a in (layout.gate, layout.up, layout.down)
+             if (why := _kept_as_is(getattr(mlp, a), "SparseGatedMLP"))),
             None) or formula_problem(mlp, layout)
         if problem is None and gated_parts(mlp, layout)[1].weight.numel() < min_weights:
             problem = f"is smaller than min_weights={min_weights} weights a projection"

@@ -29,9 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.utils import parametrize
 
 from . import _native
+from .convert import replacement_problem
 from .derived import Made
 from .sparse_gated import FUSED_ROWS, quantize_rows, screen_rows, sparse_gated_int8_reference
 
@@ -234,14 +234,10 @@ def relu_experts(model: nn.Module):
 @torch.no_grad()
 def experts_problem(experts: nn.Module) -> str | None:
     """Why replacing ``experts`` by :class:`SparseExperts` could change a result (its own forward is not the formula
-    on a probe input, hooks it would drop, a parametrization, non-finite weights), or None if nothing would."""
-    if experts._forward_hooks or experts._forward_pre_hooks:
-        return "has forward hooks, which replacing it would drop"
-    if parametrize.is_parametrized(experts):
-        return "has a parametrization (torch.nn.utils.parametrize), which SparseExperts would not keep"
+    on a probe input, or :func:`lambda_gelu.convert.replacement_problem`), or None if nothing would."""
     gate_up, down = experts.gate_up_proj, experts.down_proj
-    if not (torch.isfinite(gate_up).all() and torch.isfinite(down).all()):
-        return "has non-finite weights: a skipped zero unit would turn 0·inf = NaN into 0"
+    if problem := replacement_problem(experts, "SparseExperts", (gate_up, down)):
+        return problem
     e, h, _ = down.shape
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(3, h, generator=generator).to(gate_up)

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from . import _native
 from ._native import biases_fit, pointer
-from .convert import _plain
+from .convert import _plain, replacement_problem
 from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "Rows", "gated_parts", "sparse_gated_reference",
@@ -338,12 +338,12 @@ def gated_mlps(model: nn.Module):
 
 @torch.no_grad()
 def formula_problem(mlp: nn.Module, layout: GatedLayout) -> str | None:
-    """Why ``mlp``'s own forward is not ``down(relu(gate(x)) * up(x))`` on a probe input, or it has hooks the
-    replacement would drop (None if neither); its projections are checked as any sparse layer's
-    (:func:`lambda_gelu.sparse._kept_as_is`)."""
+    """Why ``mlp``'s own forward is not ``down(relu(gate(x)) * up(x))`` on a probe input, or replacing it could change
+    a result otherwise (:func:`lambda_gelu.convert.replacement_problem`), or None; its projections are checked as any
+    sparse layer's (:func:`lambda_gelu.sparse._kept_as_is`)."""
     gate, up, down = gated_parts(mlp, layout)
-    if mlp._forward_hooks or mlp._forward_pre_hooks:
-        return "has forward hooks, which replacing it would drop"
+    if problem := replacement_problem(mlp, "SparseGatedMLP", ()):
+        return problem
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(3, gate.in_features, generator=generator).to(gate.weight)
     try:
