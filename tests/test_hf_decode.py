@@ -65,6 +65,9 @@ FAMILIES = {
     # Cohere: the attention and the FFN side by side on one norm's output, each angle twice in a row in its rotary
     # table for neighbouring pairs, LayerNorms, scaled logits
     "cohere": lambda: transformers.CohereConfig(**SMALL, logit_scale=0.25, pad_token_id=0),
+    # Cohere 2: its local layers sliding, its global ones without rotary embedding (found by trying: no field says so)
+    "cohere2": lambda: transformers.Cohere2Config(**SMALL, logit_scale=0.25, sliding_window=6, pad_token_id=0,
+                                                  layer_types=["sliding_attention", "full_attention"]),
     # OLMo: LayerNorms without weights and queries, keys and values clipped; OLMo 2: norms after the attention and the
     # FFN alone, one over every head's query; OLMo 3: with sliding windows; OLMoE: those norms, clipped, with experts
     "olmo": lambda: transformers.OlmoConfig(**SMALL, clip_qkv=0.5, pad_token_id=0),
@@ -74,8 +77,8 @@ FAMILIES = {
     "olmoe": lambda: transformers.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, clip_qkv=0.5,
                                               pad_token_id=0),
 }
-TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "exaone4", "granite", "granitemoe", "hunyuan", "cohere", "olmo",
-              "olmo2", "olmo3", "olmoe"}  # what the C step does not compute: their torch path
+TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "exaone4", "granite", "granitemoe", "hunyuan", "cohere",
+              "cohere2", "olmo", "olmo2", "olmo3", "olmoe"}  # what the C step does not compute: their torch path
 
 
 def _model(config):

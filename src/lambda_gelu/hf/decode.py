@@ -34,7 +34,8 @@ against this one's, the C step included; another layout, or other logits, is ref
   input per token and scale of its output, experts beside the FFN); EXAONE 4 (norms after the attention and the FFN
   alone, global layers without rotary embedding); Granite and its mixtures (its embedding, each sublayer's output
   and the logits scaled); HunYuan (each head's query and key normalized after the rotation); Cohere (Command R, Aya:
-  the attention and the FFN side by side on one norm's output, neighbouring pairs rotated, scaled logits); the OLMo
+  the attention and the FFN side by side on one norm's output, neighbouring pairs rotated, scaled logits; Cohere 2's
+  global layers without rotary embedding, each layer's rotation found by trying its attention); the OLMo
   family (OLMo's clipped queries, keys and values; OLMo 2's and 3's norms after the attention and the FFN alone and
   over every head's query at once; OLMo 3's sliding windows; OLMoE).
 
@@ -156,13 +157,14 @@ class LeanDecoder:
             kind = kinds[i] if kinds else None  # as the model's forward tabulates them
             if kind not in tables:  # one table a kind, shared by its layers
                 cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
-                cos, sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
+                tables[kind, "theirs"] = cos, sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
                 if _paired_table(cos):  # Cohere's repeats each angle twice in a row: as halves, for the pairs' order
                     cos, sin = (torch.cat([t[..., 0::2]] * 2, -1) for t in (cos, sin))
                 tables[kind] = cos, sin
                 tables[kind, "unturned"] = torch.ones_like(cos), torch.zeros_like(sin)  # cos 1, sin 0: turns by 0
-            # a layer without rotary embedding (SmolLM3's, EXAONE 4's global ones) takes the table that turns by 0
-            self.rotary.append(tables[kind] if _rotates(layer.self_attn) else tables[kind, "unturned"])
+            # a layer without rotary embedding (SmolLM3's, EXAONE 4's, Cohere 2's global ones): the table turning by 0
+            turns = _rotates(layer.self_attn, *tables[kind, "theirs"])
+            self.rotary.append(tables[kind] if turns else tables[kind, "unturned"])
         self.qkv, self.kv_heads = [], []
         for i, (layer, head_dim) in enumerate(zip(self.model.model.layers, self.head_dims)):
             a = layer.self_attn
@@ -545,12 +547,20 @@ def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
     return layer.post_feedforward_layernorm_1(out) + layer.post_feedforward_layernorm_2(experts)
 
 
-def _rotates(attention) -> bool:
-    """Whether the layer turns its queries and keys by the rotary embedding: not SmolLM3's and Llama 4's layers
-    without it (``use_rope``), nor EXAONE 4's global layers, which keep a sliding window they do not use."""
-    if getattr(attention, "use_rope", True) in (False, 0):
-        return False
-    return not (getattr(attention, "is_sliding", True) is False and getattr(attention, "sliding_window", None))
+def _rotates(attention, cos: Tensor, sin: Tensor) -> bool:
+    """Whether the layer turns its queries and keys by the rotary embedding (``cos``, ``sin``: the model's table),
+    tried: its own forward on a probe input gives other outputs with that table than with one that turns by 0. Not
+    SmolLM3's layers without it, EXAONE 4's global layers, which keep a sliding window they do not use, nor Cohere
+    2's, of which nothing in the module says it; a forward of another signature (Gemma 4's layers reading an earlier
+    layer's keys) is taken to turn them, and the probe prompt decides."""
+    x = torch.randn(1, 4, attention.o_proj.out_features, generator=torch.Generator().manual_seed(0)).to(cos)
+    turned = cos[None, 1:5], sin[None, 1:5]  # positions 1-4: every angle but a few turns
+    unturned = torch.ones_like(turned[0]), torch.zeros_like(turned[1])
+    try:
+        outputs = [attention(x, position_embeddings=table, attention_mask=None)[0] for table in (turned, unturned)]
+    except Exception:  # noqa: BLE001 - another signature: the probe prompt decides
+        return True
+    return not torch.equal(*outputs)
 
 
 def _window(attention, config) -> int | None:
