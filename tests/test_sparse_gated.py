@@ -121,6 +121,24 @@ def test_the_sparse_block_equals_the_dense_one_within_float_rounding(family):
     assert torch.equal(sparse_ids, dense_ids)
 
 
+def test_llama4s_ffn_and_shared_expert_are_replaced_and_decode_the_dense_models_tokens():
+    """Llama 4 names its gate's activation ``activation_fn``: its dense layers' FFN and each mixture's shared expert
+    are gated blocks of their own layout (its routed experts, one batched product over every expert, stay dense)."""
+    torch.manual_seed(0)
+    config = transformers.Llama4TextConfig(**SMALL, intermediate_size_mlp=96, head_dim=16, hidden_act="relu",
+                                           num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                                           pad_token_id=0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    dense = copy.deepcopy(model)
+    replaced = sparsify_(model, min_weights=0)
+    assert replaced == ["model.layers.0.feed_forward", "model.layers.1.feed_forward.shared_expert"]
+    tokens = {"input_ids": torch.randint(0, 100, (1, 6))}
+    with torch.inference_mode():
+        torch.testing.assert_close(model(**tokens).logits, dense(**tokens).logits, rtol=1e-5, atol=1e-5)
+        sparse_ids = model.generate(**tokens, max_new_tokens=5, do_sample=False)
+        assert torch.equal(sparse_ids, dense.generate(**tokens, max_new_tokens=5, do_sample=False))
+
+
 def test_t5s_gated_ffn_is_a_layout_of_its_own_and_its_sparse_block_equals_the_dense_one():
     """Flan-T5's, mT5's and UMT5's gated FFN (``wo(act(wi_0(x)) * wi_1(x))``) once its gate is ReLU: every block of
     both stacks replaced, the state dict the dense model's, the logits and the greedy tokens the dense model's."""
