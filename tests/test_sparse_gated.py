@@ -139,6 +139,29 @@ def test_llama4s_ffn_and_shared_expert_are_replaced_and_decode_the_dense_models_
         assert torch.equal(sparse_ids, dense.generate(**tokens, max_new_tokens=5, do_sample=False))
 
 
+@pytest.mark.parametrize("config, auto", [("ModernBertConfig", "AutoModel"),
+                                          ("ModernBertDecoderConfig", "AutoModelForCausalLM")])
+def test_modernberts_bundled_ffn_is_replaced_and_gives_the_dense_models_outputs(config, auto):
+    """ModernBERT's FFN (``Wo(act(input) * gate)``, ``input`` and ``gate`` the halves of ``Wi``'s output), as GeGLU
+    encoders and their decoder keep it, once its activation is ReLU: a bundled gated block, biases included."""
+    torch.manual_seed(0)
+    config = getattr(transformers, config)(hidden_size=32, intermediate_size=96, num_hidden_layers=2,
+                                           num_attention_heads=2, vocab_size=100, hidden_activation="relu",
+                                           mlp_bias=True, pad_token_id=0)
+    model = getattr(transformers, auto).from_config(config).eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, "Wi"):
+                m.Wi.bias[:96].sub_(0.5)  # most units of the gate's half inactive
+    dense = copy.deepcopy(model)
+    assert len(sparsify_(model, min_weights=0)) == 2
+    assert all(isinstance(m.mlp, SparseGatedMLP) for m in (model.model if auto != "AutoModel" else model).layers)
+    for n in (1, 6, 12):
+        tokens = {"input_ids": torch.randint(1, 100, (1, n))}
+        with torch.inference_mode():
+            torch.testing.assert_close(model(**tokens)[0], dense(**tokens)[0], rtol=1e-5, atol=1e-5)
+
+
 def test_t5s_gated_ffn_is_a_layout_of_its_own_and_its_sparse_block_equals_the_dense_one():
     """Flan-T5's, mT5's and UMT5's gated FFN (``wo(act(wi_0(x)) * wi_1(x))``) once its gate is ReLU: every block of
     both stacks replaced, the state dict the dense model's, the logits and the greedy tokens the dense model's."""

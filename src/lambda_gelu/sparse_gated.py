@@ -62,11 +62,12 @@ class GatedLayout:
 
 # Llama, Mistral, Qwen2/3, SmolLM (SwiGLU) and Gemma 1/2/3 (GeGLU) all name them so, Llama 4 its activation
 # otherwise; T5's gated FFN (Flan-T5, mT5, UMT5: GeGLU) as its own; Phi-3, Phi-4-mini, GLM and GLM-4 bundle gate and
-# up in one layer
+# up in one layer, as ModernBERT and its decoder do (their gate's half first)
 GATED_LAYOUTS = (GatedLayout("gate_proj", "up_proj", "down_proj", "act_fn"),
                  GatedLayout("gate_proj", "up_proj", "down_proj", "activation_fn"),
                  GatedLayout("wi_0", "wi_1", "wo", "act"),
-                 GatedLayout("gate_up_proj", "gate_up_proj", "down_proj", "activation_fn"))
+                 GatedLayout("gate_up_proj", "gate_up_proj", "down_proj", "activation_fn"),
+                 GatedLayout("Wi", "Wi", "Wo", "act"))
 FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too; beyond, torch's matrix product does
 
 
