@@ -77,8 +77,8 @@ FAMILIES = {
     "olmoe": lambda: transformers.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, clip_qkv=0.5,
                                               pad_token_id=0),
 }
-TORCH_ONLY = {"gemma4", "gemma4-shared", "gemma4-moe", "exaone4", "granite", "granitemoe", "hunyuan", "cohere",
-              "cohere2", "olmo", "olmo2", "olmo3", "olmoe"}  # what the C step does not compute: their torch path
+# what the C step does not compute: their torch path
+TORCH_ONLY = {"exaone4", "hunyuan", "cohere", "cohere2", "olmo", "olmo2", "olmo3", "olmoe"}
 
 
 def _model(config):

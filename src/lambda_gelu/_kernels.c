@@ -846,7 +846,8 @@ int64_t lg_screened_argmax_f32(const float *x, const float *w, const float *b, c
  * a few microseconds each — at batch 1 as much time as reading the attention's weights. The reference is the
  * decoder's torch path, which the tests and the decoder's own probe compare with this one. */
 
-/* y = rms_norm(x)·w, or ·(1 + w) with plus_one (Gemma): x·(1/√(mean(x²) + eps)), the mean in float32 as torch's. */
+/* y = rms_norm(x)·w, or ·(1 + w) with plus_one (Gemma), or alone if w is NULL (Gemma 4's norm of the values):
+ * x·(1/√(mean(x²) + eps)), the mean in float32 as torch's. */
 void lg_rms_norm_f32(const float *x, const float *w, float *y, int64_t d, double eps, int plus_one) {
     float sum = 0.0f;
     #pragma omp simd reduction(+:sum)
@@ -854,7 +855,7 @@ void lg_rms_norm_f32(const float *x, const float *w, float *y, int64_t d, double
         sum += x[j] * x[j];
     float r = 1.0f / sqrtf(sum / (float)d + (float)eps);
     for (int64_t j = 0; j < d; j++)
-        y[j] = (x[j] * r) * (plus_one ? 1.0f + w[j] : w[j]);
+        y[j] = w ? (x[j] * r) * (plus_one ? 1.0f + w[j] : w[j]) : x[j] * r;
 }
 
 /* v rotated as transformers' rotary embedding rotates it: v·cos + rotate_half(v)·sin, rotate_half(v) = (−v₂, v₁)
@@ -870,7 +871,8 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
 
 /* The attention half of a decoder layer for the token at position pos, in place on its hidden state h (d):
  *     x = rms_norm(h)·norm_w;   q | k | v = x·qkvᵀ + qkv_b;   each head of q and of k normalized over head_dim by
- *     its own RMS norm if q_norm_w, k_norm_w are given (Qwen3's; NULL: none);   q, k rotated by cos, sin (this
+ *     its own RMS norm if q_norm_w, k_norm_w are given (Qwen3's; NULL: none), and each head of v by one without
+ *     weight if v_eps ≥ 0 (Gemma 4's; < 0: none);   q, k rotated by cos, sin (this
  *     position's) over the first rotary_dim features of each head (head_dim, or fewer: a partial rotary embedding,
  *     Phi-4-mini's), the rest as they are;
  *     the cache's position pos ← k, v;   o = softmax(c(q·Kᵀ·scaling))·V per query head, over positions 0..pos of
@@ -880,16 +882,20 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
  *     attention; NULL: none).
  * qkv is the query, key and value projections' weights stacked (heads + 2·kv_heads)·head_dim rows of d; k_cache and
  * v_cache are (kv_heads, length, head_dim) (a sliding window's caller passes them from its first position, and pos
- * counted from there). The projections' rows and the heads are split over the threads.
+ * counted from there). A layer that shares (Gemma 4's layers reading an earlier layer's keys and values) has qkv of its
+ * query rows alone, writes nothing to the caches and reads them as that layer wrote them, position pos included.
+ * The projections' rows and the heads are split over the threads.
  * Returns 0, or −1 if buffers could not be allocated (h and the caches unchanged). */
 int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *q_norm_w,
                             double q_eps, int q_plus_one, const float *k_norm_w, double k_eps, int k_plus_one,
-                            const float *post_w, double post_eps, int post_plus_one, const float *qkv,
+                            const float *post_w, double post_eps, int post_plus_one, double v_eps, int shares,
+                            const float *qkv,
                             const float *qkv_b, const float *o_w, const float *o_b, const float *cos, const float *sin,
                             float *k_cache, float *v_cache, int64_t pos, int64_t length, int64_t d, int64_t heads,
                             int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, double scaling, double softcap,
                             int max_threads) {
-    int64_t nq = heads * head_dim, nk = kv_heads * head_dim, rows = nq + 2 * nk, group = heads / kv_heads;
+    int64_t nq = heads * head_dim, nk = shares ? 0 : kv_heads * head_dim, rows = nq + 2 * nk;
+    int64_t group = heads / kv_heads, own_heads = heads + (shares ? 0 : kv_heads);
     float *x = malloc((size_t)(2 * d + rows + nq + heads * (pos + 1)) * sizeof *x);
     if (!x)
         return -1;
@@ -904,7 +910,7 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
         for (int64_t r = 0; r < rows; r++)
             p[r] = dot_f32(qkv + r * d, x, d) + (qkv_b ? qkv_b[r] : 0.0f);
         #pragma omp for schedule(static)
-        for (int64_t j = 0; j < heads + kv_heads; j++) {  /* the query heads, then the key heads */
+        for (int64_t j = 0; j < own_heads; j++) {  /* the query heads, then the key heads (none if it shares) */
             float *v = p + j * head_dim;
             if (j < heads && q_norm_w)
                 lg_rms_norm_f32(v, q_norm_w, v, head_dim, q_eps, q_plus_one);
@@ -913,8 +919,11 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
             rotate_f32(v, cos, sin, rotary_dim);
             if (j >= heads) {
                 int64_t g = j - heads, at = (g * length + pos) * head_dim;
+                float *value = p + nq + nk + g * head_dim;
+                if (v_eps >= 0.0)
+                    lg_rms_norm_f32(value, NULL, value, head_dim, v_eps, 0);
                 memcpy(k_cache + at, p + j * head_dim, (size_t)head_dim * sizeof *p);
-                memcpy(v_cache + at, p + nq + nk + g * head_dim, (size_t)head_dim * sizeof *p);
+                memcpy(v_cache + at, value, (size_t)head_dim * sizeof *p);
             }
         }
         #pragma omp for schedule(static)

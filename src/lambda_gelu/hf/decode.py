@@ -15,7 +15,7 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
 - for each new token, one C call per layer from the input norm to the attention's residual (the projections, the
   rotary embedding, the cache write, the attention, Gemma 2's and 3's norm after it) and one for each of the FFN's
   norms, where the model allows it (float32 on CPU, RMS norms of the Llama or Gemma kind, Qwen3's and Gemma 3's
-  per-head ones too; ``fused=False``: the torch path above, its reference);
+  per-head ones too, Gemma 4's of the values; ``fused=False``: the torch path above, its reference);
 - the next token from the output layer through its int8 screen (:class:`~lambda_gelu.screened_argmax.ScreenedArgmax`:
   the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
 
@@ -26,18 +26,18 @@ against this one's, the C step included; another layout, or other logits, is ref
 - the Llama family's: Llama, Mistral and Qwen2 with their sliding windows, Qwen3's per-head query/key norms, SmolLM,
   SmolLM3's layers without rotary embedding; Phi-3's stacked projections, Phi-4-mini's rotary embedding over part of
   each head; GLM's, GLM-4's and ERNIE 4.5's rotation of neighbouring pairs, GLM-4's norms after the attention and
-  the FFN;
+  the FFN; Granite and its mixtures (its embedding, each sublayer's output and the logits scaled);
 - the Gemma family's: Gemma, whose embedding module scales its output; Gemma 2 and 3, a norm after the attention and
-  around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; VaultGemma;
-- by the torch path alone (what the C step does not compute): Gemma 4's text models (its global layers' wider heads
-  and values taken from the keys' projection, layers that read an earlier layer's keys and values, each layer's own
-  input per token and scale of its output, experts beside the FFN); EXAONE 4 (norms after the attention and the FFN
-  alone, global layers without rotary embedding); Granite and its mixtures (its embedding, each sublayer's output
-  and the logits scaled); HunYuan (each head's query and key normalized after the rotation); Cohere (Command R, Aya:
-  the attention and the FFN side by side on one norm's output, neighbouring pairs rotated, scaled logits; Cohere 2's
-  global layers without rotary embedding, each layer's rotation found by trying its attention); the OLMo
-  family (OLMo's clipped queries, keys and values; OLMo 2's and 3's norms after the attention and the FFN alone and
-  over every head's query at once; OLMo 3's sliding windows; OLMoE).
+  around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; VaultGemma; Gemma 4's text
+  models (its global layers' wider heads and values taken from the keys' projection, each head's values normalized,
+  layers that read an earlier layer's keys and values, each layer's own input per token and scale of its output,
+  experts beside the FFN);
+- by the torch path alone (what the C step does not compute): EXAONE 4 (norms after the attention and the FFN alone,
+  global layers without rotary embedding); HunYuan (each head's query and key normalized after the rotation); Cohere
+  (Command R, Aya: the attention and the FFN side by side on one norm's output, neighbouring pairs rotated, scaled
+  logits; Cohere 2's global layers without rotary embedding, each layer's rotation found by trying its attention); the
+  OLMo family (OLMo's clipped queries, keys and values; OLMo 2's and 3's norms after the attention and the FFN alone
+  and over every head's query at once; OLMo 3's sliding windows; OLMoE).
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
@@ -98,8 +98,8 @@ class LeanDecoder:
             is held, a quarter more of its bytes), or ``False``: every logit computed and their argmax taken.
         fused: each new token's norms and attention in one C call per layer and one for the FFN's norm (the
             default, where it applies: float32 on CPU, RMS norms of the Llama or Gemma kind, per head too, not
-            Gemma 4's or OLMo's layers; :attr:`fused` says whether it does), or ``False``: the torch path, its
-            reference.
+            the layers the module's docstring lists by the torch path alone; :attr:`fused` says whether it does), or
+            ``False``: the torch path, its reference.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
     one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights and the output layer's
@@ -212,36 +212,44 @@ class LeanDecoder:
             return None
         final = _rms_norm(inner.norm)
         steps = []
-        for layer, (weight, bias, _) in zip(inner.layers, self.qkv):
+        for i, (layer, (weight, bias, _), head_dim) in enumerate(zip(inner.layers, self.qkv, self.head_dims)):
             a = layer.self_attn
-            per_head = (_rms_norm(a.q_norm), _rms_norm(a.k_norm)) if hasattr(a, "q_norm") else (none, none)
+            per_head = tuple(_rms_norm(getattr(a, n)) if hasattr(a, n) else none for n in ("q_norm", "k_norm"))
+            # Gemma 4's norm of the values, without weight (eps < 0: none)
+            values = _rms_norm(a.v_norm, head_dim) if hasattr(a, "v_norm") else (None, -1.0, 0)
             before, after, ffn_before, ffn_after = _norms(layer)  # an input norm: _torch_only says so otherwise
             norms = (_rms_norm(before), _rms_norm(ffn_before), _rms_norm(after) if after else none,
                      _rms_norm(ffn_after) if ffn_after else none)
             tensors = [weight, bias, a.o_proj.weight, a.o_proj.bias]
-            if (None in norms or None in per_head or final is None or type(a.o_proj) is not nn.Linear
-                    or not all(t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
-                               for t in tensors)):
+            scale = getattr(layer, "residual_multiplier", 1.0)  # Granite's, on layers without norms after: in o_proj
+            if scale != 1.0 and type(a.o_proj) is nn.Linear:
+                tensors[2:] = [None if t is None else (t * scale).contiguous() for t in tensors[2:]]
+            if (None in norms or None in per_head or values is None or values[0] is not None or final is None
+                    or type(a.o_proj) is not nn.Linear or not all(
+                        t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() for t in tensors)):
                 return None
-            steps.append((norms[0], per_head[0] + per_head[1] + norms[2], *tensors, norms[1],
-                          norms[3] if ffn_after else None))
+            steps.append((norms[0], per_head[0] + per_head[1] + norms[2] + (values[1], int(self.owners[i] != i)),
+                          *tensors, norms[1], norms[3] if ffn_after else None))
         return steps + [final]
 
     def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         """:meth:`_forward` for one token, by the C decoding step."""
         kernels, inner, d = _native.library(), self.model.model, self.model.config.hidden_size
-        h = (inner.embed_tokens(ids) * self.embedding_multiplier).reshape(d).contiguous()
+        h = inner.embed_tokens(ids) * self.embedding_multiplier
+        per_layer = self._per_layer_inputs(ids, h)
+        h = h.reshape(d).contiguous()
         x, y = torch.empty(1, 1, d, dtype=h.dtype), torch.empty(d, dtype=h.dtype)
         threads = torch.get_num_threads()
-        for layer, (norm, norms, qkv, qkv_b, o_w, o_b, ffn, ffn_post), (cos, sin), window, softcap, k_cache, \
-                v_cache, head_dim, kv_heads in zip(inner.layers, self._steps, self.rotary, self.windows, self.softcaps,
-                                                   keys, values, self.head_dims, self.kv_heads):
+        for i, (layer, (norm, norms, qkv, qkv_b, o_w, o_b, ffn, ffn_post), (cos, sin), window, softcap, k_cache,
+                v_cache, head_dim, kv_heads) in enumerate(zip(inner.layers, self._steps, self.rotary, self.windows,
+                                                              self.softcaps, keys, values, self.head_dims,
+                                                              self.kv_heads)):
             row = head_dim * h.element_size()
-            q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one, post_w, post_eps, post_plus_one = norms
+            q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one, post_w, post_eps, post_plus_one, v_eps, shares = norms
             first = 0 if window is None else max(0, start + 1 - window)  # the window's first position
             if kernels.decode_attention_f32(
                     h.data_ptr(), norm[0].data_ptr(), *norm[1:], pointer(q_w), q_eps, q_plus_one, pointer(k_w), k_eps,
-                    k_plus_one, pointer(post_w), post_eps, post_plus_one, qkv.data_ptr(), pointer(qkv_b),
+                    k_plus_one, pointer(post_w), post_eps, post_plus_one, v_eps, shares, qkv.data_ptr(), pointer(qkv_b),
                     o_w.data_ptr(), pointer(o_b), cos[start].data_ptr(), sin[start].data_ptr(),
                     k_cache.data_ptr() + first * row, v_cache.data_ptr() + first * row, start - first,
                     k_cache.shape[2], d, self.heads, kv_heads, head_dim, cos.shape[-1],
@@ -249,12 +257,16 @@ class LeanDecoder:
                     float(softcap or 0.0), threads) < 0:
                 raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
             kernels.rms_norm_f32(h.data_ptr(), ffn[0].data_ptr(), x.data_ptr(), d, *ffn[1:])
-            if ffn_post is None:
-                h += _ffn(layer, x, h.view(1, 1, d)).reshape(d)
+            if ffn_post is None:  # Granite's scale of the FFN's output, where it has one
+                h += _ffn(layer, x, h.view(1, 1, d)).reshape(d) * getattr(layer, "residual_multiplier", 1.0)
             else:  # Gemma 2's and 3's norm of the FFN's output
                 out = _ffn(layer, x, h.view(1, 1, d)).reshape(d).contiguous()  # held while the C call reads it
                 kernels.rms_norm_f32(out.data_ptr(), ffn_post[0].data_ptr(), y.data_ptr(), d, *ffn_post[1:])
                 h += y
+            if per_layer is not None:  # Gemma 4's, as the torch path adds them
+                h += _per_layer_input(layer, h.view(1, 1, d), per_layer[:, :, i]).reshape(d)
+            if hasattr(layer, "layer_scalar"):
+                h *= layer.layer_scalar
         out, final = torch.empty(1, d, dtype=h.dtype), self._steps[-1]
         kernels.rms_norm_f32(h.data_ptr(), final[0].data_ptr(), out.data_ptr(), d, *final[1:])
         return out
@@ -267,8 +279,7 @@ class LeanDecoder:
         n, end = ids.shape[1], start + ids.shape[1]
         inner = self.model.model
         h = inner.embed_tokens(ids) * self.embedding_multiplier
-        per_layer = (inner.project_per_layer_inputs(h, inner.get_per_layer_inputs(ids, h))  # Gemma 4's
-                     if getattr(inner, "hidden_size_per_layer_input", None) else None)
+        per_layer = self._per_layer_inputs(ids, h)
         for i, (layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache, head_dim) in enumerate(
                 zip(inner.layers, self.qkv, self.rotary, self.windows, self.softcaps, keys, values, self.head_dims)):
             a, whole = layer.self_attn, _whole_width(layer.self_attn, head_dim)
@@ -302,12 +313,19 @@ class LeanDecoder:
             h = h + (after(o) if after is not None else o) * scale  # Gemma 2-4, GLM-4, OLMo 2 and 3: normalized
             out = _ffn(layer, ffn_before(h) if ffn_before is not None else h, h)
             h = h + (ffn_after(out) if ffn_after is not None else out) * scale
-            if per_layer is not None:  # Gemma 4: each layer's own input for the token, gated by the hidden state
-                gated = layer.act_fn(layer.per_layer_input_gate(h)) * per_layer[:, :, i]
-                h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
+            if per_layer is not None:
+                h = h + _per_layer_input(layer, h, per_layer[:, :, i])
             if hasattr(layer, "layer_scalar"):  # Gemma 4's scale of the layer's output
                 h = h * layer.layer_scalar
         return inner.norm(h[:, -1])
+
+    def _per_layer_inputs(self, ids: Tensor, h: Tensor) -> Tensor | None:
+        """Gemma 4's inputs of each layer for each token (1, T, layers, width), from the tokens and their embeddings
+        ``h``, as its model makes them; None for a model without."""
+        inner = self.model.model
+        if not getattr(inner, "hidden_size_per_layer_input", None):
+            return None
+        return inner.project_per_layer_inputs(h, inner.get_per_layer_inputs(ids, h))
 
     def _attend(self, q: Tensor, keys: Tensor, values: Tensor, scaling: float, start: int, window: int | None,
                 softcap: float | None) -> Tensor:
@@ -504,15 +522,13 @@ def _cache_owners(layers) -> list[int | None]:
 
 
 def _torch_only(layer, head_dim: int) -> bool:
-    """Whether the layer holds what the C step does not compute: Gemma 4's norm of the values, another layer's keys
-    and values, per-layer input, mixture of experts beside the FFN or scale of its output; OLMo 2's and 3's norms
-    after the attention and the FFN alone, or over every head's query at once (OLMoE's too); HunYuan's norms of each
-    head's query and key after the rotation; Granite's scale of each sublayer's output."""
-    a, (before, _, ffn_before, _) = layer.self_attn, _norms(layer)
-    return (hasattr(a, "v_norm") or getattr(a, "is_kv_shared_layer", False) or hasattr(layer, "layer_scalar")
-            or bool(getattr(layer, "hidden_size_per_layer_input", None)) or getattr(layer, "enable_moe_block", False)
-            or before is None or ffn_before is before or _whole_width(a, head_dim) or hasattr(a, "query_layernorm")
-            or getattr(layer, "residual_multiplier", 1.0) != 1.0)
+    """Whether the layer holds what the C step does not compute: OLMo 2's and 3's norms after the attention and the
+    FFN alone, or over every head's query at once (OLMoE's too); Cohere's attention and FFN side by side; HunYuan's
+    norms of each head's query and key after the rotation; a scale of each sublayer's output (Granite's) after a
+    norm (the C step folds it into the attention's output projection, and scales the FFN's output)."""
+    a, (before, after, ffn_before, ffn_after) = layer.self_attn, _norms(layer)
+    return (before is None or ffn_before is before or _whole_width(a, head_dim) or hasattr(a, "query_layernorm")
+            or getattr(layer, "residual_multiplier", 1.0) != 1.0 and (after is not None or ffn_after is not None))
 
 
 def _whole_width(attention, head_dim: int) -> bool:
@@ -547,6 +563,13 @@ def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
     return layer.post_feedforward_layernorm_1(out) + layer.post_feedforward_layernorm_2(experts)
 
 
+def _per_layer_input(layer, h: Tensor, inputs: Tensor) -> Tensor:
+    """What a Gemma 4 layer adds to its hidden state ``h`` from its own ``inputs`` for each token: gated by the
+    hidden state, projected back to its width and normalized."""
+    gated = layer.act_fn(layer.per_layer_input_gate(h)) * inputs
+    return layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
+
+
 def _rotates(attention, cos: Tensor, sin: Tensor) -> bool:
     """Whether the layer turns its queries and keys by the rotary embedding (``cos``, ``sin``: the model's table),
     tried: its own forward on a probe input gives other outputs with that table than with one that turns by 0. Not
@@ -574,17 +597,18 @@ def _window(attention, config) -> int | None:
     return getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
 
 
-def _rms_norm(norm: nn.Module) -> tuple[Tensor, float, int] | None:
+def _rms_norm(norm: nn.Module, width: int | None = None) -> tuple[Tensor | None, float, int] | None:
     """(its weight, eps, plus_one) if ``norm`` computes x/√(mean(x²) + eps) times its float32 weight, or
-    times 1 + weight with plus_one (Gemma's), on a probe input; None otherwise."""
+    times 1 + weight with plus_one (Gemma's), on a probe input; given the ``width`` of a norm without weight (Gemma
+    4's of the values), (None, eps, 0) if it computes that alone; None otherwise."""
     w = getattr(norm, "weight", None)
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    if not (isinstance(w, Tensor) and w.dim() == 1 and w.dtype is torch.float32 and w.is_cpu and w.is_contiguous()
-            and isinstance(eps, float | int)):
+    if not (isinstance(eps, float | int) and (w is None and width or isinstance(w, Tensor) and w.dim() == 1 and
+                                              w.dtype is torch.float32 and w.is_cpu and w.is_contiguous())):
         return None
-    x = torch.randn(4, w.numel(), generator=torch.Generator().manual_seed(0))
+    x = torch.randn(4, width or w.numel(), generator=torch.Generator().manual_seed(0))
     got, base = norm(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    for plus_one in (0, 1):
-        if torch.allclose(got, base * (1 + w if plus_one else w), rtol=1e-5, atol=1e-6):
+    for plus_one in (0, 1) if w is not None else (0,):
+        if torch.allclose(got, base * (1 + w if plus_one else w) if w is not None else base, rtol=1e-5, atol=1e-6):
             return w, float(eps), plus_one
     return None
