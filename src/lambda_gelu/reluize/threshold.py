@@ -62,9 +62,9 @@ def gate_zeros_problem(model: nn.Module) -> str | None:
     """Why ``model``'s gates cannot be thresholded (None if they can): it has no gated FFN, or a Hugging Face model in
     it could not save the biases on its gated FFNs."""
     if not gated_ffns(model):
-        if gated_ffns(model, BUNDLED):
-            return (f"its gated FFNs hold gate and up in one layer ({', '.join(lay.gate for lay in BUNDLED)}), where "
-                    "a bias would shift up's half too: the threshold biases a gate of its own layer")
+        if bundled := [lay.gate for lay in BUNDLED if gated_ffns(model, (lay,))]:
+            return (f"its gated FFNs hold gate and up in one layer ({', '.join(bundled)}), where a bias would shift "
+                    "up's half too: the threshold biases a gate of its own layer")
         return "the model has no gated FFN (" + "; ".join(
             f"{lay.gate}, {lay.up}, {lay.down} and {lay.act}" for lay in SEPARATE) + ") to threshold"
     for _, hf in _hugging_face_models(model):
