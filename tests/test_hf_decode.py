@@ -78,7 +78,7 @@ FAMILIES = {
                                               pad_token_id=0),
 }
 # what the C step does not compute: their torch path
-TORCH_ONLY = {"exaone4", "hunyuan", "cohere", "cohere2", "olmo", "olmo2", "olmo3", "olmoe"}
+TORCH_ONLY = {"hunyuan", "cohere", "cohere2", "olmo", "olmoe"}
 
 
 def _model(config):

@@ -870,9 +870,11 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
 }
 
 /* The attention half of a decoder layer for the token at position pos, in place on its hidden state h (d):
- *     x = rms_norm(h)·norm_w;   q | k | v = x·qkvᵀ + qkv_b;   each head of q and of k normalized over head_dim by
- *     its own RMS norm if q_norm_w, k_norm_w are given (Qwen3's; NULL: none), and each head of v by one without
- *     weight if v_eps ≥ 0 (Gemma 4's; < 0: none);   q, k rotated by cos, sin (this
+ *     x = rms_norm(h)·norm_w, or h if eps < 0 (OLMo 2's layers, which norm only after);
+ *     q | k | v = x·qkvᵀ + qkv_b;
+ *     each head of q and of k normalized over head_dim by its own RMS norm if q_norm_w, k_norm_w are given (Qwen3's;
+ *     NULL: none), or all of q and all of k at once with whole (OLMo 2's), and each head of v by one without weight
+ *     if v_eps ≥ 0 (Gemma 4's; < 0: none);   q, k rotated by cos, sin (this
  *     position's) over the first rotary_dim features of each head (head_dim, or fewer: a partial rotary embedding,
  *     Phi-4-mini's), the rest as they are;
  *     the cache's position pos ← k, v;   o = softmax(c(q·Kᵀ·scaling))·V per query head, over positions 0..pos of
@@ -889,7 +891,7 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
 int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *q_norm_w,
                             double q_eps, int q_plus_one, const float *k_norm_w, double k_eps, int k_plus_one,
                             const float *post_w, double post_eps, int post_plus_one, double v_eps, int shares,
-                            const float *qkv,
+                            int whole, const float *qkv,
                             const float *qkv_b, const float *o_w, const float *o_b, const float *cos, const float *sin,
                             float *k_cache, float *v_cache, int64_t pos, int64_t length, int64_t d, int64_t heads,
                             int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, double scaling, double softcap,
@@ -902,19 +904,29 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
     /* the projections, the heads' outputs, their weights, the attention's output before its norm */
     float *p = x + d, *o = p + rows, *scores = o + nq, *y = scores + heads * (pos + 1);
     float cap = (float)softcap;
-    lg_rms_norm_f32(h, norm_w, x, d, eps, plus_one);
+    if (eps < 0.0)
+        memcpy(x, h, (size_t)d * sizeof *x);
+    else
+        lg_rms_norm_f32(h, norm_w, x, d, eps, plus_one);
     int nt = max_threads > 1 ? max_threads : 1;
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++)
             p[r] = dot_f32(qkv + r * d, x, d) + (qkv_b ? qkv_b[r] : 0.0f);
+        #pragma omp single
+        if (whole) {  /* one norm over every query head, one over every key head */
+            if (q_norm_w)
+                lg_rms_norm_f32(p, q_norm_w, p, nq, q_eps, q_plus_one);
+            if (k_norm_w && nk)
+                lg_rms_norm_f32(p + nq, k_norm_w, p + nq, nk, k_eps, k_plus_one);
+        }
         #pragma omp for schedule(static)
         for (int64_t j = 0; j < own_heads; j++) {  /* the query heads, then the key heads (none if it shares) */
             float *v = p + j * head_dim;
-            if (j < heads && q_norm_w)
+            if (j < heads && q_norm_w && !whole)
                 lg_rms_norm_f32(v, q_norm_w, v, head_dim, q_eps, q_plus_one);
-            else if (j >= heads && k_norm_w)
+            else if (j >= heads && k_norm_w && !whole)
                 lg_rms_norm_f32(v, k_norm_w, v, head_dim, k_eps, k_plus_one);
             rotate_f32(v, cos, sin, rotary_dim);
             if (j >= heads) {

@@ -26,18 +26,18 @@ against this one's, the C step included; another layout, or other logits, is ref
 - the Llama family's: Llama, Mistral and Qwen2 with their sliding windows, Qwen3's per-head query/key norms, SmolLM,
   SmolLM3's layers without rotary embedding; Phi-3's stacked projections, Phi-4-mini's rotary embedding over part of
   each head; GLM's, GLM-4's and ERNIE 4.5's rotation of neighbouring pairs, GLM-4's norms after the attention and
-  the FFN; Granite and its mixtures (its embedding, each sublayer's output and the logits scaled);
+  the FFN; Granite and its mixtures (its embedding, each sublayer's output and the logits scaled); EXAONE 4 (norms
+  after the attention and the FFN alone, global layers without rotary embedding); OLMo 2 and 3 (norms after alone,
+  and over every head's query at once; OLMo 3's sliding windows) and OLMoE;
 - the Gemma family's: Gemma, whose embedding module scales its output; Gemma 2 and 3, a norm after the attention and
   around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; VaultGemma; Gemma 4's text
   models (its global layers' wider heads and values taken from the keys' projection, each head's values normalized,
   layers that read an earlier layer's keys and values, each layer's own input per token and scale of its output,
   experts beside the FFN);
-- by the torch path alone (what the C step does not compute): EXAONE 4 (norms after the attention and the FFN alone,
-  global layers without rotary embedding); HunYuan (each head's query and key normalized after the rotation); Cohere
-  (Command R, Aya: the attention and the FFN side by side on one norm's output, neighbouring pairs rotated, scaled
-  logits; Cohere 2's global layers without rotary embedding, each layer's rotation found by trying its attention); the
-  OLMo family (OLMo's clipped queries, keys and values; OLMo 2's and 3's norms after the attention and the FFN alone
-  and over every head's query at once; OLMo 3's sliding windows; OLMoE).
+- by the torch path alone (what the C step does not compute): HunYuan (each head's query and key normalized after
+  the rotation); Cohere (Command R, Aya: the attention and the FFN side by side on one norm's output, neighbouring
+  pairs rotated, scaled logits; Cohere 2's global layers without rotary embedding, each layer's rotation found by
+  trying its attention); OLMo's clipped queries, keys and values (OLMo's, and OLMoE's where its config clips them).
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
@@ -200,13 +200,15 @@ class LeanDecoder:
 
     def _fused_steps(self) -> list[tuple] | None:
         """What the C decoding step reads per layer (the model's tensors and :attr:`qkv`'s: the input norm's weight
-        with eps and plus_one, the per-head query and key norms' and the norm after the attention (Qwen3's, Gemma's;
-        None, 0.0, 0 for none), q/k/v stacked and its bias, o_proj's weight and bias, then the FFN's norm before it
-        and the one after it (Gemma 2's and 3's, GLM-4's; None for none)), then the final norm's; None where it does
-        not apply."""
-        kernels, inner, none = _native.library(), self.model.model, (None, 0.0, 0)
+        with eps and plus_one (eps < 0: none), the per-head (or whole-width) query and key norms' and the norm after
+        the attention (Qwen3's, Gemma's; None, 0.0, 0 for none), the values' norm's eps, whether the layer shares an
+        earlier layer's cache and whether its query and key norms span every head, q/k/v stacked and its bias,
+        o_proj's weight and bias (Granite's scaled), then the FFN's norm before it (eps < 0: none) and the one after
+        it (Gemma 2's and 3's, GLM-4's, OLMo 2's; None for none)), then the final norm's; None where it does not
+        apply."""
+        kernels, inner, none, unnormed = _native.library(), self.model.model, (None, 0.0, 0), (None, -1.0, 0)
         if kernels is None or self.clip is not None or any(
-                _torch_only(layer, head_dim) for layer, head_dim in zip(inner.layers, self.head_dims)) or any(
+                _torch_only(layer) for layer in inner.layers) or any(
                 head_dim % 2 or self.heads % kv_heads or cos.shape[-1] % 2 or cos.shape[-1] > head_dim
                 for head_dim, kv_heads, (cos, _) in zip(self.head_dims, self.kv_heads, self.rotary)):
             return None
@@ -215,11 +217,12 @@ class LeanDecoder:
         for i, (layer, (weight, bias, _), head_dim) in enumerate(zip(inner.layers, self.qkv, self.head_dims)):
             a = layer.self_attn
             per_head = tuple(_rms_norm(getattr(a, n)) if hasattr(a, n) else none for n in ("q_norm", "k_norm"))
-            # Gemma 4's norm of the values, without weight (eps < 0: none)
-            values = _rms_norm(a.v_norm, head_dim) if hasattr(a, "v_norm") else (None, -1.0, 0)
-            before, after, ffn_before, ffn_after = _norms(layer)  # an input norm: _torch_only says so otherwise
-            norms = (_rms_norm(before), _rms_norm(ffn_before), _rms_norm(after) if after else none,
-                     _rms_norm(ffn_after) if ffn_after else none)
+            # Gemma 4's norm of the values, without weight (eps < 0: none, as for a norm before the attention or FFN)
+            values = _rms_norm(a.v_norm, head_dim) if hasattr(a, "v_norm") else unnormed
+            before, after, ffn_before, ffn_after = _norms(layer)
+            norms = (_rms_norm(before) if before else unnormed, _rms_norm(ffn_before) if ffn_before else unnormed,
+                     _rms_norm(after) if after else none, _rms_norm(ffn_after) if ffn_after else none)
+            whole = _whole_width(a, head_dim)  # OLMo 2's norms over every head's query at once, and key
             tensors = [weight, bias, a.o_proj.weight, a.o_proj.bias]
             scale = getattr(layer, "residual_multiplier", 1.0)  # Granite's, on layers without norms after: in o_proj
             if scale != 1.0 and type(a.o_proj) is nn.Linear:
@@ -228,7 +231,8 @@ class LeanDecoder:
                     or type(a.o_proj) is not nn.Linear or not all(
                         t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() for t in tensors)):
                 return None
-            steps.append((norms[0], per_head[0] + per_head[1] + norms[2] + (values[1], int(self.owners[i] != i)),
+            steps.append((norms[0], per_head[0] + per_head[1] + norms[2] + (values[1], int(self.owners[i] != i),
+                                                                             int(whole)),
                           *tensors, norms[1], norms[3] if ffn_after else None))
         return steps + [final]
 
@@ -245,18 +249,23 @@ class LeanDecoder:
                                                               self.softcaps, keys, values, self.head_dims,
                                                               self.kv_heads)):
             row = head_dim * h.element_size()
-            q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one, post_w, post_eps, post_plus_one, v_eps, shares = norms
+            q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one, post_w, post_eps, post_plus_one, v_eps, shares, whole = \
+                norms
             first = 0 if window is None else max(0, start + 1 - window)  # the window's first position
             if kernels.decode_attention_f32(
-                    h.data_ptr(), norm[0].data_ptr(), *norm[1:], pointer(q_w), q_eps, q_plus_one, pointer(k_w), k_eps,
-                    k_plus_one, pointer(post_w), post_eps, post_plus_one, v_eps, shares, qkv.data_ptr(), pointer(qkv_b),
+                    h.data_ptr(), pointer(norm[0]), *norm[1:], pointer(q_w), q_eps, q_plus_one, pointer(k_w), k_eps,
+                    k_plus_one, pointer(post_w), post_eps, post_plus_one, v_eps, shares, whole, qkv.data_ptr(),
+                    pointer(qkv_b),
                     o_w.data_ptr(), pointer(o_b), cos[start].data_ptr(), sin[start].data_ptr(),
                     k_cache.data_ptr() + first * row, v_cache.data_ptr() + first * row, start - first,
                     k_cache.shape[2], d, self.heads, kv_heads, head_dim, cos.shape[-1],
                     float(layer.self_attn.scaling),
                     float(softcap or 0.0), threads) < 0:
                 raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
-            kernels.rms_norm_f32(h.data_ptr(), ffn[0].data_ptr(), x.data_ptr(), d, *ffn[1:])
+            if ffn[1] < 0:  # no norm before the FFN (OLMo 2's)
+                x.view(d).copy_(h)
+            else:
+                kernels.rms_norm_f32(h.data_ptr(), ffn[0].data_ptr(), x.data_ptr(), d, *ffn[1:])
             if ffn_post is None:  # Granite's scale of the FFN's output, where it has one
                 h += _ffn(layer, x, h.view(1, 1, d)).reshape(d) * getattr(layer, "residual_multiplier", 1.0)
             else:  # Gemma 2's and 3's norm of the FFN's output
@@ -521,13 +530,12 @@ def _cache_owners(layers) -> list[int | None]:
     return owners
 
 
-def _torch_only(layer, head_dim: int) -> bool:
-    """Whether the layer holds what the C step does not compute: OLMo 2's and 3's norms after the attention and the
-    FFN alone, or over every head's query at once (OLMoE's too); Cohere's attention and FFN side by side; HunYuan's
+def _torch_only(layer) -> bool:
+    """Whether the layer holds what the C step does not compute: Cohere's attention and FFN side by side; HunYuan's
     norms of each head's query and key after the rotation; a scale of each sublayer's output (Granite's) after a
     norm (the C step folds it into the attention's output projection, and scales the FFN's output)."""
     a, (before, after, ffn_before, ffn_after) = layer.self_attn, _norms(layer)
-    return (before is None or ffn_before is before or _whole_width(a, head_dim) or hasattr(a, "query_layernorm")
+    return (ffn_before is before is not None or hasattr(a, "query_layernorm")
             or getattr(layer, "residual_multiplier", 1.0) != 1.0 and (after is not None or ffn_after is not None))
 
 
