@@ -69,13 +69,15 @@ FAMILIES = {
     "cohere2": lambda: transformers.Cohere2Config(**SMALL, logit_scale=0.25, sliding_window=6, pad_token_id=0,
                                                   layer_types=["sliding_attention", "full_attention"]),
     # OLMo: LayerNorms without weights and queries, keys and values clipped; OLMo 2: norms after the attention and the
-    # FFN alone, one over every head's query; OLMo 3: with sliding windows; OLMoE: those norms, clipped, with experts
+    # FFN alone, one over every head's query; OLMo 3: with sliding windows; OLMoE: those norms with experts, clipped or
+    # not
     "olmo": lambda: transformers.OlmoConfig(**SMALL, clip_qkv=0.5, pad_token_id=0),
     "olmo2": lambda: transformers.Olmo2Config(**SMALL, pad_token_id=0),
     "olmo3": lambda: transformers.Olmo3Config(**SMALL, sliding_window=6, pad_token_id=0,
                                               layer_types=["sliding_attention", "full_attention"]),
     "olmoe": lambda: transformers.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, clip_qkv=0.5,
                                               pad_token_id=0),
+    "olmoe-unclipped": lambda: transformers.OlmoeConfig(**SMALL, num_experts=4, num_experts_per_tok=2, pad_token_id=0),
 }
 # what the C step does not compute: their torch path
 TORCH_ONLY = {"hunyuan", "cohere", "cohere2", "olmo", "olmoe"}

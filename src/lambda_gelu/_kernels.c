@@ -884,8 +884,8 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
  *     attention; NULL: none).
  * qkv is the query, key and value projections' weights stacked (heads + 2·kv_heads)·head_dim rows of d; k_cache and
  * v_cache are (kv_heads, length, head_dim) (a sliding window's caller passes them from its first position, and pos
- * counted from there). A layer that shares (Gemma 4's layers reading an earlier layer's keys and values) has qkv of its
- * query rows alone, writes nothing to the caches and reads them as that layer wrote them, position pos included.
+ * counted from there). A layer that shares (Gemma 4's layers reading an earlier layer's keys and values) has qkv of
+ * its query rows alone, writes nothing to the caches and reads them as that layer wrote them, position pos included.
  * The projections' rows and the heads are split over the threads.
  * Returns 0, or −1 if buffers could not be allocated (h and the caches unchanged). */
 int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *q_norm_w,
