@@ -874,9 +874,9 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
  *     q | k | v = x·qkvᵀ + qkv_b;
  *     each head of q and of k normalized over head_dim by its own RMS norm if q_norm_w, k_norm_w are given (Qwen3's;
  *     NULL: none), or all of q and all of k at once with whole (OLMo 2's), and each head of v by one without weight
- *     if v_eps ≥ 0 (Gemma 4's; < 0: none);   q, k rotated by cos, sin (this
- *     position's) over the first rotary_dim features of each head (head_dim, or fewer: a partial rotary embedding,
- *     Phi-4-mini's), the rest as they are;
+ *     if v_eps ≥ 0 (Gemma 4's; < 0: none);   q, k rotated by cos, sin (this position's) over the first rotary_dim
+ *     features of each head (head_dim, or fewer: a partial rotary embedding, Phi-4-mini's), the rest as they are,
+ *     before their per-head norms with rotated_first (HunYuan's), else after them;
  *     the cache's position pos ← k, v;   o = softmax(c(q·Kᵀ·scaling))·V per query head, over positions 0..pos of
  *     its key head (query head j reads key head j / (heads / kv_heads), as torch's grouped-query attention), c the
  *     identity or, with softcap > 0 (Gemma 2's), c(s) = softcap·tanh(s / softcap);
@@ -891,7 +891,7 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
 int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *q_norm_w,
                             double q_eps, int q_plus_one, const float *k_norm_w, double k_eps, int k_plus_one,
                             const float *post_w, double post_eps, int post_plus_one, double v_eps, int shares,
-                            int whole, const float *qkv,
+                            int whole, int rotated_first, const float *qkv,
                             const float *qkv_b, const float *o_w, const float *o_b, const float *cos, const float *sin,
                             float *k_cache, float *v_cache, int64_t pos, int64_t length, int64_t d, int64_t heads,
                             int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, double scaling, double softcap,
@@ -924,11 +924,14 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
         #pragma omp for schedule(static)
         for (int64_t j = 0; j < own_heads; j++) {  /* the query heads, then the key heads (none if it shares) */
             float *v = p + j * head_dim;
+            if (rotated_first)
+                rotate_f32(v, cos, sin, rotary_dim);
             if (j < heads && q_norm_w && !whole)
                 lg_rms_norm_f32(v, q_norm_w, v, head_dim, q_eps, q_plus_one);
             else if (j >= heads && k_norm_w && !whole)
                 lg_rms_norm_f32(v, k_norm_w, v, head_dim, k_eps, k_plus_one);
-            rotate_f32(v, cos, sin, rotary_dim);
+            if (!rotated_first)
+                rotate_f32(v, cos, sin, rotary_dim);
             if (j >= heads) {
                 int64_t g = j - heads, at = (g * length + pos) * head_dim;
                 float *value = p + nq + nk + g * head_dim;

@@ -140,10 +140,10 @@ class Kernels:
         self.rms_norm_f32 = self.lib.lg_rms_norm_f32  # lambda_gelu.hf.decode
         self.rms_norm_f32.argtypes, self.rms_norm_f32.restype = [_P, _P, _P, _I64, ctypes.c_double, _I32], None
         self.decode_attention_f32 = self.lib.lg_decode_attention_f32
-        self.decode_attention_f32.argtypes = [_P] + [_P, ctypes.c_double, _I32] * 4 + [ctypes.c_double, _I32,
-                                                                          _I32] + [_P] * 8 + [_I64] * 7 + [
-            ctypes.c_double, ctypes.c_double, _I32]  # h, four norms' weight, eps, plus_one: the layer's, q, k, post;
-        # then the values' norm's eps (< 0: none), whether the layer shares a cache, and its q and k norms' width
+        self.decode_attention_f32.argtypes = [_P] + [_P, ctypes.c_double, _I32] * 4 + [ctypes.c_double] + [
+            _I32] * 3 + [_P] * 8 + [_I64] * 7 + [ctypes.c_double, ctypes.c_double, _I32]  # h, four norms' weight, eps,
+        # plus_one: the layer's, q, k, post; then the values' norm's eps (< 0: none), whether the layer shares a cache,
+        # whether its q and k norms span every head, whether they come after the rotation
         self.decode_attention_f32.restype = _I32
         self.active_union_f32 = self.lib.lg_active_union_f32
         self.active_union_f32.argtypes, self.active_union_f32.restype = [_P, _I64, _I64, _P], _I64

@@ -28,16 +28,17 @@ against this one's, the C step included; another layout, or other logits, is ref
   each head; GLM's, GLM-4's and ERNIE 4.5's rotation of neighbouring pairs, GLM-4's norms after the attention and
   the FFN; Granite and its mixtures (its embedding, each sublayer's output and the logits scaled); EXAONE 4 (norms
   after the attention and the FFN alone, global layers without rotary embedding); OLMo 2 and 3 (norms after alone,
-  and over every head's query at once; OLMo 3's sliding windows) and OLMoE;
+  and over every head's query at once; OLMo 3's sliding windows) and OLMoE; HunYuan (each head's query and key
+  normalized after the rotation);
 - the Gemma family's: Gemma, whose embedding module scales its output; Gemma 2 and 3, a norm after the attention and
   around the FFN, Gemma 2's soft-capped logits, Gemma 3's rotary embedding by layer type; VaultGemma; Gemma 4's text
   models (its global layers' wider heads and values taken from the keys' projection, each head's values normalized,
   layers that read an earlier layer's keys and values, each layer's own input per token and scale of its output,
   experts beside the FFN);
-- by the torch path alone (what the C step does not compute): HunYuan (each head's query and key normalized after
-  the rotation); Cohere (Command R, Aya: the attention and the FFN side by side on one norm's output, neighbouring
-  pairs rotated, scaled logits; Cohere 2's global layers without rotary embedding, each layer's rotation found by
-  trying its attention); OLMo's clipped queries, keys and values (OLMo's, and OLMoE's where its config clips them).
+- by the torch path alone (what the C step does not compute): Cohere (Command R, Aya: the attention and the FFN side
+  by side on one norm's output, neighbouring pairs rotated, scaled logits; Cohere 2's global layers without rotary
+  embedding, each layer's rotation found by trying its attention); OLMo's clipped queries, keys and values (OLMo's,
+  and OLMoE's where its config clips them).
 
     decoder = LeanDecoder(model)                        # a LlamaForCausalLM, sparsified or not
     tokens = decoder.generate(input_ids, max_new_tokens=64)   # == model.generate(..., do_sample=False)
@@ -216,7 +217,9 @@ class LeanDecoder:
         steps = []
         for i, (layer, (weight, bias, _), head_dim) in enumerate(zip(inner.layers, self.qkv, self.head_dims)):
             a = layer.self_attn
-            per_head = tuple(_rms_norm(getattr(a, n)) if hasattr(a, n) else none for n in ("q_norm", "k_norm"))
+            late = hasattr(a, "query_layernorm")  # HunYuan's per-head norms, after the rotation
+            names = ("query_layernorm", "key_layernorm") if late else ("q_norm", "k_norm")
+            per_head = tuple(_rms_norm(getattr(a, n)) if hasattr(a, n) else none for n in names)
             # Gemma 4's norm of the values, without weight (eps < 0: none, as for a norm before the attention or FFN)
             values = _rms_norm(a.v_norm, head_dim) if hasattr(a, "v_norm") else unnormed
             before, after, ffn_before, ffn_after = _norms(layer)
@@ -232,7 +235,7 @@ class LeanDecoder:
                         t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() for t in tensors)):
                 return None
             steps.append((norms[0], per_head[0] + per_head[1] + norms[2] + (values[1], int(self.owners[i] != i),
-                                                                             int(whole)),
+                                                                             int(whole), int(late)),
                           *tensors, norms[1], norms[3] if ffn_after else None))
         return steps + [final]
 
@@ -249,13 +252,11 @@ class LeanDecoder:
                                                               self.softcaps, keys, values, self.head_dims,
                                                               self.kv_heads)):
             row = head_dim * h.element_size()
-            q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one, post_w, post_eps, post_plus_one, v_eps, shares, whole = \
-                norms
+            q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one, post_w, post_eps, post_plus_one, *flags = norms
             first = 0 if window is None else max(0, start + 1 - window)  # the window's first position
             if kernels.decode_attention_f32(
                     h.data_ptr(), pointer(norm[0]), *norm[1:], pointer(q_w), q_eps, q_plus_one, pointer(k_w), k_eps,
-                    k_plus_one, pointer(post_w), post_eps, post_plus_one, v_eps, shares, whole, qkv.data_ptr(),
-                    pointer(qkv_b),
+                    k_plus_one, pointer(post_w), post_eps, post_plus_one, *flags, qkv.data_ptr(), pointer(qkv_b),
                     o_w.data_ptr(), pointer(o_b), cos[start].data_ptr(), sin[start].data_ptr(),
                     k_cache.data_ptr() + first * row, v_cache.data_ptr() + first * row, start - first,
                     k_cache.shape[2], d, self.heads, kv_heads, head_dim, cos.shape[-1],
@@ -531,11 +532,11 @@ def _cache_owners(layers) -> list[int | None]:
 
 
 def _torch_only(layer) -> bool:
-    """Whether the layer holds what the C step does not compute: Cohere's attention and FFN side by side; HunYuan's
-    norms of each head's query and key after the rotation; a scale of each sublayer's output (Granite's) after a
-    norm (the C step folds it into the attention's output projection, and scales the FFN's output)."""
-    a, (before, after, ffn_before, ffn_after) = layer.self_attn, _norms(layer)
-    return (ffn_before is before is not None or hasattr(a, "query_layernorm")
+    """Whether the layer holds what the C step does not compute: Cohere's attention and FFN side by side; a scale of
+    each sublayer's output (Granite's) after a norm (the C step folds it into the attention's output projection, and
+    scales the FFN's output)."""
+    before, after, ffn_before, ffn_after = _norms(layer)
+    return (ffn_before is before is not None
             or getattr(layer, "residual_multiplier", 1.0) != 1.0 and (after is not None or ffn_after is not None))
 
 
