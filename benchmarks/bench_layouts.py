@@ -86,7 +86,6 @@ def main():
         r = rows[-1]
         table.append([name, *(f"{r['tokens_per_s'][k]:.1f}" for k in runs), f"{r['over_generate']:.2f}",
                       f"{r['over_torch_path']:.2f}", same])
-        del model, lean, torch_path
     head = header()
     print_table("LeanDecoder's C step by layout, SmolLM2-135M's sizes", head, table,
                 ["layout", "generate tok/s", "torch path tok/s", "C step tok/s", "× generate", "× torch path",
