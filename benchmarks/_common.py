@@ -50,6 +50,14 @@ def interleaved(fns: dict, reps: int, warmup: int = 2) -> dict[str, float]:
     return {name: statistics.median(ts) for name, ts in time_interleaved(fns, reps, warmup).items()}
 
 
+def speedup_quartiles(slow: list[float], fast: list[float]) -> list[float]:
+    """The first and third quartiles of the round-by-round speed-ups (the slow variant's time over the fast one's in
+    the same round); one round: its own speed-up, twice."""
+    ratios = [s / f for s, f in zip(slow, fast)]
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return [q1, q3]
+
+
 def save(name: str, payload: dict) -> Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"

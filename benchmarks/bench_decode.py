@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from _common import header, interleaved, print_table, save
+from _common import header, interleaved, print_table, save, speedup_quartiles
 from lambda_gelu.timing import time_interleaved
 
 
@@ -50,13 +50,6 @@ def _ruled_out(mlps, inputs) -> float:
         margin = m.gate_r.double() * x.norm(dim=1, keepdim=True) + m.gate_n.double() * residual
         out, total = out + int((a + margin <= 0).sum()), total + a.numel()
     return out / max(total, 1)
-
-
-def _quartiles(dense: list[float], sparse: list[float]) -> list[float]:
-    """The first and third quartiles of the round-by-round speed-ups (dense time / sparse time of the same round)."""
-    ratios = [d / s for d, s in zip(dense, sparse)]
-    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    return [q1, q3]
 
 
 @torch.inference_mode()
@@ -169,7 +162,7 @@ def main():
         "gated_blocks": sum(isinstance(m, SparseGatedMLP) for m in sparse.modules()),
         "paths": {path: {"tokens_per_s": {m: n / seconds[f"{path} {m}"] for m in ("dense", "sparse")},
                          "speedup": seconds[f"{path} dense"] / seconds[f"{path} sparse"], "same_tokens": same[path],
-                         "speedup_quartiles": _quartiles(times[f"{path} dense"], times[f"{path} sparse"]),
+                         "speedup_quartiles": speedup_quartiles(times[f"{path} dense"], times[f"{path} sparse"]),
                          "mlp_share": share[path],
                          "amdahl_bound": 1 / ((1 - share[path]) + share[path] / block_speedup),
                          "amdahl_free_mlp": 1 / (1 - share[path])} for path in ("generate", "lean")},

@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from _common import header, print_table, save
+from _common import header, print_table, save, speedup_quartiles
 from lambda_gelu.timing import time_interleaved
 
 SIZES = {  # hidden size, expert width, experts, experts a token
@@ -82,10 +82,7 @@ def main():
             times = time_interleaved({v: lambda m=m: [m(*c) for c in calls] for v, m in variants.items()},
                                      args.rounds, 1)
             us = {v: 1e6 * statistics.median(t) / len(calls) for v, t in times.items()}
-            quartiles = {}
-            for v in ("eager", "sparse", "sparse int8"):
-                q1, _, q3 = statistics.quantiles([d / s for d, s in zip(times["dense"], times[v])], n=4)
-                quartiles[v] = [q1, q3]
+            quartiles = {v: speedup_quartiles(times["dense"], times[v]) for v in ("eager", "sparse", "sparse int8")}
             results.append({"model": name, "sizes": dict(zip(("hidden", "width", "experts", "k"), SIZES[name])),
                             "zeros_set": zeros, "zeros": share, "us": us,
                             "speedup": {v: us["dense"] / us[v] for v in quartiles}, "speedup_quartiles": quartiles,

@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from _common import header, print_table, save
+from _common import header, print_table, save, speedup_quartiles
 from lambda_gelu.timing import time_interleaved
 
 
@@ -66,10 +66,9 @@ def main():
         times = time_interleaved({k: lambda mlps=mlps: [mlps[i](x) for i, x in calls] for k, mlps in blocks.items()},
                                  args.rounds, 1)
         us = {k: 1e6 * statistics.median(v) / len(calls) for k, v in times.items()}
-        ratios = [d / s for d, s in zip(times["dense"], times["sparse"])]
-        q1, _, q3 = statistics.quantiles(ratios, n=4)
         results.append({"rows": rows, "union_active": union, "us": us, "speedup": us["dense"] / us["sparse"],
-                        "speedup_quartiles": [q1, q3], "every_unit_over_dense": us["dense"] / us["every unit"],
+                        "speedup_quartiles": speedup_quartiles(times["dense"], times["sparse"]),
+                        "every_unit_over_dense": us["dense"] / us["every unit"],
                         "largest_gap": worst})
     result = {"model": args.model, "calls": args.calls, "rounds": args.rounds, "header": header(), "rows": results}
     print(save("gated_rows", result))

@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from _common import header, print_table, save
+from _common import header, print_table, save, speedup_quartiles
 from lambda_gelu.timing import time_interleaved
 
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -51,12 +51,6 @@ def _model(cls_name: str, more: dict):
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
-def _quartiles(slow: list[float], fast: list[float]) -> list[float]:
-    ratios = sorted(s / f for s, f in zip(slow, fast))
-    q = statistics.quantiles(ratios, n=4)
-    return [q[0], q[2]]
-
-
 @torch.inference_mode()
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -80,9 +74,9 @@ def main():
         median = {k: statistics.median(v) for k, v in times.items()}
         rows.append({"layout": name, "tokens_per_s": {k: n / t for k, t in median.items()}, "same_tokens": same,
                      "over_generate": median["generate"] / median["C step"],
-                     "over_generate_quartiles": _quartiles(times["generate"], times["C step"]),
+                     "over_generate_quartiles": speedup_quartiles(times["generate"], times["C step"]),
                      "over_torch_path": median["torch path"] / median["C step"],
-                     "over_torch_path_quartiles": _quartiles(times["torch path"], times["C step"])})
+                     "over_torch_path_quartiles": speedup_quartiles(times["torch path"], times["C step"])})
         r = rows[-1]
         table.append([name, *(f"{r['tokens_per_s'][k]:.1f}" for k in runs), f"{r['over_generate']:.2f}",
                       f"{r['over_torch_path']:.2f}", same])
