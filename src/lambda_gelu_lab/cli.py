@@ -280,24 +280,28 @@ def _reluize_report(args, command) -> int:
 
 
 def _verify(args, command) -> int:
-    """Prints VNN-COMP's verdict word, and for sat the counterexample as ((X_i value) ... (Y_j value) ...)."""
+    """Prints VNN-COMP's verdict word, and for sat the counterexample as ((X_i value) ... (Y_j value) ...); for
+    unknown, why, on standard error."""
     import torch
 
     from lambda_gelu.onnx_chain import load_onnx_chain
-    from lambda_gelu.verify import verify_point
-    from lambda_gelu.vnnlib import VERDICTS, read_robustness
+    from lambda_gelu.verify import affine_layers, verify_property
+    from lambda_gelu.vnnlib import VERDICTS, read_property
     if not 0 < args.time_limit < float("inf"):
         raise ValueError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
     model = load_onnx_chain(args.onnx)
-    prop = read_robustness(args.vnnlib)
-    x = torch.as_tensor((prop.lo + prop.hi) / 2, dtype=torch.float32)
-    result = verify_point(model, x, prop.label, prop.lo, prop.hi, time_limit=args.time_limit)
+    layers, _ = affine_layers(model)
+    prop = read_property(args.vnnlib, num_inputs=layers[0][0].shape[1], num_outputs=layers[-1][0].shape[0])
+    result = verify_property(model, prop.lo, prop.hi, prop.unsafe, time_limit=args.time_limit)
     print(VERDICTS[result.status])
     if result.counterexample is not None:
+        x = torch.as_tensor(result.counterexample, dtype=torch.float32)
         with torch.no_grad():
-            y = model(torch.as_tensor(result.counterexample, dtype=torch.float32).reshape(1, -1))[0]
-        print("(" + "\n".join([f"(X_{i} {float(v)!r})" for i, v in enumerate(result.counterexample)]
+            y = model(x.reshape(1, -1))[0]
+        print("(" + "\n".join([f"(X_{i} {float(v)!r})" for i, v in enumerate(x)]
                               + [f"(Y_{j} {float(v)!r})" for j, v in enumerate(y)]) + ")")
+    elif result.status == "timeout":
+        print(f"unknown: {result.detail.get('note', '')}", file=sys.stderr)
     return 0
 
 
