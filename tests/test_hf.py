@@ -13,6 +13,7 @@ import torch
 from lambda_gelu.hf import convert as hf_convert
 from lambda_gelu.hf import evaluate as hf_evaluate
 from lambda_gelu.hf import text as hf_text
+from lambda_gelu.hf.errors import CheckpointError
 from lambda_gelu.hf.save import write_atomically
 from lambda_gelu.reluize.config import CAUSAL_LR
 from lambda_gelu.reluize.losses import get_loss
@@ -90,6 +91,30 @@ def test_a_text_file_named_twice_counts_twice(tmp_path):
     mine = tmp_path / "mine.txt"
     mine.write_text("One  line.\n\n  Another\tline. \n", encoding="utf-8")
     assert hf_text.read_texts([str(mine), str(mine)]) == ["One line.", "Another line."] * 2
+
+
+def test_text_files_are_read_within_bounds(tmp_path, monkeypatch):
+    """A line of 9 MB is cut at LINE_CHARS before anything tokenizes it; a NUL byte (a device such as /dev/zero, a
+    binary file) and a file past TEXT_CHARS or TEXT_LINES are one CheckpointError, read no further."""
+    import tracemalloc
+    long = tmp_path / "long.txt"
+    long.write_text("word " * 1_800_000 + "\nsecond\n", encoding="utf-8")
+    tracemalloc.start()
+    lines = hf_text.read_texts([str(long)])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(lines[0]) <= hf_text.LINE_CHARS and lines[1] == "second" and peak < 4 * hf_text.LINE_CHARS * 4
+    binary = tmp_path / "zeros.bin"
+    binary.write_bytes(b"text\n" + b"\0" * 100)
+    with pytest.raises(CheckpointError, match="a NUL character: not a text file"):
+        hf_text.read_texts([str(binary)], "--eval-text")
+    monkeypatch.setattr(hf_text, "TEXT_CHARS", 1000)
+    with pytest.raises(CheckpointError, match="more than 1,000 characters"):
+        hf_text.read_texts([str(long)])
+    monkeypatch.setattr(hf_text, "TEXT_CHARS", 1 << 28)
+    monkeypatch.setattr(hf_text, "TEXT_LINES", 1)
+    with pytest.raises(CheckpointError, match="more than 1 lines"):
+        hf_text.read_texts([str(long)])
 
 
 def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, tmp_path, capsys):

@@ -751,3 +751,25 @@ def test_a_gguf_file_without_the_gguf_package_says_what_to_install(tmp_path, cap
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
     assert main(["reluize", str(fake), "--out", str(tmp_path / "out"), "--steps", "2"]) == 2
     assert "pip install 'lambda-gelu[gguf]'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("claim, why", [({"hidden_size": 2 ** 20}, "claims a model of about"),
+                                        ({"intermediate_size": 2 ** 30}, "claims a model of about"),
+                                        ({"num_hidden_layers": 100_000}, "claims 100,000 layers")])
+def test_a_gguf_whose_metadata_claims_far_more_than_its_tensors_is_refused_before_building(tmp_path, capsys, claim,
+                                                                                            why):
+    """Its claimed sizes are what a model is built at: checked against the tensors it holds first (it built a
+    6.9 GB model for a 214 KB file claiming a width of 2^20, and grew without end for 100,000 layers)."""
+    import tracemalloc
+    pytest.importorskip("gguf")
+    import tiny_gguf
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**_gguf_small())).eval()
+    tiny_gguf.write(model, tmp_path / "m.gguf", claims=claim)  # the metadata lies; the tensors are the small model's
+    tracemalloc.start()
+    assert main(["reluize", str(tmp_path / "m.gguf"), "--out", str(tmp_path / "no"), "--steps", "2"]) == 2
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert why in err[-1] and err[-1].startswith("error: ") and peak < 256 << 20
+    assert not (tmp_path / "no").exists()

@@ -57,10 +57,11 @@ def _laid_out(arch: str, name: str, w: np.ndarray, config) -> np.ndarray:
     return w
 
 
-def write(model, path, name: str | None = None, extra: dict | None = None) -> None:
+def write(model, path, name: str | None = None, extra: dict | None = None, claims: dict | None = None) -> None:
     """``model`` (a transformers model of a type transformers reads from GGUF) written to the GGUF file ``path`` in
     float32, with :func:`vocabulary`'s tokenizer (its config's vocabulary must be that size), and the tensors
-    ``extra`` (GGUF name → array) beside its own."""
+    ``extra`` (GGUF name → array) beside its own; ``claims`` (config field → value) in the metadata instead of the
+    config's values, as a file that lies about its sizes would have them."""
     import gguf
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
@@ -70,7 +71,7 @@ def write(model, path, name: str | None = None, extra: dict | None = None) -> No
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name or f"tiny-{config.model_type}")
     for key, field in GGUF_CONFIG_MAPPING[config.model_type.removesuffix("_text")].items():
-        value = getattr(config, field, None) if field else None
+        value = (claims or {}).get(field, getattr(config, field, None)) if field else None
         if value is None:
             continue
         key = f"{arch}.{key}"

@@ -225,6 +225,7 @@ def _load_gguf(path: Path, name: str) -> Loaded:
         raise CheckpointError(f"{name} is a GGUF file, which transformers reads with the gguf package: pip install "
                               "'lambda-gelu[gguf]' (or pip install gguf)")
     where = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name}
+    kind, tensors = _gguf_tensors(path, name)  # read once, and checked against what its metadata claims
     try:
         config = transformers.AutoConfig.from_pretrained(**where, trust_remote_code=False)
         tokenizer = transformers.AutoTokenizer.from_pretrained(**where, trust_remote_code=False)
@@ -236,7 +237,6 @@ def _load_gguf(path: Path, name: str) -> Loaded:
                               transformers.AutoModel) if c is not None]
     if hasattr(transformers, "GgufConfig"):  # every weight unpacked, even where a GGUF matmul kernel is installed
         where["quantization_config"] = transformers.GgufConfig(dequantize=True)  # (no step could train a packed one)
-    kind, tensors = _gguf_tensors(path)  # read once: what every candidate is checked against
     model, dropped, first = _first_keeping_all(list(dict.fromkeys(candidates)), name, architecture,
                                                unread=lambda model: _gguf_unread(kind, tensors, model), **where)
     # transformers has dequantised every weight to float32 but still marks the model as quantized, which forbids
@@ -259,12 +259,39 @@ def _load_gguf(path: Path, name: str) -> Loaded:
     return Loaded(model, tokenizer, torch.float32, _is_causal(model), note=note)
 
 
-def _gguf_tensors(path: Path) -> tuple[str, list[str]]:
-    """The GGUF file's architecture and the names of its tensors."""
+def _gguf_tensors(path: Path, name: str) -> tuple[str, list[str]]:
+    """The GGUF file's architecture and the names of its tensors, once the sizes its metadata claims (layers, width,
+    FFN width, vocabulary: what a model is built at before any weight is read) are checked against the tensors it
+    holds: a file claiming a model far larger than its tensors is refused before anything is built."""
     import gguf
-    reader = gguf.GGUFReader(str(path))
-    field = reader.fields["general.architecture"]
-    return bytes(field.parts[field.data[0]]).decode(), [t.name for t in reader.tensors]
+    try:
+        reader = gguf.GGUFReader(str(path))
+        field = reader.fields["general.architecture"]
+        architecture = bytes(field.parts[field.data[0]]).decode()
+    except Exception as e:  # noqa: BLE001 - a file gguf cannot read: one line, whatever the cause
+        raise CheckpointError(f"cannot read {name} as GGUF ({type(e).__name__}: {_first_line(e)})") from None
+    tensors = {t.name: int(t.n_elements) for t in reader.tensors}
+
+    def claimed(key: str) -> int:  # the largest of a number or of an array of them (per-layer widths); 0 if absent
+        f = reader.fields.get(key)
+        values = [] if f is None or not f.data else [f.parts[i] for i in f.data]
+        try:
+            return max((int(v[0]) for v in values if len(v) == 1), default=len(values) if key.endswith("tokens") else 0)
+        except (TypeError, ValueError, OverflowError):
+            return 0
+    layers, width = claimed(f"{architecture}.block_count"), claimed(f"{architecture}.embedding_length")
+    ffn, vocab = claimed(f"{architecture}.feed_forward_length"), claimed("tokenizer.ggml.tokens")
+    blocks = len({t.split(".")[1] for t in tensors if t.startswith("blk.") and t.count(".") >= 2})
+    if layers > max(blocks, 1) * 2:
+        raise CheckpointError(f"{name}: its metadata claims {layers:,} layers, but it holds the tensors of {blocks}: "
+                              "refused before building a model of that size")
+    needs = layers * (4 * width * width + 3 * width * max(ffn, width)) + 2 * vocab * width  # a dense model's weights
+    holds = sum(tensors.values())
+    if needs > 16 * holds + (1 << 24):
+        raise CheckpointError(f"{name}: its metadata claims a model of about {needs:,} weights (width {width:,}, FFN "
+                              f"{ffn:,}, {layers:,} layers, {vocab:,} tokens), but it holds tensors of {holds:,} "
+                              "values: refused before building a model of that size")
+    return architecture, list(tensors)
 
 
 def _gguf_unread(architecture: str, tensors: list[str], model) -> list[str]:

@@ -26,6 +26,8 @@ GROUP = 50  # batches' worth of sentences sorted together by length (the "length
 HELD_OUT, HELD_BATCH = 256, 64  # the held-out sentences a conversion is measured on, and how many a batch
 EVAL_LINES = 1024  # the most of the user's held-out lines measured, taken evenly over them
 NEIGHBOURS = 10  # a set's sentences are compared by their 10 nearest neighbours: it needs more than that
+LINE_CHARS = 1 << 14  # a line of the user's text is cut here: sentences are cut at --max-tokens tokens anyway
+TEXT_CHARS, TEXT_LINES = 1 << 28, 1 << 21  # the most a --text or --eval-text file holds: 256 Mi characters, 2 Mi lines
 
 
 def stdlib_sentences(held_out: float = 0.1) -> tuple[list[str], list[str]]:
@@ -132,14 +134,28 @@ def held_out_sets(train: list[str], eval_lines: list[str] = (), files=()) -> dic
 
 
 def read_texts(files: list[str], option: str = "--text") -> list[str]:
-    """The non-empty lines of the user's UTF-8 text files, white space folded (``option``: what the error names)."""
+    """The non-empty lines of the user's UTF-8 text files, white space folded, each cut at LINE_CHARS characters
+    (``option``: what the error names). Read a line at a time within TEXT_CHARS and TEXT_LINES, so an endless or
+    binary file (a device, a NUL byte) ends in one CheckpointError, never in memory without bound."""
     lines = []
     for name in files:
+        found, read = [], 0
         try:
-            text = Path(name).read_text(encoding="utf-8")
+            with open(name, encoding="utf-8") as f:
+                while line := f.readline(LINE_CHARS):
+                    read, binary, tail = read + len(line), "\x00" in line, line
+                    while not tail.endswith("\n") and not binary and read <= TEXT_CHARS and (
+                            tail := f.readline(LINE_CHARS)):  # the rest of a line cut at LINE_CHARS: passed over
+                        read, binary = read + len(tail), "\x00" in tail
+                    if binary or read > TEXT_CHARS:
+                        raise CheckpointError(f"{option} {name}: " + ("a NUL character: not a text file" if binary
+                                                                      else f"more than {TEXT_CHARS:,} characters"))
+                    if line.strip():
+                        found.append(" ".join(line.split()))
+                        if len(found) > TEXT_LINES:
+                            raise CheckpointError(f"{option} {name}: more than {TEXT_LINES:,} lines of text")
         except (OSError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{option} {name}: cannot read it as UTF-8 text ({e})") from None
-        found = [" ".join(ln.split()) for ln in text.splitlines() if ln.strip()]
         if not found:
             raise CheckpointError(f"{option} {name} has no text (every line is empty)")
         lines += found
