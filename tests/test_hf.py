@@ -662,3 +662,12 @@ def test_another_schedule_at_a_setting_is_paired_with_the_swap_at_that_setting()
     assert _baseline(anneal, [anneal, refit, swap]) == swap
     assert _baseline(anneal, [anneal, refit, "swap + refit 704, length batches, linear lr decay"]) == refit
     assert _baseline(anneal, [anneal, "swap + refit 704, length batches, linear lr decay"]) is None
+
+
+def test_an_error_that_points_at_a_report_not_shown_says_what_it_was():
+    """transformers logs a loading report, which quiet_transformers keeps from showing, and raises "look at the above
+    report": the line says what the report would have said instead."""
+    from lambda_gelu.hf.load import _first_line
+    mismatch = RuntimeError("You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look at "
+                            "the above report!")
+    assert "above" not in _first_line(mismatch) and "other shapes than its config" in _first_line(mismatch)

@@ -110,6 +110,46 @@ def test_code_in_a_model_directory_never_runs(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_overwrite_of_a_conversion_without_a_file_list_keeps_files_that_only_begin_like_its_own(tmp_path, capsys):
+    """A report that predates the file list: the files of a conversion are known by their whole names, so a user's
+    tokenizer_notes.txt, model-card.md or vocab.backup is named, never deleted (each began like one and went)."""
+    source, out = _checkpoint(tmp_path / "model", "bert"), tmp_path / "relu"
+    assert _convert(source, out) == 0
+    report = json.loads((out / "reluize_report.json").read_text())
+    del report["files"]
+    (out / "reluize_report.json").write_text(json.dumps(report))
+    mine = ("tokenizer_notes.txt", "model-card.md", "vocab.backup")
+    for name in mine:
+        (out / name).write_text("mine")
+    capsys.readouterr()
+    assert _convert(source, out, "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert all(name in err for name in mine) and "Writing model shards" not in err  # --quiet: no bar at all
+    assert all((out / name).read_text() == "mine" for name in mine)
+
+
+def test_overwrite_through_a_link_replaces_the_directory_it_names_and_keeps_the_link(tmp_path, capsys):
+    source, real, link = _checkpoint(tmp_path / "model", "bert"), tmp_path / "real", tmp_path / "link"
+    assert _convert(source, real) == 0
+    link.symlink_to(real, target_is_directory=True)
+    assert _convert(source, link, "--overwrite", "--seed", "1") == 0
+    assert link.is_symlink() and json.loads((link / "reluize_report.json").read_text())["seed"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "model", "real"]  # nothing moved aside
+    capsys.readouterr()
+    assert _convert(source, link, "--overwrite") == 0
+    assert "removed" not in capsys.readouterr().err
+
+
+def test_a_config_naming_custom_code_beside_a_built_in_type_is_written_without_it(tmp_path):
+    """A built-in model_type with an auto_map: loaded as transformers' own class (no code runs), and written as
+    that class, not as a custom class the checkpoint does not ship."""
+    source = _checkpoint(tmp_path / "model", "bert", sentence_transformers=False)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps(config | {"auto_map": {"AutoModel": "modeling_my.MyModel"}}))
+    assert _convert(source, tmp_path / "relu") == 0
+    assert "auto_map" not in json.loads((tmp_path / "relu" / "config.json").read_text())
+
+
 def test_a_link_out_of_the_model_directory_is_refused(tmp_path):
     source = _checkpoint(tmp_path / "model", "bert")
     secret = tmp_path / "secret.json"
@@ -714,7 +754,7 @@ def test_a_gguf_file_loads_as_its_own_class_every_weight_as_written(tmp_path):
         assert back.keys() == written.keys() and all(torch.equal(back[k], written[k]) for k in written)
 
 
-def test_a_gguf_encoder_decoder_converts_to_a_relu_checkpoint(tmp_path):
+def test_a_gguf_encoder_decoder_converts_to_a_relu_checkpoint(tmp_path, capsys):
     """A UMT5 file (llama.cpp's ``t5`` architecture): loaded as the encoder-decoder transformers reads it as, both
     stacks converted, written as ReLU. It was refused before: read as a causal LM, which no T5 is."""
     config = transformers.UMT5Config(d_model=32, d_ff=64, num_layers=2, num_heads=2, d_kv=16, vocab_size=_gguf_vocab(),
@@ -723,6 +763,7 @@ def test_a_gguf_encoder_decoder_converts_to_a_relu_checkpoint(tmp_path):
     out = tmp_path / "relu"
     assert main(["reluize", str(tmp_path / "umt5.gguf"), "--out", str(out), "--steps", "2", "--batch-size", "4",
                  "--quiet"]) == 0
+    assert "%|" not in capsys.readouterr().err  # --quiet: neither the dequantising nor the writing draws a bar
     relu = transformers.AutoModelForSeq2SeqLM.from_pretrained(out)
     assert type(relu).__name__ == "UMT5ForConditionalGeneration"
     assert sum(isinstance(m, torch.nn.ReLU) for m in relu.modules()) == 4

@@ -191,3 +191,87 @@ def test_a_model_torch_cannot_export_is_one_line_and_leaves_nothing(converted, m
         "cannot be deployed in ONNX Runtime; the checkpoint itself is not affected")
     assert sorted(p.name for p in out.iterdir()) == before
 
+
+
+def test_the_original_is_found_from_anywhere_and_another_model_at_its_path_refused(tmp_path, monkeypatch, capsys):
+    """MODEL typed as a relative path: deploy, run from another directory where that path is another model, finds
+    the original (it compared against the other one, cosine 0.017); a model put in the original's place is
+    refused by the fingerprint the conversion kept."""
+    torch.manual_seed(0)
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB)
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    _save(transformers.BertModel(transformers.BertConfig(**small)), here / "models" / "bert")
+    _save(transformers.BertModel(transformers.BertConfig(**small)), elsewhere / "models" / "bert")  # other weights
+    monkeypatch.chdir(here)
+    assert main(["reluize", "models/bert", "--out", "relu", "--steps", "2", "--refit", "0", "--batch-size", "4",
+                 "--quiet"]) == 0
+    monkeypatch.chdir(elsewhere)
+    assert main(["deploy", str(here / "relu"), *FAST]) == 0
+    report = json.loads((here / "relu" / "deploy_report.json").read_text())
+    assert report["original"] == str((here / "models" / "bert").resolve())
+    assert report["quality"]["original fp32"]["cosine"] > 0.999
+    capsys.readouterr()
+    torch.manual_seed(1)  # (the conversion seeded torch with 0: a model built now would be the first one again)
+    _save(transformers.BertModel(transformers.BertConfig(**small)), here / "models" / "bert")  # replaced in place
+    _one_line_error(["deploy", str(here / "relu"), *FAST], capsys, "is not the model")
+    _one_line_error(["deploy", str(here / "relu"), "--original", str(elsewhere / "models" / "bert"), *FAST], capsys,
+                    "is not the model")
+
+
+def test_a_deploy_replaces_only_what_a_deploy_wrote(converted, tmp_path, capsys):
+    """A user's deploy_report.md in a conversion no deploy has touched is named, not replaced (it was, silently)."""
+    import shutil
+    out = tmp_path / "bert-relu"
+    shutil.copytree(converted["bert"], out, ignore=shutil.ignore_patterns("onnx", "deploy_report.*"))
+    (out / "deploy_report.md").write_text("my notes")
+    _one_line_error(["deploy", str(out), *FAST], capsys, "deploy_report.md, which no earlier deploy wrote")
+    assert (out / "deploy_report.md").read_text() == "my notes"
+
+
+def test_a_deploy_killed_between_its_renames_is_completed_by_the_next(converted, tmp_path, monkeypatch, capsys):
+    """Killed after moving its graphs in, before its report: the next deploy knows those graphs as its own (it
+    refused them forever), removes the staging directory the kill left, and nothing is left in the temporary
+    directory (the original's graphs, a model's full size, were left there)."""
+    import shutil
+    import tempfile
+    out = tmp_path / "bert-relu"
+    shutil.copytree(converted["bert"], out, ignore=shutil.ignore_patterns("onnx", "deploy_report.*"))
+    before = set(Path(tempfile.gettempdir()).iterdir())
+    real, calls = os.replace, []
+
+    def killed(src, dst):  # the process dies as the report's rename starts: nothing after it runs
+        calls.append(Path(dst).name)
+        if Path(dst).name == "deploy_report.json":
+            raise SystemExit("killed")
+        real(src, dst)
+    monkeypatch.setattr(hf_deploy.os, "replace", killed)
+    monkeypatch.setattr(hf_deploy.shutil, "rmtree", lambda *a, **k: None)  # a kill runs no clean-up either
+    with pytest.raises(SystemExit):
+        main(["deploy", str(out), *FAST])
+    monkeypatch.undo()
+    assert (out / "onnx" / "model.onnx").is_file() and not (out / "deploy_report.json").exists()
+    assert [p.name for p in out.glob(".deploy-*") if p.is_dir()]
+    assert not [p for p in set(Path(tempfile.gettempdir()).iterdir()) - before if "deploy" in p.name]
+    before = set(Path(tempfile.gettempdir()).iterdir())
+    capsys.readouterr()
+    assert main(["deploy", str(out), *FAST]) == 0
+    assert "left in" in capsys.readouterr().err
+    assert (out / "deploy_report.json").is_file() and not list(out.glob(".deploy-*"))
+    assert set(Path(tempfile.gettempdir()).iterdir()) - before == set()
+
+
+def test_deploy_says_what_is_wrong_with_dir_before_loading_anything(converted, tmp_path, monkeypatch, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _one_line_error(["deploy", str(empty)], capsys, "holds no checkpoint (no config.json)")
+    _one_line_error(["deploy", str(converted["bert"]), "--rounds", "99999999999"], capsys,
+                    "--rounds must be a whole number from 1 to 2^31")
+
+    def unwritable(*args, **kwargs):  # a read-only DIR (root writes anywhere, so the refusal is simulated)
+        raise PermissionError(13, "Permission denied")
+
+    def never(*args, **kwargs):
+        raise AssertionError("loaded a model before knowing DIR can be written")
+    monkeypatch.setattr(hf_deploy.tempfile, "mkdtemp", unwritable)
+    monkeypatch.setattr(hf_deploy, "load", never)
+    _one_line_error(["deploy", str(converted["bert"]), *FAST], capsys, "cannot write into")

@@ -297,3 +297,10 @@ def test_lab_models_after_relu_substitution():
         lg.to_relu_(model, include_gelu=True)  # the direct swap
     assert sparsify_(mlp, min_weights=0) == ["3", "5"]  # Flatten, Linear, ReLU, Linear, ReLU, Linear
     assert sparsify_(block, min_weights=0) == ["mlp.2"]
+
+
+def test_sparsifying_twice_says_the_model_is_already_sparsified():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    sparsify_(model, min_weights=0)
+    with pytest.raises(ValueError, match="already sparsified: 1 of its modules"):
+        sparsify_(model, min_weights=0)

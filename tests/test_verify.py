@@ -368,3 +368,17 @@ def test_a_class_left_undecided_does_not_hide_a_counterexample_in_the_next():
         model[2].bias[2] = -2.0  # class 2 never wins: only the undecided class is left
     result = verify_point(model, x0, 0, lo, hi, attack=False)
     assert result.status == "timeout" and result.detail["class"] == 1 and "rounding" in result.detail["note"]
+
+
+def test_a_box_too_wide_to_bound_is_refused_without_warnings():
+    """Bounds of 1e300 overflowed float64 with numpy's warnings on the way; now one ValueError, nothing printed."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="reaches beyond"):
+            verify_point(_tiny(0), torch.zeros(2), 0, np.full(2, -1e300), np.full(2, 1e300), attack=False)
+        model = _tiny(0).double()
+        with torch.no_grad():
+            model[2].weight.mul_(1e200), model[4].weight.mul_(1e200)  # so large that a unit box's bounds overflow
+        with pytest.raises(ValueError, match="overflow float64"):
+            verify_point(model, torch.zeros(2), 0, -np.ones(2), np.ones(2), attack=False)

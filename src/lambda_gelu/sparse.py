@@ -170,6 +170,9 @@ def _kept_as_is(layer: nn.Module, by: str = "SparseLinear") -> str | None:
     return replacement_problem(layer, by, (layer.weight,))
 
 
+_SPARSE_MODULES = ("SparseLinear", "SparseGatedMLP", "SparseExperts")  # what sparsify_ puts in
+
+
 def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: int = MIN_WEIGHTS,
               int8: bool = False) -> list[str]:
     """Replace, in place, every gated FFN whose gate is an exact ReLU by a
@@ -222,6 +225,10 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
             left += left_experts
             raise ValueError(f"sparsify_ found {len(left)} {kind} with a ReLU gate, but can replace none: "
                              f"{left[0][0]!r} {left[0][1]}")
+        done = [name for name, m in model.named_modules() if type(m).__name__ in _SPARSE_MODULES]
+        if done and not eligible:
+            raise ValueError(f"the model is already sparsified: {len(done)} of its modules read only their active "
+                             f"inputs (from {done[0] or 'the model itself'!r}); there is nothing left to replace")
         if not eligible:
             raise ValueError("sparsify_ found no linear layer fed directly by an nn.ReLU: it looks for nn.Linear "
                              "right after nn.ReLU in an nn.Sequential, for the second FFN projection of Hugging Face "

@@ -35,6 +35,7 @@ from .convert import _plain
 __all__ = ["affine_layers", "interval_bounds", "crown_bounds", "float_error", "unit_roundoff", "verify_point",
            "verify_property", "VerifyResult", "pgd_attack"]
 
+_LARGEST = 1e30  # the widest box the bounds are computed on: beyond it, float64 products overflow
 _SOLVER_TOL = 1e-6  # HiGHS's default feasibility tolerances are 1e-7 (primal) and 1e-6 (integrality)
 
 
@@ -176,6 +177,9 @@ def _box(lo, hi) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"the box's lo and hi have {lo.size} and {hi.size} values: they must agree")
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
         raise ValueError("the box [lo, hi] must be finite (inf or NaN found): clip it to the data domain")
+    if max(np.abs(lo).max(initial=0), np.abs(hi).max(initial=0)) > _LARGEST:
+        raise ValueError(f"the box [lo, hi] reaches beyond ±{_LARGEST:g}, where its bounds overflow: clip it to the "
+                         "data domain")
     if (lo > hi).any():
         i = int(np.argmax(lo > hi))
         raise ValueError(f"the box is empty: lo[{i}] = {lo[i]:g} > hi[{i}] = {hi[i]:g}; it needs lo ≤ hi elementwise")
@@ -283,20 +287,26 @@ def _backward_bound(C, k, layers, bounds, lo, hi, lower: bool):
 
 def crown_bounds(layers, lo, hi, spec: np.ndarray | None = None):
     """CROWN linear bounds of every layer's pre-activations (each at least as tight as interval
-    bounds), and, given ``spec`` (rows c), a lower bound of c·logits for each row."""
+    bounds), and, given ``spec`` (rows c), a lower bound of c·logits for each row. A ValueError where they
+    overflow float64 (a box or weights too large), never a bound of inf."""
     lo, hi = _box(lo, hi)
-    ibp = interval_bounds(layers, "relu", lo, hi)
-    bounds = []
-    for k in range(len(layers)):
-        n = layers[k][0].shape[0]
-        if k == 0:
-            bounds.append(ibp[0])
-            continue
-        eye = np.eye(n)
-        l = _backward_bound(eye, k, layers, bounds, lo, hi, lower=True)
-        u = _backward_bound(eye, k, layers, bounds, lo, hi, lower=False)
-        bounds.append((np.maximum(l, ibp[k][0]), np.minimum(u, ibp[k][1])))
-    spec_lower = None if spec is None else _backward_bound(spec, len(layers) - 1, layers, bounds, lo, hi, lower=True)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not warned about
+        ibp = interval_bounds(layers, "relu", lo, hi)
+        bounds = []
+        for k in range(len(layers)):
+            if k == 0:
+                bounds.append(ibp[0])
+                continue
+            eye = np.eye(layers[k][0].shape[0])
+            l = _backward_bound(eye, k, layers, bounds, lo, hi, lower=True)
+            u = _backward_bound(eye, k, layers, bounds, lo, hi, lower=False)
+            bounds.append((np.maximum(l, ibp[k][0]), np.minimum(u, ibp[k][1])))
+        spec_lower = None if spec is None else _backward_bound(spec, len(layers) - 1, layers, bounds, lo, hi,
+                                                               lower=True)
+    if not all(np.isfinite(l).all() and np.isfinite(u).all() for l, u in bounds) or (
+            spec_lower is not None and not np.isfinite(spec_lower).all()):
+        raise ValueError("the network's bounds over this box overflow float64: the box or the weights are too large "
+                         "to verify")
     return bounds, spec_lower
 
 

@@ -36,7 +36,7 @@ from ..reluize.threshold import gate_zeros_problem
 from .attention import attention_of, set_attention_, training_attention_
 from .errors import CheckpointError
 from .evaluate import evaluate, hidden_states, markdown, relu_zeros, scores
-from .load import _first_line, load, model_directory, quiet_transformers
+from .load import _first_line, fingerprint, load, model_directory, progress_bars, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
 from .text import corpus, decoder_inputs, held_out_sets, padding_tokenizer, read_texts, teacher_forced
 
@@ -151,7 +151,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
     target = prepare_out(out, overwrite)
     extra = read_texts(list(config.texts))
     eval_lines = read_texts(list(config.eval_texts), "--eval-text")
-    loaded = load(source, model_name)
+    loaded = load(source, model_name, progress=progress)
+    origin = fingerprint(loaded.model)  # before anything changes it: deploy checks its original against it
     if loaded.note:
         log(f"note: {loaded.note}")
     model, tokenizer, causal = loaded.model, loaded.tokenizer, loaded.causal
@@ -305,7 +306,7 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
                          **scores(evaluate(model, batches, causal), evaluate(original, batches, causal)),
                          "zeros": relu_zeros(model, batches)}
 
-    report = {"model": model_name, "source": str(source), "schedule": schedule, "repair": config.reluize.repair,
+    report = {"model": model_name, "source": str(source.resolve()), "fingerprint": origin, "schedule": schedule, "repair": config.reluize.repair,
               "seed": seed, "dtype": str(loaded.dtype).removeprefix("torch."), "steps": taken,
               "planned_steps": result.steps, "plans": plans, "budget_minutes": minutes,
               "refit_sentences": refit,
@@ -322,6 +323,9 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
               "zeros": zeros, "held_out_sets": further}
     model.to(loaded.dtype)
 
+    if getattr(model.config, "auto_map", None):  # loaded as transformers' own class, no code run: written as it
+        del model.config.auto_map
+
     def fill(tmp: Path):
         model.save_pretrained(tmp / loaded.subfolder)  # safetensors, config naming ReLU
         tokenizer.save_pretrained(tmp / loaded.subfolder)
@@ -331,7 +335,8 @@ def reluize_checkpoint(model_name: str, out: str | os.PathLike, config: Conversi
         (tmp / REPORT).write_text(json.dumps(report, indent=1) + "\n")
         (tmp / "reluize_report.md").write_text(markdown(report))
 
-    write_atomically(target, fill)
+    with progress_bars(progress):
+        write_atomically(target, fill)
     return target
 
 

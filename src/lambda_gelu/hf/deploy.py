@@ -35,7 +35,7 @@ from .decoding import decoding_speed
 from .decoding import markdown_lines as decoding_lines
 from .errors import CheckpointError
 from .evaluate import evaluate, hidden_states, relu_zeros, scores, summarise
-from .load import _first_line, load, model_directory, quiet_transformers
+from .load import OFFLINE_MODELS, _first_line, fingerprint, load, model_directory, quiet_transformers
 from .save import DEPLOY_REPORT, REPORT, listed_files
 from .text import decoder_inputs, padding_tokenizer, stdlib_sentences, teacher_forced
 
@@ -44,6 +44,7 @@ __all__ = ["DeployConfig", "deploy_checkpoint", "DEPLOY_REPORT", "ONNX_FILES"]
 ONNX_FILES = ("onnx/model.onnx", "onnx/model.int8.onnx")  # the ReLU model's graphs, relative to DIR
 GRAPHS = ("original fp32", "original int8", "ReLU fp32", "ReLU int8")
 _MARK = ".deploy-partial"  # inside the staging directory: removable by the next deploy if this one dies
+_JOURNAL = ".deploy-moving.json"  # in DIR while a deploy moves its files in: the files it is moving
 NO_GAIN = 0.97  # a ReLU graph this close to its original's time (median of the rounds' ratios) gains nothing
 
 
@@ -69,15 +70,15 @@ class DeployConfig:
         whole = _whole
         problems = [
             (isinstance(self.batch_sizes, tuple) and self.batch_sizes and all(whole(b, 1) for b in self.batch_sizes),
-             f"--batch-sizes must be whole numbers ≥ 1, got {self.batch_sizes!r}"),
-            (whole(self.rounds, 1), f"--rounds must be ≥ 1, got {self.rounds!r}"),
-            (whole(self.sentences, 11), f"--sentences must be ≥ 11 (each one's 10 nearest neighbours are compared), "
-                                        f"got {self.sentences!r}"),
+             f"--batch-sizes must be whole numbers from 1 to 2^31, got {self.batch_sizes!r}"),
+            (whole(self.rounds, 1), f"--rounds must be a whole number from 1 to 2^31, got {self.rounds!r}"),
+            (whole(self.sentences, 11), f"--sentences must be a whole number from 11 to 2^31 (each one's 10 nearest "
+                                        f"neighbours are compared), got {self.sentences!r}"),
             (self.max_tokens is None or whole(self.max_tokens, 2),
-             f"--max-tokens must be ≥ 2, got {self.max_tokens!r}"),
-            (self.threads is None or whole(self.threads, 1), f"--threads must be ≥ 1, got {self.threads!r}"),
-            (whole(self.decode_tokens, 0), f"--decode-tokens must be ≥ 0, got {self.decode_tokens!r}"),
-            (whole(self.decode_rounds, 1), f"--decode-rounds must be ≥ 1, got {self.decode_rounds!r}")]
+             f"--max-tokens must be a whole number from 2 to 2^31, got {self.max_tokens!r}"),
+            (self.threads is None or whole(self.threads, 1), f"--threads must be a whole number from 1 to 2^31, got {self.threads!r}"),
+            (whole(self.decode_tokens, 0), f"--decode-tokens must be a whole number from 0 to 2^31, got {self.decode_tokens!r}"),
+            (whole(self.decode_rounds, 1), f"--decode-rounds must be a whole number from 1 to 2^31, got {self.decode_rounds!r}")]
         for ok, message in problems:
             if not ok:
                 raise CheckpointError(message)
@@ -115,15 +116,18 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
     target = Path(directory)
     if not target.is_dir():
         raise CheckpointError(f"{directory} is not a directory: give the --out directory of `lambda-gelu reluize`")
+    if not (target / "config.json").is_file() and not (target / "modules.json").is_file():
+        raise CheckpointError(f"{directory} holds no checkpoint (no config.json): give the --out directory of "
+                              "`lambda-gelu reluize`")
     conversion = _conversion_report(target)
-    _check_onnx_dir(target)
+    _remove_stale(target, log)
+    _check_ours(target)
+    _check_writable(target)
     relu = load(model_directory(str(target)), str(directory))
     if not any(isinstance(m, torch.nn.ReLU) for m in relu.model.modules()):
         raise CheckpointError(f"{directory} has no ReLU activation: it is not a converted checkpoint; convert it first "
                               f"(lambda-gelu reluize MODEL --out DIR)")
-    name = config.original or conversion.get("model")
-    if not name:
-        raise CheckpointError(f"{directory} has no {REPORT} naming the model it was converted from: give --original")
+    name = config.original or _recorded_original(target, conversion)
     try:
         original = load(model_directory(name), name)
     except CheckpointError as e:
@@ -132,6 +136,9 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
     if relu.causal != original.causal or type(relu.model) is not type(original.model):
         raise CheckpointError(f"{directory} ({type(relu.model).__name__}) is not a conversion of {name} "
                               f"({type(original.model).__name__}): give its original with --original")
+    if conversion.get("fingerprint") and fingerprint(original.model) != conversion["fingerprint"]:
+        raise CheckpointError(f"{name} is not the model {directory} was converted from (its weights differ from the "
+                              f"fingerprint {REPORT} keeps): give that model with --original")
 
     try:
         decoder = decoder_inputs(relu.model)  # an encoder-decoder: one graph of its forward over the sentence
@@ -155,13 +162,9 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
     models = {"original": original.model.float().eval(), "ReLU": relu.model.float().eval()}
     reference = evaluate(models["original"], held, relu.causal)
     zeros = relu_zeros(models["ReLU"], held)
-    for stale in target.glob(".deploy-*"):  # what a deploy killed part-way left; it marked it as its own
-        if (stale / _MARK).is_file():
-            shutil.rmtree(stale, ignore_errors=True)
-            log(f"note: removed {stale.name}, left in {directory} by a deploy that did not finish")
     staging = Path(tempfile.mkdtemp(prefix=".deploy-", dir=target))
     (staging / _MARK).touch()
-    scratch = Path(tempfile.mkdtemp(prefix="lambda-gelu-deploy-"))
+    scratch = staging / "original"  # the original's graphs, as large as the model: removed with the staging
     try:
         paths = {}
         for kind, model in models.items():
@@ -207,7 +210,6 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
         (staging / "deploy_report.md").write_text(markdown(report))
         _move_in(staging, target)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
         shutil.rmtree(staging, ignore_errors=True)
     return target / "deploy_report.md"
 
@@ -222,18 +224,49 @@ def _conversion_report(target: Path) -> dict:
     return report if isinstance(report, dict) else {}
 
 
-def _check_onnx_dir(target: Path) -> None:
-    """``DIR/onnx`` is replaced only when an earlier deploy wrote it, and holds nothing else."""
+def _recorded_original(target: Path, conversion: dict) -> str:
+    """The original a conversion's report names, found from any directory: the absolute path it keeps; an offline
+    model's name; a relative path (reports before the absolute one) only where a fingerprint can check it."""
+    if not conversion.get("model"):
+        raise CheckpointError(f"{target} has no {REPORT} naming the model it was converted from: give --original")
+    source, model = conversion.get("source") or "", conversion["model"]
+    if Path(source).is_absolute():
+        return source
+    if model.lower() in OFFLINE_MODELS or conversion.get("fingerprint"):
+        return model
+    raise CheckpointError(f"{target / REPORT} names its original as {model!r}, relative to wherever the conversion ran, "
+                          "and keeps no fingerprint to check it by: give the original with --original")
+
+
+def _remove_stale(target: Path, log) -> None:
+    """What a deploy killed part-way left in ``target``: its staging directories (marked as its own) and an
+    unfinished move, whose files count as the earlier deploy's (:func:`_check_ours`)."""
+    for stale in target.glob(".deploy-*"):
+        if stale.is_dir() and not stale.is_symlink() and (stale / _MARK).is_file():
+            shutil.rmtree(stale, ignore_errors=True)
+            log(f"note: removed {stale.name}, left in {target} by a deploy that did not finish")
+
+
+def _check_ours(target: Path) -> None:
+    """What deploy writes (its reports, ``DIR/onnx``) is replaced only where an earlier deploy wrote it: listed in its
+    report, or in the journal of a move a kill interrupted; anything else there is the user's, and named."""
+    ours = set(listed_files(target / DEPLOY_REPORT) or []) | set(listed_files(target / _JOURNAL) or [])
     onnx_dir = target / "onnx"
-    if not onnx_dir.exists():
-        return
-    ours = listed_files(target / DEPLOY_REPORT) or []
-    theirs = [p.relative_to(target).as_posix() for p in onnx_dir.rglob("*") if not p.is_dir()]
+    theirs = [p.relative_to(target).as_posix() for p in onnx_dir.rglob("*") if not p.is_dir()] \
+        if onnx_dir.is_dir() else ["onnx"] if onnx_dir.exists() else []
+    theirs += [name for name in (DEPLOY_REPORT, "deploy_report.md") if (target / name).exists()]
     extra = [p for p in theirs if p not in ours]
-    if not onnx_dir.is_dir() or extra:
-        what = ", ".join(extra[:3]) or "it is a file"
-        raise CheckpointError(f"{onnx_dir} holds files an earlier deploy did not write ({what}): move them out, "
+    if extra:
+        raise CheckpointError(f"{target} holds {', '.join(extra[:3])}, which no earlier deploy wrote: move them out, "
                               "deploy would replace them")
+
+
+def _check_writable(target: Path) -> None:
+    try:
+        Path(tempfile.mkdtemp(prefix=".deploy-", dir=target)).rmdir()
+    except OSError as e:
+        raise CheckpointError(f"cannot write into {target} ({e.strerror or e}): deploy writes its report and graphs "
+                              "there") from None
 
 
 def _export(model, names, causal, path: Path, trace: dict, check: dict, name: str) -> None:
@@ -303,10 +336,16 @@ def _timing(times, fp32, base) -> dict:
 
 
 def _move_in(staging: Path, target: Path) -> None:
-    """Each file of ``staging`` into ``target`` in one rename (the graphs first, the report last)."""
+    """Each file of ``staging`` into ``target`` in one rename (the graphs first, the report last), the list of them
+    written first to a journal: a deploy killed between two renames leaves files the next one knows as its own."""
+    files = [*ONNX_FILES, DEPLOY_REPORT, "deploy_report.md"]
+    journal = staging / _JOURNAL
+    journal.write_text(json.dumps({"files": files}) + "\n")
+    os.replace(journal, target / _JOURNAL)
     (target / "onnx").mkdir(exist_ok=True)
-    for rel in [*ONNX_FILES, DEPLOY_REPORT, "deploy_report.md"]:
+    for rel in files:
         os.replace(staging / rel, target / rel)
+    (target / _JOURNAL).unlink()
 
 
 def markdown(r: dict) -> str:

