@@ -8,9 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/drift}
 T="--seeds 10 --workers ${WORKERS:-2} --threads 1 --quiet --no-report --out $OUT"
-lambda-gelu run mnist1d-mlp $T
+lambda-gelu lab run mnist1d-mlp $T
 for s in 0.10 0.50; do
-    lambda-gelu run mnist1d-mlp --arms lambda-harden --switch-at $s $T
+    lambda-gelu lab run mnist1d-mlp --arms lambda-harden --switch-at $s $T
 done
-lambda-gelu deploy --out "$OUT" --task mnist1d-mlp --seeds 10 --points 10 --time-limit 2
-lambda-gelu report --out "$OUT" --output docs/drift_quality.md --title "Does hardness drift predict deployment quality? (mnist1d-mlp)"
+lambda-gelu lab deploy --out "$OUT" --task mnist1d-mlp --seeds 10 --points 10 --time-limit 2
+lambda-gelu lab report --out "$OUT" --output docs/drift_quality.md --title "Does hardness drift predict deployment quality? (mnist1d-mlp)"

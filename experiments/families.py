@@ -56,7 +56,7 @@ from transformers.models.auto.modeling_auto import (  # noqa: E402
 
 import lambda_gelu as lg  # noqa: E402
 from lambda_gelu.hf.text import decoder_inputs, teacher_forced  # noqa: E402
-from lambda_gelu_lab.cli import main as cli  # noqa: E402
+from lambda_gelu.cli import main as cli  # noqa: E402
 
 # --kind → (the class each is built and loaded back as, the architectures, the title, the output)
 KINDS = {"causal": ("AutoModelForCausalLM", MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, "causal language models",

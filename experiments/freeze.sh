@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/freeze}
 for task in mnist1d-mlp fmnist-mlp; do
-    lambda-gelu run $task --seeds 10 --arms lambda-harden lambda-harden-learn --workers 2 --threads 1 \
+    lambda-gelu lab run $task --seeds 10 --arms lambda-harden lambda-harden-learn --workers 2 --threads 1 \
         --quiet --no-report --out "$OUT"
 done
-lambda-gelu report --out "$OUT" --output docs/freeze.md --title "Freeze λ at the switch, or keep learning it? (the freeze ablation)"
+lambda-gelu lab report --out "$OUT" --output docs/freeze.md --title "Freeze λ at the switch, or keep learning it? (the freeze ablation)"

@@ -13,4 +13,4 @@ for seed in $SEEDS; do
     steps=$(steps_of "$OUT/anneal-$seed")
     convert "$OUT/swap-$seed" --steps "$steps" --schedule swap --refit 0 --batching shuffled --lr-schedule constant --seed "$seed"
 done
-lambda-gelu reluize-report "$OUT"/anneal-* "$OUT"/swap-* --output docs/minilm.md --title "all-MiniLM-L6-v2 → exact ReLU: swap against anneal"
+lambda-gelu lab reluize-report "$OUT"/anneal-* "$OUT"/swap-* --output docs/minilm.md --title "all-MiniLM-L6-v2 → exact ReLU: swap against anneal"

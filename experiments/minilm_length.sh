@@ -17,4 +17,4 @@ done
 for seed in $SEEDS; do
     convert "$OUT/constant-$seed" --minutes 15 --lr-schedule constant --seed "$seed"
 done
-lambda-gelu reluize-report "$OUT"/default-* "$OUT"/constant-* --output docs/minilm_length.md --title "all-MiniLM-L6-v2 → exact ReLU: length batches and a falling rate"
+lambda-gelu lab reluize-report "$OUT"/default-* "$OUT"/constant-* --output docs/minilm_length.md --title "all-MiniLM-L6-v2 → exact ReLU: length batches and a falling rate"

@@ -13,4 +13,4 @@ for seed in $SEEDS; do
     convert "$OUT/refit-$seed" --minutes 15 --batching shuffled --lr-schedule constant --seed "$seed"
     convert "$OUT/swap-$seed" --minutes 15 --refit 0 --batching shuffled --lr-schedule constant --seed "$seed"
 done
-lambda-gelu reluize-report "$OUT"/refit-* "$OUT"/swap-* --output docs/minilm_refit.md --title "all-MiniLM-L6-v2 → exact ReLU: with and without the refit"
+lambda-gelu lab reluize-report "$OUT"/refit-* "$OUT"/swap-* --output docs/minilm_refit.md --title "all-MiniLM-L6-v2 → exact ReLU: with and without the refit"

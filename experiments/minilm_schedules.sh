@@ -16,4 +16,4 @@ for seed in $SEEDS; do
     steps=$(steps_of "$OUT/default-$seed")
     convert "$OUT/anneal-$seed" --steps "$steps" --schedule anneal --seed "$seed"
 done
-lambda-gelu reluize-report "$OUT"/default-* "$OUT"/anneal-* --output docs/minilm_schedules.md --title "all-MiniLM-L6-v2 → exact ReLU: the anneal under the CLI's defaults"
+lambda-gelu lab reluize-report "$OUT"/default-* "$OUT"/anneal-* --output docs/minilm_schedules.md --title "all-MiniLM-L6-v2 → exact ReLU: the anneal under the CLI's defaults"

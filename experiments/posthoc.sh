@@ -11,9 +11,9 @@ OUT=${OUT:-runs/posthoc}
 T="--workers 2 --threads 1 --quiet --no-report --out $OUT"
 POSTHOC="reluize-anneal reluize-swap reluize-blockwise"
 for task in mnist1d-mlp fmnist-mlp; do
-    lambda-gelu run $task --seeds 10 --arms gelu lambda-harden $POSTHOC $T
+    lambda-gelu lab run $task --seeds 10 --arms gelu lambda-harden $POSTHOC $T
 done
-lambda-gelu run stdlib-gpt --seeds 5 --arms gelu $POSTHOC $T
-lambda-gelu run fmnist-vit --seeds 5 --arms gelu $POSTHOC $T
-lambda-gelu run fmnist-resnet --seeds 5 --arms gelu $POSTHOC $T
-lambda-gelu report --out "$OUT" --output docs/posthoc.md --title "Post-hoc conversion of trained GELU networks at equal steps"
+lambda-gelu lab run stdlib-gpt --seeds 5 --arms gelu $POSTHOC $T
+lambda-gelu lab run fmnist-vit --seeds 5 --arms gelu $POSTHOC $T
+lambda-gelu lab run fmnist-resnet --seeds 5 --arms gelu $POSTHOC $T
+lambda-gelu lab report --out "$OUT" --output docs/posthoc.md --title "Post-hoc conversion of trained GELU networks at equal steps"

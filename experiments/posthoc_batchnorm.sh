@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/posthoc_batchnorm}
 T="fmnist-resnet --seeds ${SEEDS:-5} --workers 2 --threads 1 --quiet --no-report --out $OUT"
-lambda-gelu run $T --arms gelu reluize-swap reluize-blockwise
-lambda-gelu run $T --arms reluize-swap --set posthoc_lr=3e-4
-lambda-gelu run $T --arms reluize-swap --set posthoc_lr=3e-4 --set posthoc_recalibrate=50
-lambda-gelu report --out "$OUT" --output docs/posthoc_batchnorm.md --title "Post-hoc conversion of fmnist-resnet with BatchNorm re-estimated"
+lambda-gelu lab run $T --arms gelu reluize-swap reluize-blockwise
+lambda-gelu lab run $T --arms reluize-swap --set posthoc_lr=3e-4
+lambda-gelu lab run $T --arms reluize-swap --set posthoc_lr=3e-4 --set posthoc_recalibrate=50
+lambda-gelu lab report --out "$OUT" --output docs/posthoc_batchnorm.md --title "Post-hoc conversion of fmnist-resnet with BatchNorm re-estimated"

@@ -13,7 +13,7 @@ for seed in $SEEDS; do
     [ -f "$OUT/default-$seed/reluize_report.json" ] || \
         lambda-gelu reluize smollm2-135m-instruct --out "$OUT/default-$seed" --seed "$seed" --lr 5e-5 --quiet
 done
-lambda-gelu reluize-report "$OUT"/default-* --output docs/smollm2.md --title "SmolLM2-135M-Instruct → exact ReLU"
+lambda-gelu lab reluize-report "$OUT"/default-* --output docs/smollm2.md --title "SmolLM2-135M-Instruct → exact ReLU"
 first=$(echo $SEEDS | cut -d' ' -f1)
 python benchmarks/bench_decode.py --model "$OUT/default-$first"
 python benchmarks/report.py

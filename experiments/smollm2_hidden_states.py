@@ -56,7 +56,7 @@ def convert_with(arm: str, argv: list[str]) -> int:
     """`lambda-gelu reluize` ``argv`` with the per-position hidden-state term (the ``tokens`` arm): the loss's
     ``relative_error``, which a causal LM's `logits-kl` calls only for its hidden states, made
     :func:`token_relative_error`."""
-    from lambda_gelu_lab.cli import main as cli
+    from lambda_gelu.cli import main as cli
     if arm != "tokens":
         raise SystemExit(f"--convert-with takes tokens (the other arms are the CLI's --hidden-weight), got {arm!r}")
     importlib.import_module("lambda_gelu.reluize.losses").relative_error = token_relative_error

@@ -123,7 +123,7 @@ def measure_layers(checkpoint: str, english: Path, target: float, calibration: i
 
 def convert_with_shares(shares_file: str, argv: list[str]) -> int:
     """`lambda-gelu reluize` ``argv``, its gate threshold given the shares of ``shares_file`` (one per layer)."""
-    from lambda_gelu_lab.cli import main as cli
+    from lambda_gelu.cli import main as cli
     reluizer = importlib.import_module("lambda_gelu.reluize.reluizer")  # lambda_gelu.reluize is also a function
     shares = json.loads(Path(shares_file).read_text(encoding="utf-8"))["shares"]
     one_shift = reluizer.GateThreshold

@@ -23,5 +23,5 @@ for seed in $SEEDS; do
         lambda-gelu reluize smollm2-135m-instruct --out "$dir" --minutes "$MINUTES" --seed "$seed" --lr 5e-5 --quiet
     dirs+=("$dir")
 done
-lambda-gelu reluize-report "${dirs[@]}" --output docs/smollm2_long.md \
+lambda-gelu lab reluize-report "${dirs[@]}" --output docs/smollm2_long.md \
     --title "SmolLM2-135M-Instruct → exact ReLU: a 30-minute budget and a $MINUTES-minute one"

@@ -21,5 +21,5 @@ for seed in $SEEDS; do
         dirs+=("$dir")
     done
 done
-lambda-gelu reluize-report "${dirs[@]}" --output docs/smollm2_lr.md \
+lambda-gelu lab reluize-report "${dirs[@]}" --output docs/smollm2_lr.md \
     --title "SmolLM2-135M-Instruct → exact ReLU: the learning rate of the default recipe"

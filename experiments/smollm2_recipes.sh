@@ -34,5 +34,5 @@ for recipe in $RECIPES; do
         --steps "$STEPS" "${options[@]}" "${flags[@]}" --quiet
     dirs+=("$dir")
 done
-lambda-gelu reluize-report "${dirs[@]}" --output "docs/smollm2_recipes${LR:+_lr$LR}.md" \
+lambda-gelu lab reluize-report "${dirs[@]}" --output "docs/smollm2_recipes${LR:+_lr$LR}.md" \
     --title "SmolLM2-135M-Instruct → exact ReLU: the recipes at equal steps${LR:+, lr $LR}"

@@ -67,5 +67,5 @@ for variant in $VARIANTS; do  # KEY:VALUE[,KEY:VALUE...]: gate-zeros, sparsity a
             "${flags[@]}" --quiet
     dirs+=("$dir")
 done
-lambda-gelu reluize-report "${dirs[@]}" --output docs/smollm2_sparsity.md \
+lambda-gelu lab reluize-report "${dirs[@]}" --output docs/smollm2_sparsity.md \
     --title "SmolLM2-135M-Instruct → exact ReLU: the sparsity penalty and the gate threshold"

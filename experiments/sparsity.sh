@@ -8,10 +8,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/sparsity}
 T="--seeds 5 --workers 2 --threads 1 --quiet --no-report --out $OUT"
 for task in fmnist-mlp stdlib-gpt fmnist-vit; do
-    lambda-gelu run $task --arms lambda-harden $T
+    lambda-gelu lab run $task --arms lambda-harden $T
     peaks="1 3 10"; [ $task = fmnist-mlp ] && peaks="1 3 5 10"  # 5: between 3 (84% zeros) and 10 (-1 point)
     for peak in $peaks; do
-        lambda-gelu run $task --arms lambda-harden-sparse --set sparsity=$peak $T
+        lambda-gelu lab run $task --arms lambda-harden-sparse --set sparsity=$peak $T
     done
 done
-lambda-gelu report --out "$OUT" --output docs/sparsity.md --title "Activation sparsity against quality (the L1 penalty)"
+lambda-gelu lab report --out "$OUT" --output docs/sparsity.md --title "Activation sparsity against quality (the L1 penalty)"

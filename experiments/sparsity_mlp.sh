@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/sparsity_mlp}
 T="fmnist-mlp --seeds 10 --workers ${WORKERS:-2} --threads 1 --quiet --no-report --out $OUT"
-lambda-gelu run $T --arms lambda-harden
+lambda-gelu lab run $T --arms lambda-harden
 for peak in 4 3 5; do
-    lambda-gelu run $T --arms lambda-harden-sparse --set sparsity=$peak
+    lambda-gelu lab run $T --arms lambda-harden-sparse --set sparsity=$peak
 done
-lambda-gelu report --out "$OUT" --output docs/sparsity_mlp.md --title "Activation sparsity on fmnist-mlp at 10 seeds"
+lambda-gelu lab report --out "$OUT" --output docs/sparsity_mlp.md --title "Activation sparsity on fmnist-mlp at 10 seeds"

@@ -11,8 +11,8 @@ OUT=${OUT:-runs/stability}
 EPOCHS=${EPOCHS:-8}
 for task in fmnist-vit fmnist-resnet; do
     for epochs in 2 "$EPOCHS"; do
-        lambda-gelu run $task --seeds 5 --arms lambda --epochs "$epochs" --workers 2 --threads 1 \
+        lambda-gelu lab run $task --seeds 5 --arms lambda --epochs "$epochs" --workers 2 --threads 1 \
             --quiet --no-report --out "$OUT"
     done
 done
-lambda-gelu report --out "$OUT" --output docs/stability.md --title "Layerwise hardness profiles with longer training"
+lambda-gelu lab report --out "$OUT" --output docs/stability.md --title "Layerwise hardness profiles with longer training"

@@ -8,12 +8,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/switch}
 for task in mnist1d-mlp fmnist-mlp; do
     for s in auto 0.10 0.25 0.50; do
-        lambda-gelu run $task --seeds 10 --arms lambda-harden --switch-at $s --workers 2 --threads 1 \
+        lambda-gelu lab run $task --seeds 10 --arms lambda-harden --switch-at $s --workers 2 --threads 1 \
             --quiet --no-report --out "$OUT"
     done
 done
 for s in auto 0.10 0.25 0.50; do
-    lambda-gelu run fmnist-vit fmnist-resnet stdlib-gpt --seeds 5 --arms lambda-harden --switch-at $s --workers 2 --threads 1 \
+    lambda-gelu lab run fmnist-vit fmnist-resnet stdlib-gpt --seeds 5 --arms lambda-harden --switch-at $s --workers 2 --threads 1 \
         --quiet --no-report --out "$OUT"
 done
-lambda-gelu report --out "$OUT" --output docs/switch_auto.md --title "The automatic switch point against fixed ones"
+lambda-gelu lab report --out "$OUT" --output docs/switch_auto.md --title "The automatic switch point against fixed ones"

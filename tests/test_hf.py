@@ -17,7 +17,7 @@ from lambda_gelu.hf.errors import CheckpointError
 from lambda_gelu.hf.save import write_atomically
 from lambda_gelu.reluize.config import CAUSAL_LR
 from lambda_gelu.reluize.losses import get_loss
-from lambda_gelu_lab.cli import main
+from lambda_gelu.cli import main
 from lambda_gelu_lab.report.stats import mean_sd
 from small_vocab import VOCAB, save_small_tokenizer
 

@@ -18,7 +18,7 @@ from lambda_gelu.hf import LeanDecoder
 from lambda_gelu.hf.save import prepare_out
 from lambda_gelu.reluize.precision import native_bfloat16
 from lambda_gelu.sparse import sparsify_
-from lambda_gelu_lab.cli import main
+from lambda_gelu.cli import main
 from small_vocab import VOCAB, save_small_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -89,7 +89,7 @@ def test_a_plain_directory_under_a_head_name_loads_as_its_bare_model_and_says_so
 
 
 def _cli(*argv, stdin=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "lambda_gelu_lab", *argv], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lambda_gelu", *argv], input=stdin, capture_output=True,
                           text=True, timeout=timeout, env=os.environ | {"HF_HUB_OFFLINE": "1"})
 
 
@@ -198,7 +198,7 @@ def test_a_conversion_killed_at_any_moment_leaves_the_old_checkpoint_or_the_new_
     source, out = _checkpoint(tmp_path / "model", "bert"), tmp_path / "relu"
     assert _convert(source, out) == 0
     old = json.loads((out / "reluize_report.json").read_text())
-    proc = subprocess.Popen([sys.executable, "-m", "lambda_gelu_lab", "reluize", str(source), "--out", str(out),
+    proc = subprocess.Popen([sys.executable, "-m", "lambda_gelu", "reluize", str(source), "--out", str(out),
                              "--steps", "30", "--refit", "0", "--batch-size", "4", "--seed", "1", "--quiet",
                              "--overwrite"], env=os.environ | {"HF_HUB_OFFLINE": "1"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

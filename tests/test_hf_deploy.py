@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lambda_gelu_lab.cli import main
+from lambda_gelu.cli import main
 from small_vocab import VOCAB, save_small_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -151,10 +151,8 @@ def test_bad_input_is_one_line_and_writes_nothing(converted, tmp_path, capsys):
     _one_line_error(["deploy", str(bare), *FAST], capsys, "give --original")
     _one_line_error(["deploy", str(bare), "--original", str(converted["llama"]), *FAST], capsys,
                     "is not a conversion of")
-    _one_line_error(["deploy", str(bare), "--task", "mnist1d-mlp"], capsys, "--task: for a results store, not with DIR")
-    _one_line_error(["deploy", "--rounds", "3", "--out", str(tmp_path)], capsys, "--rounds: for a checkpoint")
     _one_line_error(["deploy", str(tmp_path / "missing")], capsys, "is not a directory")
-    _one_line_error(["deploy", str(bare), "--original", str(source), "--rounds", "0"], capsys, "--rounds must be ≥ 1")
+    _one_line_error(["deploy", str(bare), "--original", str(source), "--rounds", "0"], capsys, "--rounds must be a whole number from 1")
 
     (bare / "onnx").mkdir()
     (bare / "onnx" / "mine.onnx").write_text("the user's")

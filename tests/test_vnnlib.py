@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from lambda_gelu.verify import verify_point
 from lambda_gelu.vnnlib import VERDICTS, VNNLibError, read_property, read_robustness, write_robustness
-from lambda_gelu_lab.cli import main
+from lambda_gelu.cli import main
 
 onnx = pytest.importorskip("onnx")
 

@@ -137,7 +137,7 @@ def _deploy(store: Store, task_names, seeds, points, time_limit, progress) -> No
         task = TASKS[name]
         mine = [r for r in runs if r["task"] == name and r["variant"] in ("gelu", "lambda-harden", "relu")]
         if not mine:
-            print(f"{name}: no stored runs in {store.path}; run `lambda-gelu run {name}` first", file=sys.stderr)
+            print(f"{name}: no stored runs in {store.path}; run `lambda-gelu lab run {name}` first", file=sys.stderr)
             continue
         base = max({r["base_hash"] for r in mine}, key=lambda b: sum(r["base_hash"] == b for r in mine))
         by = {(r["arm"], r["seed"]): r for r in mine if r["base_hash"] == base}

@@ -53,7 +53,7 @@ def _write_report(store: Store, output, command, title: str | None = None) -> Pa
         lines += ["Runs produced by:", ""] + [f"    {s}" for s in dict.fromkeys(sweeps)] + [""]
     lines += [f"torch {torch.__version__}, {len(runs)} runs.", ""]
     if not runs:
-        lines += ["No runs stored yet: `lambda-gelu run` first.", ""]
+        lines += ["No runs stored yet: `lambda-gelu lab run` first.", ""]
 
     experiments = defaultdict(list)
     for r in runs:
