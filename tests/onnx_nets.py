@@ -5,7 +5,7 @@ import numpy as np
 def chain_onnx(path, layers, dtype=np.float32, relu_domain="", input_shape=None):
     """Write Gemm → Relu → … → Gemm for ``layers`` [(W (out, in), b)], in ``dtype``, to ``path``."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     nodes, inits, current = [], [], "x"
     for k, (W, b) in enumerate(layers):

@@ -155,7 +155,7 @@ def test_a_bad_share_is_one_line(settings, message):
 
 def test_the_threshold_trains_at_its_own_default_learning_rate_unless_one_is_given(monkeypatch):
     """Shifting the gates costs more than the swap, so the distillation repairs it at 10× the swap's default rate
-    (docs/smollm2_sparsity.md); an lr given is kept, and ``replace`` resolves the default afresh."""
+    (studies/smollm2_sparsity.md); an lr given is kept, and ``replace`` resolves the default afresh."""
     assert ReluizeConfig().learning_rate == 5e-5
     assert ReluizeConfig(gate_zeros=0.8).learning_rate == 5e-4
     assert ReluizeConfig(gate_zeros=0.8, lr=1e-4).learning_rate == 1e-4

@@ -87,7 +87,7 @@ def test_the_corpus_trains_on_the_users_lines_first_and_repeats_its_batches(tiny
 
 def test_a_text_file_named_twice_counts_twice(tmp_path):
     """--text lines are read as they are, white space folded, none dropped as a repeat: a file named twice is twice
-    its share of the sentences the steps draw from (docs/smollm2_english.md weights its English text so)."""
+    its share of the sentences the steps draw from (studies/smollm2_english.md weights its English text so)."""
     mine = tmp_path / "mine.txt"
     mine.write_text("One  line.\n\n  Another\tline. \n", encoding="utf-8")
     assert hf_text.read_texts([str(mine), str(mine)]) == ["One line.", "Another line."] * 2

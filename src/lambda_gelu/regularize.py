@@ -21,7 +21,7 @@ added. Modules replaced during training (e.g. annealed GELU → ``nn.ReLU`` in
 :func:`lambda_gelu.reluize`) are picked up at the next step, or at once by :meth:`refresh`.
 
 Strength: the penalty is a mean, so ``peak`` does not scale with width or depth; in the lab
-(docs/sparsity.md) peaks of 1 to 10 took the exact zeros after ReLU from 58% to 77–91% on an MLP
+(studies/sparsity.md) peaks of 1 to 10 took the exact zeros after ReLU from 58% to 77–91% on an MLP
 and from 78% to 89–97% on a small GPT.
 """
 from __future__ import annotations

@@ -89,13 +89,13 @@ class ConversionConfig:
     embeddings: str = field(default="train", metadata=_help(
         "train: the steps update the token embeddings and a language model's output layer (its vocabulary's "
         "logits) too; freeze: they stay the original's and the steps update the rest (attention, MLPs, norms): a "
-        "causal LM's step is cheaper, but SmolLM2 kept less in 30 minutes (docs/smollm2_budget_frozen.md)",
+        "causal LM's step is cheaper, but SmolLM2 kept less in 30 minutes (studies/smollm2_budget_frozen.md)",
         choices=EMBEDDINGS))
     reluize: ReluizeConfig = field(default_factory=ReluizeConfig)
 
     DEFAULT_MINUTES = 15.0
     DEFAULT_MINUTES_CAUSAL = 30.0  # a causal LM's default budget: its steps cost more (a vocabulary-wide KL)
-    DEFAULT_REFIT = 1024  # sentences, with the swap (MiniLM: cosine 0.986 in 1 minute; docs/minilm_refit.md)
+    DEFAULT_REFIT = 1024  # sentences, with the swap (MiniLM: cosine 0.986 in 1 minute; studies/minilm_refit.md)
 
     def __post_init__(self):
         def need(ok: bool, message: str):

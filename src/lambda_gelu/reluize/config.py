@@ -24,16 +24,16 @@ LR_SCHEDULES = ("constant", "linear")
 LOSS_NAMES = ("auto", *LOSSES)
 LR = 5e-5  # AdamW's learning rate for the distillation (MiniLM: docs/findings.md)
 # ... for a causal LM in `lambda-gelu reluize` (SmolLM2, 30 minutes: perplexity ×0.948 ± 0.003 against ×1.070 ± 0.011
-# at 5e-5, three seeds paired; lower on every held-out text; docs/smollm2_lr.md, docs/smollm2_prose.md)
+# at 5e-5, three seeds paired; lower on every held-out text; studies/smollm2_lr.md, studies/smollm2_prose.md)
 CAUSAL_LR = 5e-4
 # ... when gate_zeros shifts the gates: the distillation must repair more, faster (SmolLM2 at 0.87 zeros, 347 steps:
-# perplexity ×1.87 at 5e-5, ×1.44 at 1.5e-4, ×1.26 at 3e-4, ×1.17 at 5e-4 over two seeds; docs/smollm2_sparsity.md),
-# and not faster still: at 85% in 30 minutes 1e-3 keeps less on every held-out set (docs/smollm2_budget_lr1e-3.md)
+# perplexity ×1.87 at 5e-5, ×1.44 at 1.5e-4, ×1.26 at 3e-4, ×1.17 at 5e-4 over two seeds; studies/smollm2_sparsity.md),
+# and not faster still: at 85% in 30 minutes 1e-3 keeps less on every held-out set (studies/smollm2_budget_lr1e-3.md)
 GATE_ZEROS_LR = 5e-4
 HIDDEN_WEIGHT = 1.0  # the hidden-state term's weight beside the loss's own (SmolLM2 at its ReLU gates' own zeros, 30
-# minutes: 4 keeps no more, English outside Python ×1.201 against ×1.187; docs/smollm2_hidden_states_default.md)
+# minutes: 4 keeps no more, English outside Python ×1.201 against ×1.187; studies/smollm2_hidden_states_default.md)
 # ... when gate_zeros shifts the gates: SmolLM2 at 85% in 30 minutes, English outside Python ×1.668 ± 0.033 against
-# ×1.824 ± 0.008 at 1, better on every held-out set in both seeds (docs/smollm2_hidden_states_seeds.md); 16 no better
+# ×1.824 ± 0.008 at 1, better on every held-out set in both seeds (studies/smollm2_hidden_states_seeds.md); 16 no better
 GATE_ZEROS_HIDDEN_WEIGHT = 4.0
 RIDGE = 1e-3       # the refit's ridge factor, relative to the mean diagonal of its Gram matrix
 RECALIBRATE = 50   # batches re-estimating BatchNorm when the model has it and ``recalibrate`` is left at None
@@ -91,7 +91,7 @@ class ReluizeConfig:
         "with gate_zeros: the share reached at once, before the first step: the gates lowered to it on the refit's "
         "batches (the first batch without a refit) before the refit, which then solves each gated FFN's output "
         "projection for the shifted gates; the steps hold the share. Measured on SmolLM2 at 85%: it keeps far less "
-        "than the ramp (docs/smollm2_budget_atonce.md)"))
+        "than the ramp (studies/smollm2_budget_atonce.md)"))
     refit: int = field(default=0, metadata=_help(
         "with the swap: batches over which the layers reading each activation are solved by least squares "
         "before the first step (0: none)"))

@@ -1,7 +1,7 @@
 """The least-squares refit: right after the swap, the layers that read each activation (BERT's ``output.dense``,
 GPT-2's ``c_proj``, the second layer of an MLP, a ResNet block's next convolutions, over their patches) are solved
 in closed form, in forward order, to give from the ReLU's output what they gave from the GELU's. A closed-form start
-for the distillation, at the cost of a few forward passes (docs/minilm_refit.md measures it)."""
+for the distillation, at the cost of a few forward passes (studies/minilm_refit.md measures it)."""
 from __future__ import annotations
 
 import collections

@@ -5,13 +5,13 @@ The L1 penalty (:class:`~lambda_gelu.SparsityRegularizer`) asks for zeros throug
 the teacher's distribution at a factor that has to be guessed; the threshold asks for a share of zeros directly and
 lets the distillation repair what the shift costs. One shift for all the gates (a threshold per unit, each unit
 silenced on the same share of tokens, costs far more perplexity than one shift that keeps the units that fire often
-firing: docs/smollm2_gate_shift.md), found each step as the quantile of this batch's gate pre-activations at the
+firing: studies/smollm2_gate_shift.md), found each step as the quantile of this batch's gate pre-activations at the
 step's target share, applied halfway (the batches' quantiles vary); the target rises linearly from the model's own
 share to ``target`` over the first ``end`` fraction of the steps and stays there. The biases are weights like any
 other, so the optimizer trains each unit's on top. Given one share per gated FFN instead, each layer's gates get a
 shift of their own, found the same way from that layer's pre-activations alone, so the layers end as unequally sparse
 as asked. On SmolLM2, shares chosen by what each layer's zeros were measured to cost untrained kept less after the
-distillation than the one shift (docs/smollm2_layer_zeros.md): the one shift is what ``gate_zeros`` gives.
+distillation than the one shift (studies/smollm2_layer_zeros.md): the one shift is what ``gate_zeros`` gives.
 :func:`shift_gates_` applies that one shift at once, on given batches: ``gate_zeros_at_once`` does so before the
 least-squares refit, so that the refit solves each FFN's output projection for the shifted gates and the steps hold
 the share rather than reach it.

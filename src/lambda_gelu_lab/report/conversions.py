@@ -1,6 +1,6 @@
 """Several ``lambda-gelu reluize`` conversions side by side: seeds × schedules of one model.
 
-    lambda-gelu reluize-report runs/minilm/* --output docs/minilm.md
+    lambda-gelu reluize-report runs/minilm/* --output studies/minilm.md
 
 Reads each directory's ``reluize_report.json``; per schedule the final metrics over seeds (mean ±
 sample std), the conversion goal judged seed by seed, each recipe against the plain abrupt swap (a
