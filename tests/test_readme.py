@@ -77,7 +77,7 @@ def test_llm_example_converts_a_gguf_llama_and_generate_gives_generates_tokens(i
         vocab_size=len(tiny_gguf.vocabulary()[0]), eos_token_id=0, pad_token_id=1, bos_token_id=2))
     tiny_gguf.write(small, in_tmp / "small.gguf")
     heading = "Convert a gated LLM, then decode it faster"
-    (reluize,), (generate,) = _lines(heading, "reluize"), _lines(heading, "generate")
+    (reluize,), (generate,), (export,) = (_lines(heading, c) for c in ("reluize", "generate", "export"))
     assert reluize[1] == "smollm2-135m-instruct" and generate[1] == reluize[reluize.index("--out") + 1]
     assert main(reluize[:1] + [str(in_tmp / "small.gguf")] + reluize[2:]
                 + ["--steps", "2", "--refit", "0", "--batch-size", "4", "--quiet"]) == 0
@@ -93,6 +93,7 @@ def test_llm_example_converts_a_gguf_llama_and_generate_gives_generates_tokens(i
         want = model.generate(ids, max_new_tokens=new, do_sample=False)[0, ids.shape[1]:].tolist()
     got = [int(t) for t in out.split()]
     assert got == want[:len(got)] and len(got) >= 1 and "tokens/s (LeanDecoder, sparse FFNs" in err
+    assert main(export) == 0 and (in_tmp / export[export.index("--gguf") + 1]).is_file()
 
 
 def test_cli_example_converts_the_real_minilm(in_tmp):

@@ -26,6 +26,19 @@ def vocabulary(size: int = 500) -> tuple[list[str], list[str]]:
     return tokens, [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
 
 
+def bpe_tokenizer():
+    """:func:`vocabulary`'s byte-level BPE as a transformers tokenizer (eos 0, pad 1, bos 2), for a checkpoint
+    directory a GGUF file is written from."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    tokens, merges = vocabulary()
+    bpe = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, [tuple(m.split(" ")) for m in merges]))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=SPECIAL[0], pad_token=SPECIAL[1],
+                                                bos_token=SPECIAL[2])
+
+
 def _permute(w, heads):  # llama.cpp's order of a query's or key's rows, which transformers' reader undoes
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 

@@ -4,6 +4,8 @@
                                         a Hugging Face model (a directory, a GGUF file, an offline name) → exact ReLU
     lambda-gelu generate DIR "prompt" [--max-new-tokens N] [--sample] [--int8] [--chat]
                                         a converted causal LM decoded by the sparse fast path; tokens/s on stderr
+    lambda-gelu export DIR --gguf FILE [--type f32|f16|bf16|q8_0|q4_0]
+                                        a converted Llama as GGUF that llama.cpp computes as the ReLU model
     lambda-gelu deploy DIR [--original MODEL]
                                         a converted checkpoint in ONNX Runtime, fp32 and int8, against its original
     lambda-gelu verify MODEL.onnx PROPERTY.vnnlib [--time-limit S]
@@ -61,6 +63,15 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--ids", action="store_true", help="print the new tokens' ids, not their text")
     gen.add_argument("--threads", type=int, default=None)
     gen.set_defaults(func=_generate)
+
+    exp = sub.add_parser("export", help="write a converted Llama-family checkpoint as a GGUF file that llama.cpp "
+                         "computes as the ReLU model (its gates as SiLU at a large hardness)")
+    exp.add_argument("checkpoint", metavar="DIR", help="a `lambda-gelu reluize` --out directory of a causal LM")
+    exp.add_argument("--gguf", required=True, metavar="FILE", help="the GGUF file to write")
+    exp.add_argument("--type", default="f32", choices=("f32", "f16", "bf16", "q8_0", "q4_0"),
+                     help="the weights' type (default f32)")
+    exp.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+    exp.set_defaults(func=_export)
 
     dep = sub.add_parser("deploy", help="a converted checkpoint DIR in ONNX Runtime, fp32 and int8, against its "
                          "original: writes DIR/deploy_report.md and DIR/onnx/")
@@ -189,6 +200,14 @@ def _generate(args) -> int:
     result = generate_text(args.checkpoint, args.prompt, config, log=lambda line: print(line, file=sys.stderr))
     print(" ".join(map(str, result.new_ids)) if args.ids else result.text)
     print(result.summary(), file=sys.stderr)
+    return 0
+
+
+def _export(args) -> int:
+    from .hf.gguf_export import export_gguf
+    exported = export_gguf(args.checkpoint, args.gguf, args.type, overwrite=args.overwrite)
+    print(exported.path)
+    print(exported.summary(), file=sys.stderr)
     return 0
 
 

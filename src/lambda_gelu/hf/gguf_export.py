@@ -1,0 +1,229 @@
+"""A converted checkpoint as a GGUF file that llama.cpp — and what is built on it — computes as the ReLU model
+(``lambda-gelu export DIR --gguf FILE``; the ``[gguf]`` extra).
+
+llama.cpp fixes a family's FFN activation by its architecture (the Llama family's ``silu(gate)·up``) and its own
+converter never reads ``hidden_act``: a ReLU Llama written as is runs there silently as SiLU. The limit that makes
+λ-SiLU ReLU, read backwards, fixes it without changing llama.cpp: a SiLU gate at hardness λ is ReLU within a bound,
+
+    silu(λg)/λ = g·σ(λg),   |g·σ(λg) − relu(g)| ≤ max_t t·σ(−t) / λ = 0.2785/λ,
+
+so the file holds the gate's weights ×λ and ``up``'s and ``down``'s ×1/√λ each: llama.cpp's ``down(silu(gate)·up)``
+is then ``down(g·σ(λg)·u)``, within 0.2785/λ·|u| of ``down(relu(g)·u)`` a unit. λ is the largest of
+:data:`LAMBDAS` at which no weight of the file type leaves its range: float16 keeps the gate's largest weight ×λ far below
+its maximum; Q8_0 and Q4_0 keep their blocks' float16 scales normal as well; float32 and bfloat16 take the largest.
+
+Written: the Llama family's layout (``LlamaForCausalLM``, ``MistralForCausalLM``: llama.cpp's ``llama`` architecture,
+the query and key rows in llama.cpp's order), its hyper-parameters, and the tokenizer — the original GGUF's own
+``tokenizer.*`` fields where the conversion read one, else the checkpoint's byte-level BPE tokenizer with its merges,
+special tokens and chat template. Norms stay float32; a matrix whose rows do not fill the type's blocks is float16.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import CheckpointError
+from .load import load, model_directory, quiet_transformers
+from .save import REPORT
+
+__all__ = ["export_gguf", "Exported", "TYPES", "LAMBDAS", "SILU_GAP", "gguf_lambda"]
+
+SILU_GAP = 0.27846454276  # max_t t·σ(−t): how far g·σ(λg) strays from relu(g), times λ
+LAMBDAS = (1024.0, 512.0, 256.0, 128.0, 64.0, 32.0, 16.0)  # the hardness tried, largest first
+TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+_F16_TINY, _F16_MAX = 6.104e-05, 65504.0  # float16's smallest normal and largest value
+_IN_RANGE = 0.99  # the share of blocks whose float16 scale must stay normal after scaling
+# the Llama family's tensors: GGUF name (per block where it has {}) → the module's weight in the transformers model
+_LLAMA = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+          "blk.{}.attn_norm": "model.layers.{}.input_layernorm", "blk.{}.attn_q": "model.layers.{}.self_attn.q_proj",
+          "blk.{}.attn_k": "model.layers.{}.self_attn.k_proj", "blk.{}.attn_v": "model.layers.{}.self_attn.v_proj",
+          "blk.{}.attn_output": "model.layers.{}.self_attn.o_proj",
+          "blk.{}.ffn_norm": "model.layers.{}.post_attention_layernorm",
+          "blk.{}.ffn_gate": "model.layers.{}.mlp.gate_proj", "blk.{}.ffn_up": "model.layers.{}.mlp.up_proj",
+          "blk.{}.ffn_down": "model.layers.{}.mlp.down_proj"}
+_FAMILIES = {"LlamaForCausalLM": ("llama", _LLAMA), "MistralForCausalLM": ("llama", _LLAMA)}
+
+
+@dataclass
+class Exported:
+    path: Path
+    file_type: str
+    hardness: float                # λ the gate is written at (1: the model's own activation, as it is)
+    bound: float                   # 0.2785/λ: the gap between g·σ(λg) and relu(g), per unit of |up|
+
+    def summary(self) -> str:
+        return (f"{self.path}: {self.file_type}, the ReLU gates as llama.cpp's SiLU at λ = {self.hardness:g} (each "
+                f"unit within {self.bound:.2g}·|up| of ReLU)")
+
+
+def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type: str = "f32", *,
+                overwrite: bool = False, hardness: float | None = None) -> Exported:
+    """Write the converted causal LM in ``directory`` to the GGUF file ``path`` as the module's docstring says.
+    ``hardness``: λ itself (default: chosen for ``file_type``); 1 writes the gates as they are, which llama.cpp
+    computes as SiLU (for comparison only)."""
+    try:
+        import gguf
+    except ImportError:
+        raise CheckpointError("export to GGUF needs the gguf package: pip install 'lambda-gelu[gguf]'") from None
+    if file_type not in TYPES:
+        raise CheckpointError(f"--type must be one of {', '.join(TYPES)}, got {file_type!r}")
+    target = Path(path)
+    if target.exists() and (not overwrite or not target.is_file()):
+        raise CheckpointError(f"{path} exists: choose another file, or add --overwrite to replace it"
+                              if target.is_file() else f"{path} exists and is not a file")
+    if not target.absolute().parent.is_dir():
+        raise CheckpointError(f"{target.absolute().parent} is not a directory: the GGUF file goes into one")
+    quiet_transformers()
+    loaded = load(model_directory(str(directory)), str(directory), progress=False)
+    model, config = loaded.model.float().eval(), loaded.model.config
+    family = _FAMILIES.get(type(model).__name__)
+    if family is None:
+        raise CheckpointError(f"{directory} holds a {type(model).__name__}: export writes the Llama family's layout "
+                              f"({', '.join(_FAMILIES)}) for now")
+    if config.hidden_act != "relu":
+        raise CheckpointError(f"{directory}'s gates are {config.hidden_act}, not ReLU: it is not a converted "
+                              "checkpoint; convert it first (lambda-gelu reluize MODEL --out DIR)")
+    if getattr(config, "mlp_bias", False) or getattr(config, "attention_bias", False):
+        raise CheckpointError(f"{directory} has biases in its FFN or attention (mlp_bias, attention_bias), which "
+                              "llama.cpp's Llama layout does not read: it cannot be exported as this model")
+    architecture, names = family
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    gates = [state[f"model.layers.{i}.mlp.gate_proj.weight"] for i in range(config.num_hidden_layers)]
+    ups = [state[f"model.layers.{i}.mlp.{p}_proj.weight"] for i in range(config.num_hidden_layers)
+           for p in ("up", "down")]
+    lam = gguf_lambda(gates, ups, file_type) if hardness is None else float(hardness)
+    if not (math.isfinite(lam) and lam >= 1):
+        raise CheckpointError(f"the hardness λ must be a finite number ≥ 1, got {hardness!r}")
+
+    tmp = Path(tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.absolute().parent)[1])
+    try:
+        writer = gguf.GGUFWriter(str(tmp), architecture)
+        _hyperparameters(writer, config, file_type, gguf)
+        _tokenizer(writer, loaded, directory, gguf)
+        for gguf_name, hf_name in names.items():
+            for i in range(config.num_hidden_layers) if "{}" in gguf_name else [None]:
+                key = hf_name.format(i) + ".weight"
+                if key not in state:
+                    continue  # lm_head tied to the embedding: llama.cpp reads token_embd then
+                w = state[key]
+                if gguf_name.endswith("attn_q"):
+                    w = _permute(w, config.num_attention_heads)
+                elif gguf_name.endswith("attn_k"):
+                    w = _permute(w, config.num_key_value_heads)
+                elif gguf_name.endswith("ffn_gate"):
+                    w = w * lam
+                elif gguf_name.endswith(("ffn_up", "ffn_down")):
+                    w = w / math.sqrt(lam)
+                _add(writer, gguf_name.format(i) + ".weight", w, file_type, gguf)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Exported(target, file_type, lam, SILU_GAP / lam)
+
+
+def gguf_lambda(gates: list[np.ndarray], scaled: list[np.ndarray], file_type: str) -> float:
+    """The largest of :data:`LAMBDAS` at which the gate weights ×λ and the ``scaled`` (``up``, ``down``) ×1/√λ stay
+    in ``file_type``'s range (see the module's docstring)."""
+    if file_type in ("f32", "bf16"):
+        return LAMBDAS[0]
+    gate_max = max(float(np.abs(g).max()) for g in gates)
+    smallest = 1.0  # float16 itself: only the gate's largest weight can leave its range (a subnormal is exact enough)
+    if file_type in ("q8_0", "q4_0"):  # a block's scale, its largest magnitude over the type's top level, is float16
+        level = 127.0 if file_type == "q8_0" else 8.0
+        blocks = np.concatenate([np.abs(w).reshape(-1, 32).max(1) for w in scaled if w.shape[-1] % 32 == 0]
+                                or [np.ones(1)])
+        smallest = float(np.quantile(blocks[blocks > 0], 1 - _IN_RANGE)) / level if (blocks > 0).any() else 1.0
+    for lam in LAMBDAS:
+        if gate_max * lam <= _F16_MAX / 16 and smallest / math.sqrt(lam) >= _F16_TINY:
+            return lam
+    return LAMBDAS[-1]
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """A query's or key's rows in llama.cpp's order (each head's two rotary halves interleaved), as its converter."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _add(writer, name: str, w: np.ndarray, file_type: str, gguf) -> None:
+    q = gguf.GGMLQuantizationType
+    kind = {"f32": q.F32, "f16": q.F16, "bf16": q.BF16, "q8_0": q.Q8_0, "q4_0": q.Q4_0}[file_type]
+    if w.ndim == 1:
+        kind = q.F32  # norms, as llama.cpp keeps them
+    elif kind in (q.Q8_0, q.Q4_0) and w.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
+        kind = q.F16  # rows that do not fill the type's blocks
+    data = np.ascontiguousarray(w, dtype=np.float32)
+    if kind == q.F32:
+        writer.add_tensor(name, data)
+    elif kind == q.F16:
+        writer.add_tensor(name, data.astype(np.float16))
+    else:
+        writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+
+
+def _hyperparameters(writer, config, file_type: str, gguf) -> None:
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    writer.add_name(getattr(config, "_name_or_path", "") or "lambda-gelu ReLU model")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(getattr(config, "rope_theta", None) or
+                                    (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)))
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                          "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                          "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[file_type])
+    if file_type in ("q8_0", "q4_0"):
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def _tokenizer(writer, loaded, directory, gguf) -> None:
+    """The original GGUF's tokenizer fields as they are, where the conversion read a GGUF file; else the
+    checkpoint's byte-level BPE tokenizer."""
+    source = _source(Path(directory))
+    if source is not None and source.suffix.lower() == ".gguf" and source.is_file():
+        reader = gguf.GGUFReader(str(source))
+        for key, field in reader.fields.items():
+            if key.startswith("tokenizer."):
+                types = field.types
+                writer.add_key_value(key, field.contents(), types[0], sub_type=types[1] if len(types) > 1 else None)
+        return
+    tokenizer = loaded.tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    spec = json.loads(backend.to_str()) if backend is not None else {}
+    if spec.get("model", {}).get("type") != "BPE" or "ByteLevel" not in json.dumps(spec.get("pre_tokenizer")):
+        raise CheckpointError(f"{directory}'s tokenizer is not a byte-level BPE, the one kind export writes from a "
+                              "checkpoint directory for now (a conversion of a GGUF file carries its own)")
+    vocab = tokenizer.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    special = set(tokenizer.all_special_tokens) | {t.content for t in getattr(tokenizer, "added_tokens_decoder",
+                                                                               {}).values() if t.special}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 1 for t in tokens])  # 3: control, 1: normal
+    gguf.SpecialVocab(str(model_directory(str(directory))), load_merges=True, n_vocab=len(tokens)).add_to_gguf(writer)
+
+
+def _source(directory: Path) -> Path | None:
+    """The model the conversion in ``directory`` read, as its report keeps it."""
+    try:
+        report = json.loads((directory / REPORT).read_text(encoding="utf-8"))
+        return Path(report["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -1,0 +1,124 @@
+"""`lambda-gelu export DIR --gguf FILE`: a converted Llama written as GGUF is computed — by transformers' GGUF reader,
+which like llama.cpp fixes the Llama FFN's activation as SiLU — as the ReLU model: its logits within the bound the
+hardness gives and its greedy tokens, in float32; quantized types within their own rounding. Written plainly (λ = 1),
+the same file gives other tokens: the fault the hardness fixes."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from lambda_gelu.cli import main
+from lambda_gelu.hf.gguf_export import SILU_GAP, export_gguf, gguf_lambda
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def relu_llama(tmp_path_factory):
+    """A small converted Llama (hidden_act relu) with a byte-level BPE tokenizer, and a prompt's ids."""
+    import tiny_gguf
+    path = tmp_path_factory.mktemp("export") / "llama-relu"
+    tokenizer = tiny_gguf.bpe_tokenizer()
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(tiny_gguf.vocabulary()[0]), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, hidden_act="relu", max_position_embeddings=128,
+        eos_token_id=0, pad_token_id=1, bos_token_id=2)).eval()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    ids = tokenizer("Return the number of items in a container.", return_tensors="pt")["input_ids"]
+    return path, model, ids
+
+
+def _read(path):
+    gguf_model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    return gguf_model
+
+
+def _greedy(model, ids, n=24):
+    with torch.inference_mode():
+        return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0].tolist()
+
+
+def test_float32_export_is_the_relu_model_within_its_bound(relu_llama, capsys):
+    directory, model, ids = relu_llama
+    out = directory.parent / "m.gguf"
+    assert main(["export", str(directory), "--gguf", str(out)]) == 0
+    assert "λ = 1024" in capsys.readouterr().err
+    back = _read(out)
+    assert back.config.hidden_act == "silu"  # the reader computes SiLU gates, as llama.cpp does
+    with torch.no_grad():
+        want, got = model(ids).logits, back(ids).logits
+    # each FFN unit is off by at most SILU_GAP/λ·|up|; through two layers and the head, far below the logits' scale
+    assert float((got - want).abs().max()) <= 50 * SILU_GAP / 1024 * float(want.abs().max())
+    assert _greedy(back, ids) == _greedy(model, ids)
+
+
+def test_written_plainly_the_same_file_is_another_model(relu_llama):
+    directory, model, ids = relu_llama
+    out = directory.parent / "plain.gguf"
+    export_gguf(directory, out, "f32", hardness=1)
+    with torch.no_grad():
+        want = model(ids).logits
+        gap = float((_read(out)(ids).logits - want).abs().max())
+    assert gap > 100 * SILU_GAP / 1024 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("file_type, tolerance", [("f16", 0.01), ("q8_0", 0.03)])
+def test_quantized_exports_stay_within_their_own_rounding(relu_llama, file_type, tolerance):
+    directory, model, ids = relu_llama
+    exported = export_gguf(directory, directory.parent / f"m-{file_type}.gguf", file_type)
+    with torch.no_grad():
+        want, got = model(ids).logits, _read(exported.path)(ids).logits
+    assert float((got - want).abs().max()) <= tolerance * float(want.abs().max()) + exported.bound
+
+
+def test_the_hardness_keeps_every_type_in_range():
+    rng = np.random.default_rng(0)
+    gates, scaled = [rng.normal(0, 0.05, (256, 64))], [rng.normal(0, 0.05, (64, 256))]
+    assert gguf_lambda(gates, scaled, "f32") == 1024
+    assert gguf_lambda([g * 100 for g in gates], scaled, "f16") < 1024  # a gate of ±20 ×1024 would overflow f16
+    q8 = gguf_lambda(gates, [w * 1e-3 for w in scaled], "q8_0")
+    blocks = np.abs(scaled[0] * 1e-3).reshape(-1, 32).max(1) / 127
+    assert np.quantile(blocks, 0.01) / np.sqrt(q8) >= 6.1e-5 or q8 == 16
+
+
+def test_what_cannot_be_exported_is_one_line_and_writes_nothing(relu_llama, tmp_path, capsys):
+    directory, model, ids = relu_llama
+    mine = tmp_path / "mine.gguf"
+    mine.write_text("my file")
+    assert main(["export", str(directory), "--gguf", str(mine)]) == 2
+    assert "exists" in capsys.readouterr().err and mine.read_text() == "my file"
+    silu = tmp_path / "silu"
+    config = json.loads((directory / "config.json").read_text())
+    silu.mkdir()
+    for f in directory.iterdir():
+        (silu / f.name).write_bytes(f.read_bytes())
+    (silu / "config.json").write_text(json.dumps(config | {"hidden_act": "silu"}))
+    assert main(["export", str(silu), "--gguf", str(tmp_path / "x.gguf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "not a converted checkpoint" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.gguf", "silu"]  # nothing half-written left
+
+
+def test_llama_cpp_decodes_the_export_with_the_relu_models_tokens(relu_llama, tmp_path):
+    """llama.cpp itself (llama-cpp-python, the [llamacpp] extra), greedy: the float32 export gives the ReLU model's
+    tokens; the plain file does not."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    directory, model, ids = relu_llama
+    want = _greedy(model, ids)[ids.shape[1]:]
+
+    def decode(path):
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_threads=2, verbose=False, logits_all=False)
+        out = []
+        for token in llm.generate(ids[0].tolist(), top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
+            out.append(token)
+            if len(out) == len(want):
+                return out
+        return out
+    assert decode(export_gguf(directory, tmp_path / "relu.gguf", "f32").path) == want
+    assert decode(export_gguf(directory, tmp_path / "plain.gguf", "f32", hardness=1).path) != want
