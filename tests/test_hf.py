@@ -190,7 +190,7 @@ def test_a_sentence_transformers_model_keeps_its_pipeline(tiny_bert, tmp_path):
                                                                   "pooling_mode_mean_tokens": True}))
     (source / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": False}))
     assert main(["reluize", str(source), "--out", str(out), "--steps", "2", "--batch-size", "8", "--quiet",
-                 "--embeddings", "freeze"]) == 0
+                 "--experimental-embeddings", "freeze"]) == 0
     assert (out / "1_Pooling" / "config.json").read_text() == (source / "1_Pooling" / "config.json").read_text()
     model = st.SentenceTransformer(str(out), device="cpu")
     assert [type(m).__name__ for m in model] == ["Transformer", "Pooling", "Normalize"]
@@ -409,7 +409,7 @@ def _cases(tiny_bert, tmp_path):
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "anneal", "--refit", "8"],
          "--refit is for --schedule swap"),
         (["reluize", str(tiny_bert), "--out", out, "--precision", "float16"], "invalid choice: 'float16'"),
-        (["reluize", str(tiny_bert), "--out", out, "--embeddings", "fixed"], "invalid choice: 'fixed'"),
+        (["reluize", str(tiny_bert), "--out", out, "--experimental-embeddings", "fixed"], "invalid choice: 'fixed'"),
         (["reluize", str(tiny_bert), "--out", out, "--schedule", "blockwise", "--precision", "bfloat16"],
          r"precision='bfloat16': used by schedule='swap' or 'anneal' only \(blockwise reconstructs each block in "
          r"float32\); leave it out"),
@@ -484,7 +484,7 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
                  "--schedule", "blockwise", "--repair", "0.5", "--quiet"]) == 0
     assert "(the last 50% of the steps end to end)" in (blockwise / "reluize_report.md").read_text()
     output = tmp_path / "docs" / "summary.md"
-    assert main(["reluize-report", *dirs, str(blockwise), *(str(tmp_path / f"swap-lr-{s}") for s in (0, 1)),
+    assert main(["lab", "reluize-report", *dirs, str(blockwise), *(str(tmp_path / f"swap-lr-{s}") for s in (0, 1)),
                  "--output", str(output)]) == 0
     text = output.read_text()
     assert "| blockwise + repair 0.5, length batches, linear lr decay | 1 | 4 |" in text
@@ -529,13 +529,13 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     default = {s: json.loads((tmp_path / f"swap-16-length-linear-{s}" / "reluize_report.json").read_text())
                for s in (0, 1)}
     alone = [d for d in dirs if "anneal-0-length-linear" in d or "swap-16-length-linear" in d]
-    assert main(["reluize-report", *alone, "--output", str(output)]) == 0
+    assert main(["lab", "reluize-report", *alone, "--output", str(output)]) == 0
     text = output.read_text()
     assert f"Anneal, {linear} − swap + refit 16, {linear}, paired by seed at equal steps (2 pairs" in text
     diff = [cosine[("anneal", "length", "linear", s)] - default[s]["reluized"]["cosine"] for s in (0, 1)]
     assert f"- cosine: {sum(diff) / 2:+.4f}" in text
     capsys.readouterr()
-    assert main(["reluize-report", str(tmp_path), "--output", str(output)]) == 2
+    assert main(["lab", "reluize-report", str(tmp_path), "--output", str(output)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is not a finished `lambda-gelu reluize` output" in err
 

@@ -267,7 +267,7 @@ def _saved(config, path: Path, auto: str = "AutoModelForCausalLM") -> Path:
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate_zeros(family, tmp_path):
     source, out = _tiny_llama(tmp_path / "model", family), tmp_path / "relu"
-    given = [] if family == "llama" else ["--precision", "bfloat16", "--embeddings", "freeze"]  # default: auto, train
+    given = [] if family == "llama" else ["--precision", "bfloat16", "--experimental-embeddings", "freeze"]  # default: auto, train
     assert main(["reluize", str(source), "--out", str(out), "--steps", "3", "--refit", "8", "--batch-size", "4",
                  "--quiet", *given]) == 0
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
@@ -680,11 +680,11 @@ def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_fam
     assert not (tmp_path / "no").exists()
     at_once = tmp_path / "at_once"  # the flag: the share reached before the refit, which solves down for it
     assert main(["reluize", str(source), "--out", str(at_once), "--steps", "3", "--batch-size", "4", "--refit", "8",
-                 "--gate-zeros", "0.8", "--gate-zeros-at-once", "--quiet"]) == 0
+                 "--gate-zeros", "0.8", "--experimental-gate-zeros-at-once", "--quiet"]) == 0
     report = json.loads((at_once / "reluize_report.json").read_text())
     assert report["settings"]["gate_zeros_at_once"] is True and report["settings"]["gate_zeros"] == 0.8
     assert "the gates' threshold lowered at once to 80% exact zeros" in (at_once / "reluize_report.md").read_text()
-    assert main(["reluize", str(source), "--out", str(tmp_path / "no"), "--gate-zeros-at-once"]) == 2
+    assert main(["reluize", str(source), "--out", str(tmp_path / "no"), "--experimental-gate-zeros-at-once"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: gate_zeros_at_once: lowers the gates to gate_zeros at once; give gate_zeros > 0 with it, or leave it "
         "out")

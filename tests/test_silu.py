@@ -89,8 +89,14 @@ def test_the_registry_and_the_groups_know_it():
 
 
 def test_sparsity_penalty_reads_lambda_silu_outputs():
+    """At the end of its ramp (factor = peak = 2) the penalty is twice the mean |output| of the λ-SiLU layer."""
+    torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), lg.LambdaSiLU(), nn.Linear(8, 2))
-    reg = lg.SparsityRegularizer(net, total_steps=4, peak=1.0)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = 2.0 * net[1](net[0](x)).abs().mean()
+    reg = lg.SparsityRegularizer(net, total_steps=4, peak=2.0)
     with reg:
-        net(torch.randn(3, 4))
-        assert reg.penalty() is not None
+        reg.step(4)
+        net(x)
+        assert torch.allclose(reg.penalty(), expected)

@@ -114,9 +114,10 @@ def field_options(parser: argparse.ArgumentParser, prefix: str, cls, skip=(), sc
                   metavars=None) -> None:
     """One option per field of the config dataclass ``cls`` (less ``skip``): the field's help (after ``scope``),
     choices and default, its type from its annotation (a tuple takes several values, a bool is a flag); the value
-    lands in ``prefix + name``, None when the option is not given, so that the config's own default applies."""
+    lands in ``prefix + name``, None when the option is not given, so that the config's own default applies. A field
+    marked ``experimental`` (measured worse than the default) is ``--experimental-NAME``, left out of the help."""
     for f in dataclasses.fields(cls):
-        if f.name in skip or f.metadata.get("experimental"):
+        if f.name in skip:
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         shown = (f" (default {' '.join(map(str, default)) if isinstance(default, tuple) else default})"
@@ -136,7 +137,10 @@ def field_options(parser: argparse.ArgumentParser, prefix: str, cls, skip=(), sc
             options["metavar"] = metavars[f.name]
         elif "choices" not in options and kind != "bool":  # LR rather than argparse's R_LR, the destination
             options["metavar"] = f.name.upper()
-        parser.add_argument((names or {}).get(f.name, "--" + f.name.replace("_", "-")), **options)
+        name = (names or {}).get(f.name, "--" + f.name.replace("_", "-"))
+        if f.metadata.get("experimental"):  # measured worse: kept for the studies, off the help's surface
+            name, options["help"] = "--experimental-" + name[2:], argparse.SUPPRESS
+        parser.add_argument(name, **options)
 
 
 def conversion_config(args):

@@ -159,10 +159,25 @@ def quantize_dynamic_int8(fp32_path: str | os.PathLike, int8_path: str | os.Path
     logging.getLogger().setLevel(logging.ERROR)  # its advice to pre-process the graph, printed on every call
     try:
         quantize_dynamic(str(fp32_path), str(int8_path), weight_type=QuantType.QInt8, per_channel=True,
-                         op_types_to_quantize=["MatMul", "Gemm"])
+                         op_types_to_quantize=["MatMul", "Gemm"], reduce_range=not _has_vnni())
     finally:
         logging.getLogger().setLevel(quiet)
     return {"op_counts": onnx_op_counts(int8_path)}
+
+
+def _has_vnni() -> bool:
+    """Whether the CPU has VNNI's int8 dot products. Without them ONNX Runtime's u8×s8 kernels (AVX2, AVX-512
+    without VNNI) sum pairs of products into 16 bits, which saturate for 8-bit weights: its quantizer's
+    ``reduce_range`` (7-bit weights) avoids that, as ONNX Runtime advises for such CPUs."""
+    import platform
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True  # the saturation is x86's: elsewhere ONNX Runtime's default
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return True  # not Linux: ONNX Runtime's default
+    return any(flag in flags.split() for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
 class OnnxRunner:

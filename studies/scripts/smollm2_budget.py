@@ -101,7 +101,7 @@ def main() -> None:
         parser.error("--ramp and --at-once are the threshold's: give --gate-zeros too")
     changes = variations(args.minutes, args.batch_size, args.ramp, args.at_once, args.lr)
     options = [*(option for change in changes for option in change.options),
-               *(["--embeddings", "freeze"] if frozen else []), *(["--gate-zeros", f"{zeros:g}"] if zeros else [])]
+               *(["--experimental-embeddings", "freeze"] if frozen else []), *(["--gate-zeros", f"{zeros:g}"] if zeros else [])]
     kind = ("frozen-" if frozen else "") + (f"zeros{zeros:g}-" if zeros else "")
     text = Path(args.out) / "english.txt"
     times = args.english_times
@@ -250,7 +250,7 @@ def variations(minutes: float, batch: int, ramp: float, at_once: bool, lr: float
               Variation(["--anneal", f"{ramp:g}"], f"ramp{ramp:g}-", f"the zeros reached over {ramp:.0%} of the steps",
                         f"the zeros reached over {ramp:.0%} of the steps against the default {DEFAULT_RAMP:.0%}")),
              (at_once,
-              Variation(["--gate-zeros-at-once"], "atonce-", "the zeros reached at once, before the refit",
+              Variation(["--experimental-gate-zeros-at-once"], "atonce-", "the zeros reached at once, before the refit",
                         f"the zeros reached at once, before the refit, against over {DEFAULT_RAMP:.0%} of the steps")),
              (lr != CAUSAL_LR,
               Variation(["--lr", f"{lr:g}"], f"lr{lr:g}-", f"at lr {lr:g}", f"an lr of {lr:g} against the default "

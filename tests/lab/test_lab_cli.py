@@ -165,9 +165,7 @@ def test_a_store_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatc
 
 
 @pytest.mark.parametrize("command", ["run", "demo", "report", "export", "deploy", "reluize-report", "tasks"])
-def test_every_command_prints_its_help(command, capsys):
-    """Each option's help comes from its config field's text, where a share such as "85%" once broke argparse's
-    formatting of `lambda-gelu reluize --help`; the values are named as the options are (LR, not R_LR)."""
+def test_every_lab_command_prints_its_help(command, capsys):
     with pytest.raises(SystemExit) as exited:
         main([command, "--help"])
     assert exited.value.code == 0

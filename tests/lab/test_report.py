@@ -18,7 +18,7 @@ def test_report_and_export(tmp_path):
     for needle in ("## wine-mlp", "| GELU (→ direct swap to ReLU) | 3 |", "| ReLU from scratch | 3 |",
                    "annealed→ReLU − direct swap | 3 |", "p (TOST)",
                    "- **wine-mlp** (`",  # the summary names each experiment, not its last arm
-                   "Layerwise hardness profile", "lambda-gelu run wine-mlp",
+                   "Layerwise hardness profile", "lambda-gelu lab run wine-mlp",
                    "](results_img/lambda_wine-mlp_"):
         assert needle in text, needle
     pngs = sorted((tmp_path / "docs" / "results_img").glob("*.png"))  # λ over training; Δλ against accuracy

@@ -90,7 +90,7 @@ class ConversionConfig:
         "train: the steps update the token embeddings and a language model's output layer (its vocabulary's "
         "logits) too; freeze: they stay the original's and the steps update the rest (attention, MLPs, norms): a "
         "causal LM's step is cheaper, but SmolLM2 kept less in 30 minutes (studies/smollm2_budget_frozen.md)",
-        choices=EMBEDDINGS))
+        choices=EMBEDDINGS, experimental=True))
     reluize: ReluizeConfig = field(default_factory=ReluizeConfig)
 
     DEFAULT_MINUTES = 15.0
@@ -113,7 +113,7 @@ class ConversionConfig:
         need(not self.refit or self.reluize.schedule == "swap", f"--refit is for --schedule swap (--schedule "
              f"{self.reluize.schedule} has no ReLU to refit for before its first step); leave it out")
         need(whole(self.batch_size, 1), f"--batch-size must be ≥ 1, got {self.batch_size!r}")
-        need(self.embeddings in EMBEDDINGS, f"--embeddings must be one of {', '.join(EMBEDDINGS)}, got "
+        need(self.embeddings in EMBEDDINGS, f"--experimental-embeddings must be one of {', '.join(EMBEDDINGS)}, got "
              f"{self.embeddings!r}")
         need(self.batching in BATCHINGS, f"--batching must be one of {', '.join(BATCHINGS)}, got {self.batching!r}")
         need(whole(self.max_tokens, 2), f"--max-tokens must be ≥ 2, got {self.max_tokens!r}")
@@ -345,7 +345,7 @@ def freeze_embeddings_(model) -> None:
     module inside a sentence-transformers one) out of training: what ``embeddings="freeze"`` does."""
     inner = next((m for m in model.modules() if hasattr(m, "get_input_embeddings")), None)
     if inner is None:
-        raise CheckpointError(f"--embeddings freeze: {type(model).__name__} has no token embeddings to find; "
+        raise CheckpointError(f"--experimental-embeddings freeze: {type(model).__name__} has no token embeddings to find; "
                               "leave it out")
     for layer in (inner.get_input_embeddings(), getattr(inner, "get_output_embeddings", lambda: None)()):
         if layer is not None:

@@ -91,7 +91,7 @@ class ReluizeConfig:
         "with gate_zeros: the share reached at once, before the first step: the gates lowered to it on the refit's "
         "batches (the first batch without a refit) before the refit, which then solves each gated FFN's output "
         "projection for the shifted gates; the steps hold the share. Measured on SmolLM2 at 85%: it keeps far less "
-        "than the ramp (studies/smollm2_budget_atonce.md)"))
+        "than the ramp (studies/smollm2_budget_atonce.md)", experimental=True))
     refit: int = field(default=0, metadata=_help(
         "with the swap: batches over which the layers reading each activation are solved by least squares "
         "before the first step (0: none)"))
