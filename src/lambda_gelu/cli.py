@@ -231,7 +231,8 @@ def _verify(args) -> int:
     import torch
 
     from .onnx_chain import load_onnx_chain
-    from .verify import affine_layers, verify_property
+    from .polytopes import verify_property
+    from .verify import affine_layers
     from .vnnlib import VERDICTS, read_property
     if not 0 < args.time_limit < float("inf"):
         raise ValueError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
