@@ -1,5 +1,5 @@
 """Greedy decoding at batch 1 with the KV cache: a converted (exact-ReLU) language model dense against the same
-model with its gated FFNs sparsified (lambda_gelu.sparse.sparsify_), by two decoders: transformers' `generate`, and
+model with its gated FFNs sparsified (lambda_gelu.inference.sparse.sparsify_), by two decoders: transformers' `generate`, and
 lambda_gelu.hf.LeanDecoder (a static cache, a C step per layer, the next token through the output layer's screen).
 
     lambda-gelu reluize smollm2-135m-instruct --out runs/smollm2-relu
@@ -37,7 +37,7 @@ def _mlps(model):
 def _ruled_out(mlps, inputs) -> float:
     """The share of (unit, token) the gates' int8 screen rules out on these inputs: the kernel's test, in float64
     (x rounded to int16 as the kernel rounds it)."""
-    from lambda_gelu.sparse_gated import int16_rows
+    from lambda_gelu.inference.gated import int16_rows
     out = total = 0
     for i, x in inputs:
         m = mlps[i]
@@ -72,8 +72,8 @@ def main():
     from lambda_gelu.hf import LeanDecoder, stdlib_sentences
     from lambda_gelu.hf.evaluate import evaluate
     from lambda_gelu.hf.text import padding_tokenizer
-    from lambda_gelu.sparse import sparsify_
-    from lambda_gelu.sparse_gated import SparseGatedMLP
+    from lambda_gelu.inference.sparse import sparsify_
+    from lambda_gelu.inference.gated import SparseGatedMLP
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     dense = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

@@ -52,7 +52,7 @@ def main():
     p.add_argument("--tokens", type=int, default=32, help="calls (tokens) a round")
     p.add_argument("--rounds", type=int, default=10)
     args = p.parse_args()
-    from lambda_gelu.sparse_experts import SparseExperts
+    from lambda_gelu.inference.experts import SparseExperts
 
     results = []
     for name in args.models:

@@ -34,7 +34,7 @@ def main():
     import transformers
 
     from lambda_gelu.hf import stdlib_sentences
-    from lambda_gelu.sparse import sparsify_
+    from lambda_gelu.inference.sparse import sparsify_
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
     dense = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

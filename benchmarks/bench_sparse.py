@@ -1,4 +1,4 @@
-"""Activation sparsity as speed: dense PyTorch against lambda_gelu.sparse, measured side by side.
+"""Activation sparsity as speed: dense PyTorch against lambda_gelu.inference.sparse, measured side by side.
 
     python benchmarks/bench_sparse.py [--threads 2] [--reps 50] [--quick]
 
@@ -10,7 +10,7 @@
    FFN would gain were the second projection free (Amdahl), the most any sparse kernel can give it.
 2. One layer alone at 90% zeros, dense vs forced sparse, from 384 → 96 to 3072 → 768 weights, batch
    1/4/16: where the sparse path's fixed cost per call stops outweighing its saving, the measurement
-   behind lambda_gelu.sparse.MIN_WEIGHTS (smaller layers stay dense unless min_weights=0).
+   behind lambda_gelu.inference.sparse.MIN_WEIGHTS (smaller layers stay dense unless min_weights=0).
 3. The lab's stdlib-gpt, trained with the lambda-harden arm and substituted to exact ReLU, generating
    bytes greedily, bytes per second dense vs sparsified (forced, min_weights=0: its 384 → 96 FFN
    projections are under MIN_WEIGHTS, so by default sparsify_ leaves them dense), and the fraction of
@@ -36,16 +36,16 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-import lambda_gelu as lg
+
 from _common import header, interleaved, print_table, save
-from lambda_gelu.sparse import MIN_WEIGHTS, SparseLinear, active_inputs, sparsify_
+from lambda_gelu.inference.sparse import MIN_WEIGHTS, SparseLinear, active_inputs, sparsify_
 
 
 def int8_runner(model: nn.Module, x: torch.Tensor, workdir: Path, threads: int):
     """``model`` as a static int8 ONNX Runtime graph calibrated on 8 batches like ``x``; None without
     the [deploy] extra."""
     try:
-        from lambda_gelu import deploy
+        from lambda_gelu.deploy import onnx as deploy
         deploy._onnx()
     except ImportError:
         return None
@@ -159,7 +159,7 @@ def generation(reps: int, quick: bool) -> dict:
     new = 16 if quick else 64
     zeros = []
     hooks = [m.register_forward_pre_hook(lambda mod, args: zeros.append((args[0] == 0).double().mean().item()))
-             for m in sparse.modules() if isinstance(m, lg.sparse.SparseLinear)]
+             for m in sparse.modules() if isinstance(m, SparseLinear)]
 
     def generate(m):
         ctx = prompt.clone()

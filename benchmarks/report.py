@@ -110,7 +110,7 @@ def main():
         lines += ["## Activation sparsity: sparse FFN and generation", "",
                   f"`python benchmarks/bench_sparse.py --reps {d['reps']}{' --quick' if d['quick'] else ''}` — "
                   "an FFN 768 → 3072 → ReLU → 768, dense against its second projection replaced by "
-                  "`lambda_gelu.sparse.SparseLinear` (forced sparse, `max_density=1`), the zeros set per hidden unit "
+                  "`lambda_gelu.inference.sparse.SparseLinear` (forced sparse, `max_density=1`), the zeros set per hidden unit "
                   "and independent across inputs (the worst case for a batch's union of active units). "
                   f"{h['threads']} threads, {h['machine']}.", "",
                   "For reference, the dense FFN as a static int8 ONNX Runtime graph (QGemm, same threads, timed in "

@@ -10,8 +10,9 @@ import torch
 import torch.nn as nn
 
 import lambda_gelu as lg
-from lambda_gelu import _compiled, _native
-from lambda_gelu.functional import COMPILED_MIN_NUMEL, lambda_gelu, lambda_gelu_reference
+from lambda_gelu import _native
+from lambda_gelu.core import _compiled
+from lambda_gelu.core.functional import COMPILED_MIN_NUMEL, lambda_gelu, lambda_gelu_reference
 
 import bounds
 from bounds import assert_within
@@ -43,11 +44,11 @@ CASES = [  # (shape, channel_dim or None for one λ, dtype, backend)
 def test_float32_and_bfloat16_on_cpu_use_the_c_kernels():
     assert _native.library() is not None, _native.error()
     x = torch.randn(256, 512)
-    assert lg.functional._fused_kernels(x) is _native
-    assert lg.functional._fused_kernels(x.bfloat16()) is _native
-    assert lg.functional._fused_kernels(x.half()) is _compiled
+    assert lg.core.functional._fused_kernels(x) is _native
+    assert lg.core.functional._fused_kernels(x.bfloat16()) is _native
+    assert lg.core.functional._fused_kernels(x.half()) is _compiled
     with lg.backend("inductor"):
-        assert lg.functional._fused_kernels(x) is _compiled
+        assert lg.core.functional._fused_kernels(x) is _compiled
 
 
 @pytest.fixture(scope="module", params=_native.ISAS)
@@ -60,7 +61,7 @@ def kernels(request):
 def _reference_terms(x, lam, gy, kw):
     """The reference's output, input gradient and the terms g·x²·φ(λx) of ∂L/∂λ, in float64."""
     y, gx, _ = _grads(lambda_gelu_reference, x.double(), lam.double(), gy.double(), **kw)
-    lam_b = lg.functional._broadcastable_lambda(lam.double(), x, kw.get("channel_dim", -1))
+    lam_b = lg.core.functional._broadcastable_lambda(lam.double(), x, kw.get("channel_dim", -1))
     xd = x.double()
     terms = gy.double() * xd * xd * torch.exp(-0.5 * (lam_b * xd) ** 2) / math.sqrt(2 * math.pi)
     return y, gx, terms
@@ -76,7 +77,7 @@ def test_c_kernels_agree_with_the_reference_for_any_thread_count(kernels, thread
     assert x.numel() >= 3 * _native.GRAIN  # enough work for three threads
     kw = {} if channel_dim is None else {"channel_dim": channel_dim}
     lam = torch.tensor(1.7) if channel_dim is None else 1 + 5 * torch.rand(shape[channel_dim], generator=g)
-    lam_b = lg.functional._broadcastable_lambda(lam, x, channel_dim if channel_dim is not None else -1)
+    lam_b = lg.core.functional._broadcastable_lambda(lam, x, channel_dim if channel_dim is not None else -1)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -114,7 +115,7 @@ def test_without_a_compiler_the_c_kernels_fall_back_with_one_warning(tmp_path):
             "    x = torch.randn(300, 300, requires_grad=True)\n"
             "    lg.lambda_gelu(x, 2.0).sum().backward()\n"
             "    lg.lambda_gelu(x, 2.0).sum().backward()\n"
-            "assert lg.functional._fused_kernels(x) is lg._compiled, 'should fall back to Inductor'\n"
+            "assert lg.core.functional._fused_kernels(x) is lg.core._compiled, 'should fall back to Inductor'\n"
             "msgs = [str(m.message) for m in w if 'C kernels' in str(m.message)]\n"
             "assert len(msgs) == 1 and 'no-such-compiler' in msgs[0], msgs\n"
             "print('ok')\n")

@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from lambda_gelu import LambdaGELU, LambdaGELUConfig, convert_to_lambda_gelu_, is_gelu_like, lambda_modules, to_relu_
-from lambda_gelu.convert import eval_mode
+from lambda_gelu.core.convert import eval_mode
 
 
 def _mlp():
@@ -312,7 +312,7 @@ def test_a_config_that_cannot_name_the_converted_network_is_left_as_it_was_with_
 
 
 def test_kept_modules_are_left_out_of_a_conversion_and_put_back_after():
-    from lambda_gelu.keep import KeptActivation, kept
+    from lambda_gelu.core.keep import KeptActivation, kept
     model = nn.Sequential(nn.Linear(3, 3), nn.GELU(), nn.Linear(3, 3), nn.GELU())
     tower = model[3]
     x = torch.randn(4, 3)

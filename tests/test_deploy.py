@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import lambda_gelu as lg
 
 pytest.importorskip("onnxruntime")
-from lambda_gelu import deploy  # noqa: E402
+from lambda_gelu.deploy import onnx as deploy  # noqa: E402
 
 
 def _mlp(act):

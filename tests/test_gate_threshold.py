@@ -13,7 +13,7 @@ import lambda_gelu as lg
 from lambda_gelu.hf.evaluate import relu_zeros
 from lambda_gelu.reluize import GateThreshold, ReluizeConfig, Reluizer, refit_after_swap_
 from lambda_gelu.reluize.threshold import shift_gates_
-from lambda_gelu.sparse import sparsify_
+from lambda_gelu.inference.sparse import sparsify_
 
 transformers = pytest.importorskip("transformers")
 SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,

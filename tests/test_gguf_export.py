@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lambda_gelu.cli import main
-from lambda_gelu.hf.gguf_export import SILU_GAP, export_gguf, gguf_lambda
+from lambda_gelu.deploy.gguf import SILU_GAP, export_gguf, gguf_lambda
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")

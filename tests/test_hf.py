@@ -13,7 +13,7 @@ import torch
 from lambda_gelu.hf import convert as hf_convert
 from lambda_gelu.hf import evaluate as hf_evaluate
 from lambda_gelu.hf import text as hf_text
-from lambda_gelu.hf.errors import CheckpointError
+from lambda_gelu.errors import CheckpointError
 from lambda_gelu.hf.save import write_atomically
 from lambda_gelu.reluize.config import CAUSAL_LR
 from lambda_gelu.reluize.losses import get_loss

@@ -17,7 +17,7 @@ import lambda_gelu as lg
 from lambda_gelu.hf import LeanDecoder
 from lambda_gelu.hf.save import prepare_out
 from lambda_gelu.reluize.precision import native_bfloat16
-from lambda_gelu.sparse import sparsify_
+from lambda_gelu.inference.sparse import sparsify_
 from lambda_gelu.cli import main
 from small_vocab import VOCAB, save_small_tokenizer
 
@@ -477,8 +477,8 @@ def _tiny_gemma3_with_vision() -> transformers.Gemma3Config:
 def test_kept_modules_stay_as_they_are_in_the_check_of_the_config_fields_to_set():
     """With the vision tower kept, the check of what a checkpoint can say sets the text model's field only: a kept
     module is not one that becomes ReLU (it was, and the check then set the vision tower's field too)."""
-    from lambda_gelu.convert import _fitting_fields
-    from lambda_gelu.keep import kept
+    from lambda_gelu.core.convert import _fitting_fields
+    from lambda_gelu.core.keep import kept
     model = transformers.AutoModelForImageTextToText.from_config(_tiny_gemma3_with_vision())
     tower = [n for n, m in model.named_modules() if lg.is_reluizable(m) and "vision" in n]
     with kept(model, tower):
@@ -491,7 +491,7 @@ def test_where_no_config_fields_fit_the_refusal_names_the_converted_module_they_
     """Where no set of fields rebuilds the network, the refusal names the converting module none of them builds as
     ReLU (as Aria's experts, whose SiLU their code fixes), not the kept vision tower, which comes first and which
     only setting its own field would change (it named the tower)."""
-    from lambda_gelu.keep import kept
+    from lambda_gelu.core.keep import kept
     model = transformers.AutoModelForImageTextToText.from_config(_tiny_gemma3_with_vision())
     tower = [n for n, m in model.named_modules() if lg.is_reluizable(m) and "vision" in n]
     model.model.language_model.layers[0].mlp.fixed = torch.nn.GELU()  # an activation its config builds nowhere

@@ -11,10 +11,10 @@ import copy
 import pytest
 import torch
 
-from lambda_gelu.sparse import sparsify_
+from lambda_gelu.inference.sparse import sparsify_
 
 transformers = pytest.importorskip("transformers")
-from lambda_gelu.hf.decode import LeanDecoder  # noqa: E402
+from lambda_gelu.inference.decoder import LeanDecoder  # noqa: E402
 
 SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=100, max_position_embeddings=128, hidden_act="relu")

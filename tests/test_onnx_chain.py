@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lambda_gelu.onnx_chain import OnnxChainError, load_onnx_chain
+from lambda_gelu.verify.onnx_chain import OnnxChainError, load_onnx_chain
 from onnx_nets import chain_onnx, run_onnx
 
 onnx = pytest.importorskip("onnx")
@@ -17,7 +17,7 @@ pytest.importorskip("onnxruntime")
 
 def test_an_export_with_shared_weights_reads_as_the_same_network(tmp_path):
     """torch's exporter stores equal weights once and adds an Identity of the initializer for the second use."""
-    from lambda_gelu.deploy import export_onnx
+    from lambda_gelu.deploy.onnx import export_onnx
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
     with torch.no_grad():

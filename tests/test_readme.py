@@ -118,7 +118,7 @@ def test_verify_example_decides_the_exported_network(in_tmp, capsys):
     pytest.importorskip("onnx")
     from lambda_gelu.cli import main
     from lambda_gelu.verify import verify_point
-    from lambda_gelu.vnnlib import VERDICTS
+    from lambda_gelu.verify.vnnlib import VERDICTS
     scope: dict = {}
     exec(compile(_block("Verify a ReLU network", "python"), str(README), "exec"), scope)
     (argv,) = _lines("Verify a ReLU network", "verify")

@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lambda_gelu as lg
-from lambda_gelu.sparse import activation_sparsity
+from lambda_gelu.inference.sparse import activation_sparsity
 
 
 def _mlp():

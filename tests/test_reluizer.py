@@ -96,7 +96,7 @@ def test_bfloat16_multiplies_in_bfloat16_and_keeps_the_weights_the_gradients_and
     """precision="bfloat16": the teacher's and the student's layers run under a bfloat16 autocast (the loss is the
     one computed from such forwards by hand, bit for bit), while the weights, their gradients and the loss stay
     float32; "float32" multiplies in float32."""
-    from lambda_gelu.batches import run_batch
+    from lambda_gelu.core.batches import run_batch
     from lambda_gelu.reluize.losses import distillation_loss
     seen = []
     for precision, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):

@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 from lambda_gelu import _native
-from lambda_gelu.screened_argmax import ScreenedArgmax, screened_argmax_reference
+from lambda_gelu.inference.screened_argmax import ScreenedArgmax, screened_argmax_reference
 
 
 def _layer(rows, d, bias, seed=0):

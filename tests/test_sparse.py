@@ -1,4 +1,4 @@
-"""lambda_gelu.sparse: the sparse-input linear layer equals the dense one within the rounding of its sums,
+"""lambda_gelu.inference.sparse: the sparse-input linear layer equals the dense one within the rounding of its sums,
 sparsify_ finds exactly the layers fed by a ReLU (nn.Sequential, GPT-2, BERT, MPNet), and refuses clearly."""
 import pytest
 import torch
@@ -8,7 +8,7 @@ from torch.nn.utils import parametrize
 
 import lambda_gelu as lg
 from lambda_gelu import _native
-from lambda_gelu.sparse import SparseLinear, sparse_linear_reference, sparsify_
+from lambda_gelu.inference.sparse import SparseLinear, sparse_linear_reference, sparsify_
 
 EPS = torch.finfo(torch.float32).eps
 
@@ -68,7 +68,7 @@ def test_the_c_kernel_is_what_runs():
 def test_the_kernels_union_of_active_inputs_is_active_inputs(n):
     """The C kernel lists the batch's active inputs itself; the list equals the torch reference's,
     NaN counted as active and −0 as zero as `x != 0` does, for one row and several."""
-    from lambda_gelu.sparse import active_inputs
+    from lambda_gelu.inference.sparse import active_inputs
     kernels = _native.library()
     assert kernels is not None, _native.error()
     for zeros in (0.0, 0.9, 1.0):
@@ -212,7 +212,7 @@ def test_sparsify_never_replaces_a_layer_it_would_not_reproduce(make, why):
 def test_sparsify_leaves_small_layers_dense():
     """Below MIN_WEIGHTS the sparse path's fixed cost per call outweighs its saving: such layers stay
     nn.Linear unless min_weights=0; a model with only small ones gets an error saying so."""
-    from lambda_gelu.sparse import MIN_WEIGHTS
+    from lambda_gelu.inference.sparse import MIN_WEIGHTS
     small, large = 64, MIN_WEIGHTS // 64  # layer 2: 64 × 64 weights; 4: 64 × large = MIN_WEIGHTS; 6: large × 4
     model = nn.Sequential(nn.Linear(8, small), nn.ReLU(), nn.Linear(small, small), nn.ReLU(), nn.Linear(small, large),
                           nn.ReLU(), nn.Linear(large, 4))

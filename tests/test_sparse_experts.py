@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lambda_gelu import _native
-from lambda_gelu.sparse import sparsify_
-from lambda_gelu.sparse_experts import SparseExperts, experts_problem, sparse_experts_reference
-from lambda_gelu.sparse_gated import FUSED_ROWS
+from lambda_gelu.inference.sparse import sparsify_
+from lambda_gelu.inference.experts import SparseExperts, experts_problem, sparse_experts_reference
+from lambda_gelu.inference.gated import FUSED_ROWS
 
 transformers = pytest.importorskip("transformers")
 H, UNITS, EXPERTS, K = 32, 48, 4, 2
@@ -105,7 +105,7 @@ def test_a_slot_routed_nowhere_adds_nothing():
 
 
 def test_the_int8_experts_are_their_dequantized_reference_within_rounding_and_near_the_float_ones():
-    from lambda_gelu.sparse_experts import _int8_reference
+    from lambda_gelu.inference.experts import _int8_reference
     model = _model()
     float_ = copy.deepcopy(model)
     sparsify_(model, min_weights=0, int8=True)

@@ -10,8 +10,8 @@ import torch.nn as nn
 
 import lambda_gelu as lg
 from lambda_gelu.reluize import AnnealedGELU
-from lambda_gelu.sparse import sparsify_
-from lambda_gelu.sparse_gated import FUSED_ROWS, SparseGatedMLP, sparse_gated_reference
+from lambda_gelu.inference.sparse import sparsify_
+from lambda_gelu.inference.gated import FUSED_ROWS, SparseGatedMLP, sparse_gated_reference
 
 transformers = pytest.importorskip("transformers")
 SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -191,7 +191,7 @@ def test_a_bundled_gate_up_layer_is_read_in_its_two_halves_and_the_sparse_block_
     forward splits in two halves: the sparse block reads each half's rows where they are (the state dict the dense
     model's, a weight loaded into it followed), float32 and int8 each within their bound of their float64
     reference at decoding's single row and in a batch, the logits and greedy tokens the dense model's."""
-    from lambda_gelu.sparse_gated import gated_parts, sparse_gated_int8_reference
+    from lambda_gelu.inference.gated import gated_parts, sparse_gated_int8_reference
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(family, **SMALL, head_dim=16, hidden_act="relu", pad_token_id=0,
                                                bos_token_id=1, eos_token_id=2)
@@ -295,7 +295,7 @@ def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exa
 
 
 def _screened(kernels, x, gate, gate_b, up, down_t, max_threads=2, grain=1):
-    from lambda_gelu.sparse_gated import screen_rows
+    from lambda_gelu.inference.gated import screen_rows
     (n, d), (ff, out) = x.shape, down_t.shape
     q, s, r, radius = screen_rows(gate)
     g, y = torch.empty(n, ff), torch.empty(n, out)
@@ -310,7 +310,7 @@ def test_the_screen_never_rules_out_a_positive_gate_even_within_its_margin(kerne
     """Rows whose int8 rounding is as large as it can be and lies along x (its Cauchy–Schwarz bound met within a few
     percent), biases that put every gate within 1.5 times that rounding of 0: the screen must decide each one. Every
     gate it zeroes must be ≤ 0 exactly (within float32's own rounding of it), every other as float32 computes it."""
-    from lambda_gelu.sparse_gated import screen_rows
+    from lambda_gelu.inference.gated import screen_rows
     n, d, ff, out = 2, 64, 602, 24  # units in blocks of four, and two more
     x = torch.randint(0, 2, (n, d)).float() * 2 - 1
     x[:, 0] = 0.0
@@ -342,7 +342,7 @@ def test_the_screen_never_rules_out_a_positive_gate_within_what_rounding_x_to_in
     """The kernel sums int8 rows times x rounded to int16 (x ≈ t·x̃, t = max|x| / 32767 here). Rows held exactly by
     int8 (no weight rounding at all) and lying along x − t·x̃, biases that put every gate within 1.5 times what that
     rounding moves it: the screen must still keep every positive gate."""
-    from lambda_gelu.sparse_gated import screen_rows
+    from lambda_gelu.inference.gated import screen_rows
     n, d, ff, out = 1, 64, 402, 24
     x = torch.randn(n, d)
     t = x.double().abs().max() / 32767
@@ -367,7 +367,7 @@ def test_the_screen_never_rules_out_a_positive_gate_within_what_rounding_x_to_in
 
 
 def test_a_unit_the_screen_rules_out_is_never_read_and_a_non_finite_input_rules_out_none(kernels):
-    from lambda_gelu.sparse_gated import screen_rows
+    from lambda_gelu.inference.gated import screen_rows
     n, d, ff, out = 1, 64, 300, 24
     x, gate, up, down_t = torch.randn(n, d), torch.randn(ff, d), torch.randn(ff, d), torch.randn(ff, out)
     gate_b = -(x.abs() @ gate.abs().t()).squeeze(0) * torch.rand(ff)  # gates of every sign, most far from 0
@@ -432,7 +432,7 @@ def _int8_bound(x, q, parts):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_int8_block_is_its_dequantized_reference_within_rounding_and_near_the_float_one(family, monkeypatch):
     from lambda_gelu import _native
-    from lambda_gelu.sparse_gated import sparse_gated_int8_reference
+    from lambda_gelu.inference.gated import sparse_gated_int8_reference
     model = _relu_llama(family)
     dense = copy.deepcopy(model)
     assert sparsify_(model, min_weights=0, int8=True) == ["model.layers.0.mlp", "model.layers.1.mlp"]
@@ -460,7 +460,7 @@ def test_the_int8_block_is_its_dequantized_reference_within_rounding_and_near_th
 
 def test_the_int8_block_carries_a_nan_or_an_infinity_in_x_as_the_dense_block_does():
     """Its integer sums take x rounded to 16 bits, which nothing non-finite rounds to: such a call sums in float."""
-    from lambda_gelu.sparse_gated import sparse_gated_int8_reference
+    from lambda_gelu.inference.gated import sparse_gated_int8_reference
     model = _relu_llama()
     dense = copy.deepcopy(model.model.layers[0].mlp)
     sparsify_(model, min_weights=0, int8=True)

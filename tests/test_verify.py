@@ -10,8 +10,8 @@ import torch.nn.utils.prune as prune
 
 import lambda_gelu as lg
 
-from lambda_gelu.verify import (_margin_spec, _milp_min, affine_layers, crown_bounds, float_error, interval_bounds,
-                                 pgd_attack, unit_roundoff, verify_point)
+from lambda_gelu.verify.bounds import _margin_spec, affine_layers, crown_bounds, float_error, interval_bounds, unit_roundoff
+from lambda_gelu.verify.milp import _milp_min, pgd_attack, verify_point
 
 
 def _tiny(seed, act=nn.ReLU):

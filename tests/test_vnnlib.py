@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 
 from lambda_gelu.verify import verify_point
-from lambda_gelu.vnnlib import VERDICTS, VNNLibError, read_property, read_robustness, write_robustness
+from lambda_gelu.verify.vnnlib import VERDICTS, VNNLibError, read_property, read_robustness, write_robustness
 from lambda_gelu.cli import main
 
 onnx = pytest.importorskip("onnx")
@@ -28,7 +28,7 @@ def _mlp():
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    from lambda_gelu.deploy import export_onnx
+    from lambda_gelu.deploy.onnx import export_onnx
     model, x, y = _mlp()
     path = tmp_path_factory.mktemp("onnx") / "mlp.onnx"
     export_onnx(model, x[:1], path)
@@ -97,7 +97,7 @@ def test_a_property_the_reader_does_not_support_is_refused_by_name(tmp_path, tex
 
 
 def test_an_onnx_graph_with_an_operator_the_verifier_does_not_model_is_refused(tmp_path, capsys):
-    from lambda_gelu.deploy import export_onnx
+    from lambda_gelu.deploy.onnx import export_onnx
     model = nn.Sequential(nn.Linear(4, 8), nn.Sigmoid(), nn.Linear(8, 2)).eval()
     path = tmp_path / "sigmoid.onnx"
     export_onnx(model, torch.randn(1, 4), path, allow_smooth=True)

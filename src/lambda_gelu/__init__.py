@@ -2,33 +2,33 @@
 
     f(x; λ) = x · Φ(λx),   λ = 1: GELU,   λ → ∞: ReLU      (λ-SiLU: x · σ(λx), the same for SiLU gates)
 
-The pieces, one per file: ``config`` (``LambdaGELUConfig``, the paper's settings in one place),
-``functional`` (the op and its math; ``_compiled`` and ``_native`` its fused kernels), ``silu`` (λ-SiLU),
-``module`` (``LambdaGELU``, ``LambdaSiLU``), ``optim`` (parameter groups), ``schedule`` (``HardeningSchedule``),
-``convert`` (model surgery), ``batches`` (running a batch of any form through a model), ``registry``
-(activations by name), ``reluize`` (a package: a pretrained GELU or SiLU network → exact ReLU, distilling from its
-frozen original), ``regularize`` (``SparsityRegularizer``: a progressive L1 penalty on the activations, for more
-exact zeros), ``distributed`` (``replicate_lambdas``: λ kept whole on every rank under FSDP).
-Imported on demand: ``hf`` (Hugging Face checkpoints → ReLU checkpoints; the ``[hf]`` extra), ``sparse`` and
-``sparse_gated`` (linear layers and gated FFNs that read only their active inputs' weights), ``deploy`` (ONNX
-export, int8 with ONNX Runtime; the ``[deploy]`` extra), ``verify`` (interval/CROWN bounds and exact MILP
-verification of ReLU networks; scipy only), ``vnnlib`` and ``onnx_chain`` (VNN-LIB properties and ONNX networks
-for it), ``integrations.transformers`` and ``integrations.lightning`` (hardening callbacks for those trainers).
+The packages, by concern: ``core`` (the op and its training: ``LambdaGELUConfig``, ``LambdaGELU``,
+``HardeningSchedule``, parameter groups, the sparsity penalty, model surgery; its names are re-exported here),
+``reluize`` (a pretrained GELU or SiLU network → exact ReLU, distilling from its frozen original), and, imported on
+demand: ``inference`` (``sparsify_`` and the sparse layers, gated FFNs and experts it swaps in, the screened argmax,
+``LeanDecoder``), ``verify`` (CROWN and exact MILP verification of ReLU networks, VNN-LIB, ONNX chains),
+``deploy`` (ONNX export and int8 with ONNX Runtime, a converted checkpoint measured there, GGUF for llama.cpp),
+``hf`` (Hugging Face checkpoints → ReLU checkpoints; the ``[hf]`` extra), ``families`` (what the library knows of
+each model family), ``integrations`` (hardening callbacks for transformers' Trainer and Lightning), and ``cli``
+(the ``lambda-gelu`` command). ``_native`` holds the C kernels, built on first use.
 """
-from .config import DEFAULTS, LambdaGELUConfig
-from .convert import (GELU_LIKE, SILU_LIKE, convert_to_lambda_gelu_, convert_to_lambda_silu_, is_gelu_like,
+from .core.config import DEFAULTS, LambdaGELUConfig
+from .core.convert import (GELU_LIKE, SILU_LIKE, convert_to_lambda_gelu_, convert_to_lambda_silu_, is_gelu_like,
                       is_reluizable, is_silu_like, lambda_modules, relu_config_problem, replace_modules_, to_relu_)
-from .distributed import replicate_lambdas
-from .functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target, set_backend
-from .module import LambdaGELU, LambdaSiLU, lambda_to_raw, raw_to_lambda
-from .optim import lambda_param_groups
-from .registry import create_act, get_act_layer
-from .regularize import SparsityRegularizer, sparsity_factor
+from .core.distributed import replicate_lambdas
+from .core.functional import backend, get_backend, l1_gap, lambda_gelu, lambda_gelu_reference, lambda_target, set_backend
+from .core.module import LambdaGELU, LambdaSiLU, lambda_to_raw, raw_to_lambda
+from .core.optim import lambda_param_groups
+from .core.registry import create_act, get_act_layer
+from .core.regularize import SparsityRegularizer, sparsity_factor
+from . import _moved
 from .reluize import ReluizeConfig, ReluizeResult, reluize
-from .schedule import AutoSwitch, HardeningSchedule
-from .silu import lambda_silu, lambda_silu_reference, silu_l1_gap, silu_lambda_target
+from .core.schedule import AutoSwitch, HardeningSchedule
+from .core.silu import lambda_silu, lambda_silu_reference, silu_l1_gap, silu_lambda_target
 
 __version__ = "0.1.0"
+
+_moved.install()  # the old module names, for one release
 
 __all__ = [
     "LambdaGELUConfig", "DEFAULTS",

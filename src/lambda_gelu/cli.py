@@ -105,7 +105,7 @@ def config_options(parser: argparse.ArgumentParser) -> None:
 
 def deploy_options(parser: argparse.ArgumentParser) -> None:
     """``lambda-gelu deploy DIR``'s settings: the fields of DeployConfig (threads is the command's own)."""
-    from .hf.deploy import DeployConfig
+    from .deploy.checkpoint import DeployConfig
     field_options(parser, "d_", DeployConfig, skip=("threads",),
                   metavars={"original": "MODEL", "batch_sizes": "N", "rounds": "N", "sentences": "N", "max_tokens": "N"})
 
@@ -208,7 +208,7 @@ def _generate(args) -> int:
 
 
 def _export(args) -> int:
-    from .hf.gguf_export import export_gguf
+    from .deploy.gguf import export_gguf
     exported = export_gguf(args.checkpoint, args.gguf, args.type, overwrite=args.overwrite)
     print(exported.path)
     print(exported.summary(), file=sys.stderr)
@@ -216,7 +216,7 @@ def _export(args) -> int:
 
 
 def _deploy(args) -> int:
-    from .hf.deploy import DeployConfig, deploy_checkpoint
+    from .deploy.checkpoint import DeployConfig, deploy_checkpoint
     settings = {k[2:]: v for k, v in vars(args).items() if k.startswith("d_") and v is not None}
     if "batch_sizes" in settings:
         settings["batch_sizes"] = tuple(settings["batch_sizes"])
@@ -230,10 +230,10 @@ def _verify(args) -> int:
     unknown, why, on standard error."""
     import torch
 
-    from .onnx_chain import load_onnx_chain
-    from .polytopes import verify_property
-    from .verify import affine_layers
-    from .vnnlib import VERDICTS, read_property
+    from .verify.onnx_chain import load_onnx_chain
+    from .verify.polytopes import verify_property
+    from .verify.bounds import affine_layers
+    from .verify.vnnlib import VERDICTS, read_property
     if not 0 < args.time_limit < float("inf"):
         raise ValueError(f"--time-limit must be > 0 seconds, got {args.time_limit}")
     model = load_onnx_chain(args.onnx)

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 import lambda_gelu as lg
-from lambda_gelu import deploy, verify
+from lambda_gelu.deploy import onnx as deploy
+from lambda_gelu.verify import robustness as verify
 
 from .config import RunConfig
 from .data import DataError

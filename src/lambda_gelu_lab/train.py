@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lambda_gelu as lg
-from lambda_gelu.convert import eval_mode
-from lambda_gelu.sparse import activation_sparsity
+from lambda_gelu.core.convert import eval_mode
+from lambda_gelu.inference.sparse import activation_sparsity
 
 from .baselines import LearnableSwish, swish_init, swish_target
 from .arms import ARMS

@@ -201,7 +201,7 @@ def decoding(model) -> list[str]:
     """What decoding a converted causal LM gets: the blocks ``sparsify_`` replaces, and whether ``LeanDecoder`` runs
     the sparsified model, with its C step or by its torch path; each's one line where it does not."""
     from lambda_gelu.hf import LeanDecoder
-    from lambda_gelu.sparse import sparsify_
+    from lambda_gelu.inference.sparse import sparsify_
     model.eval()
     try:
         notes = [f"sparsify_: {len(sparsify_(model, min_weights=0))} blocks"]

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from ..convert import is_reluizable
-from ..keep import keep_
+from ..core.convert import is_reluizable
+from ..core.keep import keep_
 from ..reluize import ReluizeConfig, reluize
 from ..reluize.config import CAUSAL_LR
 from ..reluize.precision import autocast_dtype
@@ -34,7 +34,7 @@ from ..reluize.refit import find_consumers
 from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
 from .attention import attention_of, set_attention_, training_attention_
-from .errors import CheckpointError
+from ..errors import CheckpointError
 from .evaluate import evaluate, hidden_states, markdown, relu_zeros, scores
 from .load import _first_line, fingerprint, load, model_directory, progress_bars, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically

@@ -1,8 +1,8 @@
 """Text from a converted causal LM by the fast path, with its speed (``lambda-gelu generate DIR "prompt"``).
 
-The checkpoint is loaded as transformers loads it, its FFNs sparsified (:func:`lambda_gelu.sparse.sparsify_`: they
+The checkpoint is loaded as transformers loads it, its FFNs sparsified (:func:`lambda_gelu.inference.sparse.sparsify_`: they
 read only the rows of their active gate units; ``int8``: int8 rows with a scale per row) and decoded at batch 1 by
-:class:`~lambda_gelu.hf.decode.LeanDecoder` — greedy, the tokens ``model.generate(..., do_sample=False)`` gives, or
+:class:`~lambda_gelu.inference.decoder.LeanDecoder` — greedy, the tokens ``model.generate(..., do_sample=False)`` gives, or
 sampled as ``generate`` samples. A layout LeanDecoder does not run decodes by the model's own ``generate`` (said).
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sparse import sparsify_
-from .decode import LeanDecoder
+from ..inference.sparse import sparsify_
+from ..inference.decoder import LeanDecoder
 from .convert import _whole
-from .errors import CheckpointError
+from ..errors import CheckpointError
 from .load import load, model_directory, quiet_transformers
 
 __all__ = ["GenerateConfig", "Generated", "generate_text"]

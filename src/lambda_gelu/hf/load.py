@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ["OFFLINE_MODELS", "Loaded", "model_directory", "load", "sentence_transformers_files", "quiet_transformers",
            "fingerprint"]

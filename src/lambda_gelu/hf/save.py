@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ["prepare_out", "write_atomically", "files_in", "listed_files", "REPORT", "DEPLOY_REPORT"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ["stdlib_sentences", "prose_sentences", "reference_sentences", "unseen_prose", "held_out_sets", "read_texts",
            "length_grouped", "in_order", "padding_tokenizer", "teacher_forced", "decoder_inputs", "Corpus", "corpus",

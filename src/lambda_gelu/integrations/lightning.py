@@ -22,8 +22,8 @@ try:
 except ImportError:  # the older package name
     from pytorch_lightning import Callback
 
-from ..config import LambdaGELUConfig
-from ..schedule import HardeningSchedule, _check_callback_arguments
+from ..core.config import LambdaGELUConfig
+from ..core.schedule import HardeningSchedule, _check_callback_arguments
 
 __all__ = ["HardeningCallback"]
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from transformers import Trainer, TrainerCallback
 
-from ..config import LambdaGELUConfig
+from ..core.config import LambdaGELUConfig
 from ..reluize import ReluizeConfig, Reluizer
-from ..schedule import HardeningSchedule, _check_callback_arguments
+from ..core.schedule import HardeningSchedule, _check_callback_arguments
 
 __all__ = ["HardeningCallback", "ReluizeTrainer"]
 

@@ -13,7 +13,7 @@ batches), ``probes`` (gates applied as functions, activation modules a batch nev
 Which recipe when, with the measurements behind each default: docs/findings.md.
 
 The model is converted in place; the config of every Hugging Face model in it names ReLU (see
-:mod:`lambda_gelu.convert`), so that ``save_pretrained`` writes a checkpoint that plain ``transformers`` loads as
+:mod:`lambda_gelu.core.convert`), so that ``save_pretrained`` writes a checkpoint that plain ``transformers`` loads as
 the ReLU network — and where a config cannot say so, ``reluize`` warns before its first step.
 """
 from .api import reluize

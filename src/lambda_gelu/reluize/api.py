@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 import torch
 import torch.nn as nn
 
-from ..convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizable, relu_config_problem, replace_modules_
+from ..core.convert import GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, is_reluizable, relu_config_problem, replace_modules_
 from .batchnorm import NO_BATCHNORM, batchnorms, recalibrate_batchnorm_, two_values_per_channel
 from .blockwise import blockwise
 from .config import RECALIBRATE, ReluizeConfig, configured
@@ -37,7 +37,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
             :data:`lambda_gelu.SILU_LIKE`): encoders, GPT-2, and the SwiGLU/GeGLU gates of Llama- and Gemma-family
             language models.
         batches: tensors (one positional argument), tuples (positional arguments) or dicts (keyword
-            arguments, as a tokenizer returns them); see :func:`lambda_gelu.batches.run_batch`. A list or
+            arguments, as a tokenizer returns them); see :func:`lambda_gelu.core.batches.run_batch`. A list or
             DataLoader is iterated again when it runs out; a single tensor is one batch used at every step.
             No targets are needed: they are the teacher's outputs.
         steps: optimizer steps in all; or a plan, ``plan(seconds, taken) -> steps in all``: a time budget's.
@@ -103,7 +103,7 @@ def reluize(model: nn.Module, batches: Iterable, steps: int | Callable[[float, i
     if unreached:  # a multimodal model's vision tower, on text: converted as asked, but never trained
         warnings.warn(f"{len(unreached)} activation modules (at {unreached[0]!r}) are never reached by a forward of "
                       "the first batch, nor any of their kind: they become ReLU untrained; leave them out (with "
-                      "lambda_gelu.keep.kept(model, names): reluize(...)) or convert on batches that reach them",
+                      "lambda_gelu.core.keep.kept(model, names): reluize(...)) or convert on batches that reach them",
                       stacklevel=2)
     consumers = refit_consumers(model, first) if config.refit else {}
     low = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()

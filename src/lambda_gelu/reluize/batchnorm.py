@@ -10,8 +10,8 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
-from ..batches import run_batch
-from ..convert import eval_mode
+from ..core.batches import run_batch
+from ..core.convert import eval_mode
 
 __all__ = ["recalibrate_batchnorm_", "batchnorms", "NO_BATCHNORM"]
 

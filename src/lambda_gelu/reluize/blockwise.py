@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ..batches import attention_mask, run_batch
-from ..convert import is_reluizable, replace_modules_
+from ..core.batches import attention_mask, run_batch
+from ..core.convert import is_reluizable, replace_modules_
 from .capture import Stop, run_to_hook
 from .losses import relative_error
 from .result import ReluizeResult

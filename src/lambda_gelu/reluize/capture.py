@@ -20,7 +20,7 @@ import threading
 import torch
 import torch.nn as nn
 
-from ..batches import run_batch
+from ..core.batches import run_batch
 
 __all__ = ["Stop", "run_to_hook", "RestartedForwards", "PausedForwards"]
 

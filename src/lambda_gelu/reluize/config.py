@@ -11,8 +11,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
-from ..config import DEFAULTS
-from ..functional import lambda_target
+from ..core.config import DEFAULTS
+from ..core.functional import lambda_target
 from .losses import LOSSES, get_loss
 from .precision import PRECISIONS
 

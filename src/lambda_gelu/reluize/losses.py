@@ -26,7 +26,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from ..batches import attention_mask
+from ..core.batches import attention_mask
 from .kl import kl_divergence
 
 __all__ = ["LOSSES", "AutoLoss", "LogitsKL", "SentenceCosine", "PooledCosine", "RelativeError", "distillation_loss",

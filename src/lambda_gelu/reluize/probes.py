@@ -11,8 +11,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..batches import run_batch
-from ..convert import eval_mode, is_reluizable, is_silu_like
+from ..core.batches import run_batch
+from ..core.convert import eval_mode, is_reluizable, is_silu_like
 
 __all__ = ["functional_gelu_calls", "never_reached", "run_hooked"]
 
@@ -87,7 +87,7 @@ def never_reached(model: nn.Module, reached: set) -> list[str]:
 def run_hooked(model: nn.Module, batch, handles: list, hidden_states: bool = False):
     """One forward of ``batch`` through ``model`` in eval mode without gradients, for the hooks ``handles`` to see;
     they are removed after it, whatever happens. Returns its output (``hidden_states``: as
-    :func:`~lambda_gelu.batches.run_batch` asks for them)."""
+    :func:`~lambda_gelu.core.batches.run_batch` asks for them)."""
     try:
         with torch.no_grad(), eval_mode(model):
             return run_batch(model, batch, hidden_states=hidden_states)

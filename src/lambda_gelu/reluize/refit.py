@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..batches import attention_mask
-from ..convert import _is_conv1d, _name_relu_in_configs_, eval_mode, is_reluizable, replace_modules_
+from ..core.batches import attention_mask
+from ..core.convert import _is_conv1d, _name_relu_in_configs_, eval_mode, is_reluizable, replace_modules_
 from .capture import PausedForwards
 from .config import RIDGE
 from .probes import run_hooked

@@ -35,10 +35,10 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from ..batches import run_batch
-from ..convert import (GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, _warn_functional_gelu, is_reluizable,
+from ..core.batches import run_batch
+from ..core.convert import (GELU_LIKE, SILU_LIKE, _name_relu_in_configs_, _warn_functional_gelu, is_reluizable,
                        replace_modules_)
-from ..regularize import SparsityRegularizer
+from ..core.regularize import SparsityRegularizer
 from .config import ReluizeConfig, configured
 from .precision import autocast_dtype, precision_context
 from .threshold import GateThreshold

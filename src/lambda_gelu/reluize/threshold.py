@@ -18,7 +18,7 @@ the share rather than reach it.
 
 A Hugging Face model keeps its biases where its config can say so (``mlp_bias``, as Llama's has): that is set, and a
 family whose config cannot name them is refused, as its checkpoint would load without them. The sparse gated
-kernels (:class:`lambda_gelu.sparse_gated.SparseGatedMLP`) read the biases, so the threshold costs nothing there.
+kernels (:class:`lambda_gelu.inference.gated.SparseGatedMLP`) read the biases, so the threshold costs nothing there.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from ..batches import run_batch
-from ..convert import _hugging_face_models, eval_mode, rebuilt_from_config
-from ..sparse_gated import GATED_LAYOUTS
+from ..core.batches import run_batch
+from ..core.convert import _hugging_face_models, eval_mode, rebuilt_from_config
+from ..inference.gated import GATED_LAYOUTS
 
 __all__ = ["GateThreshold", "add_gate_biases_", "gated_ffns", "gate_zeros_problem", "shift_gates_"]
 
@@ -47,7 +47,7 @@ BUNDLED = tuple(layout for layout in GATED_LAYOUTS if layout.bundled)
 
 def gated_ffns(model: nn.Module, layouts: Sequence = SEPARATE) -> list[tuple[str, nn.Module, tuple[nn.Linear, ...]]]:
     """(name, FFN, (gate, up, down)) of every gated FFN in ``model`` laid out as one of ``layouts`` (those of
-    :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` the threshold takes) with ``nn.Linear`` projections, whatever
+    :data:`~lambda_gelu.inference.gated.GATED_LAYOUTS` the threshold takes) with ``nn.Linear`` projections, whatever
     its activation."""
     found = []
     for name, m in model.named_modules():

@@ -9,7 +9,7 @@ costs. Outputs equal the dense layer's up to float rounding (the terms are added
 When the union is too dense to pay (``max_density``), the layer runs dense. Inference only.
 
     model = lambda_gelu.to_relu_(model)           # or a network trained with ReLU
-    replaced = lambda_gelu.sparse.sparsify_(model)
+    replaced = lambda_gelu.inference.sparse.sparsify_(model)
     with torch.inference_mode():
         y = model(x)
 """
@@ -22,10 +22,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _native
-from .convert import _is_conv1d, _plain, eval_mode, replacement_problem
-from .sparse_experts import SparseExperts, experts_problem, relu_experts
-from .sparse_gated import SparseGatedMLP, formula_problem, gated_mlps, gated_parts
+from .. import _native
+from ..core.convert import _is_conv1d, _plain, eval_mode, replacement_problem
+from .experts import SparseExperts, experts_problem, relu_experts
+from .gated import SparseGatedMLP, formula_problem, gated_mlps, gated_parts
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
            "MAX_DENSITY", "MIN_WEIGHTS", "UNGATED_LAYOUTS"]
@@ -176,16 +176,16 @@ _SPARSE_MODULES = ("SparseLinear", "SparseGatedMLP", "SparseExperts")  # what sp
 def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: int = MIN_WEIGHTS,
               int8: bool = False) -> list[str]:
     """Replace, in place, every gated FFN whose gate is an exact ReLU by a
-    :class:`~lambda_gelu.sparse_gated.SparseGatedMLP` (Llama-, Gemma-family blocks after
+    :class:`~lambda_gelu.inference.gated.SparseGatedMLP` (Llama-, Gemma-family blocks after
     :func:`lambda_gelu.reluize`), every mixture's experts whose gates are exact ReLUs by a
-    :class:`~lambda_gelu.sparse_experts.SparseExperts` (the experts transformers keeps as two tensors: Mixtral,
+    :class:`~lambda_gelu.inference.experts.SparseExperts` (the experts transformers keeps as two tensors: Mixtral,
     Qwen2/3-MoE, OLMoE, DeepSeek, ...) and every other linear layer whose input comes straight from an ``nn.ReLU`` by
     a :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
     ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face ungated FFNs as
     :data:`UNGATED_LAYOUTS` names them (GPT-2's ``mlp.c_proj``, a ``Conv1D``; GPT-NeoX's, StarCoder2's, Phi's,
     GPT-J's, OPT's and BART's, T5 v1.0's) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
     is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``); the gated FFNs of
-    :data:`~lambda_gelu.sparse_gated.GATED_LAYOUTS` whose own forward is ``down(relu(gate(x)) * up(x))``.
+    :data:`~lambda_gelu.inference.gated.GATED_LAYOUTS` whose own forward is ``down(relu(gate(x)) * up(x))``.
     Layers whose input is not
     guaranteed to come from a ReLU are left alone, and so is every layer that SparseLinear would not
     reproduce exactly: a subclass with a forward of its own (torch.ao's quantization-aware Linear), a
@@ -193,7 +193,7 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     or with non-finite weights (a skipped zero input would turn 0·inf = NaN into 0); and layers of fewer
     than ``min_weights`` weights, where the sparse path costs more than it saves (:data:`MIN_WEIGHTS`; 0
     replaces every eligible layer; an expert counts as its up projection). ``int8=True``: the gated FFNs and the
-    experts read int8 weights with a scale per row (:class:`~lambda_gelu.sparse_gated.SparseGatedMLP`'s ``int8``;
+    experts read int8 weights with a scale per row (:class:`~lambda_gelu.inference.gated.SparseGatedMLP`'s ``int8``;
     no longer exact: the weights are rounded)."""
     if isinstance(min_weights, bool) or not isinstance(min_weights, int) or min_weights < 0:
         raise ValueError(f"min_weights is a number of weights ≥ 0, got {min_weights!r}")

@@ -125,7 +125,7 @@ def replacement_problem(module: nn.Module, by: str, weights: Iterable[torch.Tens
     """Why replacing ``module`` by ``by``, a module that skips the weights of zero inputs, could change a result, or
     None: a parametrization ``by`` would not keep, forward hooks it would drop (pruning's, an observer's, ...),
     non-finite ``weights`` (a skipped zero input would turn 0·inf = NaN into 0). Said in the same words for a sparse
-    linear layer, a gated FFN and a mixture's experts (:func:`lambda_gelu.sparse.sparsify_`)."""
+    linear layer, a gated FFN and a mixture's experts (:func:`lambda_gelu.inference.sparse.sparsify_`)."""
     if parametrize.is_parametrized(module):
         return f"has a parametrization (torch.nn.utils.parametrize), which {by} would not keep"
     if module._forward_hooks or module._forward_pre_hooks:

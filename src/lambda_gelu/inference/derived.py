@@ -1,8 +1,8 @@
 """Copies made from weights — stacked, transposed, quantized, screened — and whether those weights changed since.
 
 A copy that certifies (a screen ruling units or rows out) is sound only for the weights it was made from, so the
-classes that hold one (:class:`~lambda_gelu.sparse_gated.SparseGatedMLP`,
-:class:`~lambda_gelu.screened_argmax.ScreenedArgmax`, :class:`~lambda_gelu.hf.LeanDecoder`) note them with
+classes that hold one (:class:`~lambda_gelu.inference.gated.SparseGatedMLP`,
+:class:`~lambda_gelu.inference.screened_argmax.ScreenedArgmax`, :class:`~lambda_gelu.hf.LeanDecoder`) note them with
 :class:`Made` and make the copy again before using it when :meth:`Made.stale` says one was replaced, moved or changed
 in place. In place means through torch's version counter, which every in-place operation bumps (an optimizer's step,
 ``load_state_dict``, ``copy_`` under ``no_grad``); writes through ``.data`` bypass it and are not seen, nor are writes

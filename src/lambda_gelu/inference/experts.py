@@ -7,19 +7,19 @@ a layer per expert but as two tensors: ``gate_up_proj`` (E, 2·I, H), each exper
 
     Σ_j w_j · down_e(act(gate_e(x)) ⊙ up_e(x)),    e = e_j.
 
-Once ``act`` is an exact ReLU, each expert is a gated FFN like any other (:mod:`lambda_gelu.sparse_gated`), and
+Once ``act`` is an exact ReLU, each expert is a gated FFN like any other (:mod:`lambda_gelu.inference.gated`), and
 :class:`SparseExperts` computes each one from its active units. The tokens routed to an expert, when they are at
-most :data:`~lambda_gelu.sparse_gated.FUSED_ROWS` (decoding, and most experts of a short prompt), go through the
+most :data:`~lambda_gelu.inference.gated.FUSED_ROWS` (decoding, and most experts of a short prompt), go through the
 gated block's screened C call over that expert's rows: the float32 gate rows only of the units the int8 screen cannot
 rule out, the rows of ``up`` and ``downᵀ`` only of units active in some of those tokens. More tokens take the
 expert's dense products. Its sums are the dense ones less exact zeros, in another order: equal up to float rounding.
 The routing (the router, its top-k, its weights) stays the model's own: only the experts module is replaced, and
 only where its own forward gives the formula above on a probe input. ``int8=True``: each expert's three matrices as
-int8 rows with a scale each, one C call an expert, as :class:`~lambda_gelu.sparse_gated.SparseGatedMLP`'s. Inference
+int8 rows with a scale each, one C call an expert, as :class:`~lambda_gelu.inference.gated.SparseGatedMLP`'s. Inference
 only.
 
     lambda_gelu.reluize(model, batches, steps)        # the experts' SiLU → exact ReLU
-    lambda_gelu.sparse.sparsify_(model)               # also replaces the experts
+    lambda_gelu.inference.sparse.sparsify_(model)               # also replaces the experts
 """
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _native
-from .convert import replacement_problem
+from .. import _native
+from ..core.convert import replacement_problem
 from .derived import Made
-from .sparse_gated import FUSED_ROWS, quantize_rows, screen_rows, sparse_gated_int8_reference
+from .gated import FUSED_ROWS, quantize_rows, screen_rows, sparse_gated_int8_reference
 
 __all__ = ["SparseExperts", "sparse_experts_reference", "relu_experts", "experts_problem"]
 
@@ -85,7 +85,7 @@ def sparse_experts_reference(x: Tensor, gate_up: Tensor, down: Tensor, top_k_ind
 def _int8_reference(x: Tensor, b: dict[str, Tensor], units: int, top_k_index: Tensor,
                     top_k_weights: Tensor) -> Tensor:
     """The int8 experts in plain torch: each expert the gated block's int8 reference
-    (:func:`~lambda_gelu.sparse_gated.sparse_gated_int8_reference`, x rounded to 16 bits a row as the C kernel reads
+    (:func:`~lambda_gelu.inference.gated.sparse_gated_int8_reference`, x rounded to 16 bits a row as the C kernel reads
     it) over its rows of the int8 rows and scales in ``b`` (``gate_q``, ``gate_s``, ... ``down_q`` the rows of each
     ``downᵀ``; ``units`` rows an expert), weighted and added as :func:`sparse_experts_reference` adds them."""
     out = torch.zeros_like(x)
@@ -102,7 +102,7 @@ class SparseExperts(nn.Module):
 
     Holds the experts' own ``gate_up_proj`` and ``down_proj`` parameters (so ``state_dict()`` is theirs) and, as
     non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight changed
-    (:class:`~lambda_gelu.derived.Made`), each expert's ``downᵀ`` (one more copy of ``down_proj``) and the gates'
+    (:class:`~lambda_gelu.inference.derived.Made`), each expert's ``downᵀ`` (one more copy of ``down_proj``) and the gates'
     int8 screen (a quarter more of the gates' bytes), or with ``int8=True`` the three matrices' int8 rows and scales.
     Build it from the experts module: ``SparseExperts(model.model.layers[0].mlp.experts)``."""
 
@@ -234,7 +234,7 @@ def relu_experts(model: nn.Module):
 @torch.no_grad()
 def experts_problem(experts: nn.Module) -> str | None:
     """Why replacing ``experts`` by :class:`SparseExperts` could change a result (its own forward is not the formula
-    on a probe input, or :func:`lambda_gelu.convert.replacement_problem`), or None if nothing would."""
+    on a probe input, or :func:`lambda_gelu.core.convert.replacement_problem`), or None if nothing would."""
     gate_up, down = experts.gate_up_proj, experts.down_proj
     if problem := replacement_problem(experts, "SparseExperts", (gate_up, down)):
         return problem

@@ -2,7 +2,7 @@
 
 At batch 1 a small language model spends a sizeable share of each token in Python: ``generate`` runs its logits
 processors, stopping criteria and cache bookkeeping, and each decoder layer a few dozen small operations. That
-share does not shrink when the FFN blocks are sparsified (:func:`lambda_gelu.sparse.sparsify_`), so it caps what
+share does not shrink when the FFN blocks are sparsified (:func:`lambda_gelu.inference.sparse.sparsify_`), so it caps what
 their speed-up can give end to end. :class:`LeanDecoder` runs the same model, its own modules and weights, with
 
 - one matrix product for the query, key and value projections (their weights stacked once, at construction, or
@@ -16,7 +16,7 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
   rotary embedding, the cache write, the attention, Gemma 2's and 3's norm after it) and one for each of the FFN's
   norms, where the model allows it (float32 on CPU, RMS norms of the Llama or Gemma kind, Qwen3's and Gemma 3's
   per-head ones too, Gemma 4's of the values; ``fused=False``: the torch path above, its reference);
-- the next token from the output layer through its int8 screen (:class:`~lambda_gelu.screened_argmax.ScreenedArgmax`:
+- the next token from the output layer through its int8 screen (:class:`~lambda_gelu.inference.screened_argmax.ScreenedArgmax`:
   the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
 
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
@@ -53,8 +53,8 @@ from torch import Tensor
 
 from .. import _native
 from .._native import pointer
-from ..derived import Made
-from ..screened_argmax import ScreenedArgmax
+from .derived import Made
+from .screened_argmax import ScreenedArgmax
 from .layout import (_cache_owners, _halves_order, _interleaved, _layout_problem, _norms, _paired_table, _rms_norm,
                      _rotates, _torch_only, _whole_width, _window)
 
@@ -91,7 +91,7 @@ class LeanDecoder:
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
     one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights and the output layer's
     int8 rows are copies, made again by :meth:`generate` once a weight or buffer of the model has changed
-    (:class:`~lambda_gelu.derived.Made`).
+    (:class:`~lambda_gelu.inference.derived.Made`).
     """
 
     def __init__(self, model: torch.nn.Module, max_length: int = 2048, screen_head: bool = True, fused: bool = True):

@@ -1,6 +1,6 @@
 """Deployment of ReLU-ized models: ONNX export with a graph check, int8 quantization with ONNX Runtime
 (static and fully integer for MLPs, dynamic for transformers), latency timed side by side, and activation
-sparsity. Needs the ``[deploy]`` extra (onnx, onnxruntime); Hugging Face checkpoints: :mod:`lambda_gelu.hf.deploy`.
+sparsity. Needs the ``[deploy]`` extra (onnx, onnxruntime); Hugging Face checkpoints: :mod:`lambda_gelu.deploy.checkpoint`.
 
 The point of ReLU-ization shows in the graph: ONNX Runtime's static int8 quantization turns a ReLU
 MLP into integer ``QGemm`` nodes with one ``QuantizeLinear`` at the input and one
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .convert import eval_mode
-from .sparse import activation_sparsity  # measured beside int8 and verification; lives with the sparse path
-from .timing import time_interleaved  # noqa: F401 - part of this module's API: the latency of the graphs
+from ..core.convert import eval_mode
+from ..inference.sparse import activation_sparsity  # measured beside int8 and verification; lives with the sparse path
+from ..timing import time_interleaved  # noqa: F401 - part of this module's API: the latency of the graphs
 
 __all__ = ["export_onnx", "onnx_op_counts", "float_ops", "quantize_int8", "quantize_dynamic_int8", "OnnxRunner",
            "time_interleaved", "export_mismatch", "EXPORT_TOLERANCE", "activation_sparsity", "SMOOTH_OPS"]
@@ -43,7 +43,7 @@ def _onnx():
         import onnx
         return onnx
     except ImportError as e:
-        raise ImportError("lambda_gelu.deploy needs the [deploy] extra: pip install 'lambda-gelu[deploy]'") from e
+        raise ImportError("lambda_gelu.deploy.onnx needs the [deploy] extra: pip install 'lambda-gelu[deploy]'") from e
 
 
 def onnx_op_counts(model_or_path) -> dict[str, int]:

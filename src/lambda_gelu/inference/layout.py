@@ -1,4 +1,4 @@
-"""What a decoder layer holds and where, for :class:`~lambda_gelu.hf.decode.LeanDecoder`: read from its modules'
+"""What a decoder layer holds and where, for :class:`~lambda_gelu.inference.decoder.LeanDecoder`: read from its modules'
 names (:data:`NORM_LAYOUTS`, the projections, the cache a layer reads) or found by trying them on a probe input
 (a norm's kind, whether a layer turns its queries and keys and how, by halves or in neighbouring pairs), and which
 layers hold what the decoder's C step does not compute. The decoder computes; this module says what.

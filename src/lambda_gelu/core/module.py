@@ -64,7 +64,7 @@ class LambdaGELU(nn.Module):
 
         λ = 1 + softplus(s / t),      t = ``temperature`` (0.1 by default),
 
-    so λ ≥ 1 whatever the optimizer does. Derivatives (see :mod:`lambda_gelu.functional`):
+    so λ ≥ 1 whatever the optimizer does. Derivatives (see :mod:`lambda_gelu.core.functional`):
 
         ∂f/∂x = Φ(λx) + λx · φ(λx),      ∂f/∂λ = x² · φ(λx),      ∂λ/∂s = σ(s/t) / t,
 
@@ -243,7 +243,7 @@ class LambdaGELU(nn.Module):
 
 
 class LambdaSiLU(LambdaGELU):
-    """λ-SiLU, x · σ(λx) (:mod:`lambda_gelu.silu`): exact SiLU at λ = 1, ReLU as λ → ∞, for the SiLU gates of
+    """λ-SiLU, x · σ(λx) (:mod:`lambda_gelu.core.silu`): exact SiLU at λ = 1, ReLU as λ → ∞, for the SiLU gates of
     gated FFNs (SwiGLU). Everything else is :class:`LambdaGELU`'s: the parametrisation λ = 1 + softplus(s/t), the
     hardening state in buffers, ``freeze``/``set_lambda``; its λ_target for a gap ε is 2 ln 2 / ε (≈ 277)."""
     _activation = staticmethod(lambda_silu)

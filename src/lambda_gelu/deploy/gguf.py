@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import CheckpointError
-from .load import load, model_directory, quiet_transformers
-from .save import REPORT
+from ..errors import CheckpointError
+from ..hf.load import load, model_directory, quiet_transformers
+from ..hf.save import REPORT
 
 __all__ = ["export_gguf", "Exported", "TYPES", "LAMBDAS", "SILU_GAP", "gguf_lambda"]
 

@@ -1,6 +1,6 @@
 """Properties decided over a ReLU network: does some input of a box drive the outputs into the unsafe set, a union of
-polytopes {y : C·y ≤ d} (what a VNN-LIB file states, :func:`lambda_gelu.vnnlib.read_property`)? The bounds, the exact
-MILP and the rounding bound are :mod:`lambda_gelu.verify`'s; this module searches, proves and checks witnesses.
+polytopes {y : C·y ≤ d} (what a VNN-LIB file states, :func:`lambda_gelu.verify.vnnlib.read_property`)? The bounds, the exact
+MILP and the rounding bound are :mod:`lambda_gelu.verify.bounds`' and :mod:`lambda_gelu.verify.milp`'s; this module searches, proves and checks witnesses.
 """
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .verify import (_SOLVER_TOL, VerifyResult, _box, _milp_min, affine_layers, crown_bounds, float_error,
-                     unit_roundoff)
+from .bounds import _box, affine_layers, crown_bounds, float_error, unit_roundoff
+from .milp import _SOLVER_TOL, VerifyResult, _milp_min
 
 __all__ = ["verify_property"]
 
@@ -39,7 +39,7 @@ def _float32_inside(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
 
 def verify_property(model: nn.Module, lo, hi, unsafe, time_limit: float = 60.0, attack: bool = True) -> VerifyResult:
     """Decide whether some input in the box [lo, hi] drives ``model``'s outputs into the unsafe set: a union of
-    polytopes {y : C·y ≤ d}, ``unsafe`` a list of (C, d) (what :func:`lambda_gelu.vnnlib.read_property` reads).
+    polytopes {y : C·y ≤ d}, ``unsafe`` a list of (C, d) (what :func:`lambda_gelu.verify.vnnlib.read_property` reads).
 
     "falsified": ``counterexample`` is a float32 input inside the box whose outputs lie in one polytope with room for
     any rounding a float forward of the network can make (:func:`float_error`), so every runtime reaches the unsafe

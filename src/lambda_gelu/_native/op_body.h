@@ -1,4 +1,4 @@
-/* The kernels of _kernels.c for one element type; included once per type, with
+/* The kernels of op.c for one element type; included once per type, with
  *   T       the element type in memory      LD(v)  T → float      ST(f)  float → T
  *   NAME(f) f with the type's suffix.
  * λ is float32 and the arithmetic float32 for every T, as in the eager path. */

@@ -4,7 +4,7 @@ from its output layer, exact, reading about a quarter of the layer's bytes.
 A greedy decoder wants one number from its output layer, the index of the largest logit, and pays for all of them:
 at batch 1 the layer is a matrix-vector product bound by reading its rows (SmolLM2-135M's, 49152 × 576 float32, is
 113 MB, a fifth of the bytes of a token). With each row also held as int8 ``q`` with a scale ``s``
-(:func:`~lambda_gelu.sparse_gated.screen_rows`, the gated FFNs' screen) and x rounded to int16, every logit
+(:func:`~lambda_gelu.inference.gated.screen_rows`, the gated FFNs' screen) and x rounded to int16, every logit
 ``y_k = w[k]·x + b[k]`` lies within a margin ``m_k`` of ``a_k``, an exact integer sum scaled:
 
     |y_k − a_k| ≤ m_k = r_k·‖x‖₂ + n_k·‖x − t·x̃‖₂ (+ what double rounds),
@@ -27,9 +27,9 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from . import _native
+from .. import _native
 from .derived import Made
-from .sparse_gated import int16_rows, screen_rows
+from .gated import int16_rows, screen_rows
 
 __all__ = ["ScreenedArgmax", "screened_argmax_reference"]
 
@@ -39,7 +39,7 @@ CHUNK_ROWS = 8192  # rows screened at a time when building (float64 copies of a 
 def screened_argmax_reference(x: Tensor, weight: Tensor, bias: Tensor | None,
                               screen: tuple[Tensor, Tensor, Tensor, Tensor]) -> tuple[int, Tensor]:
     """The C kernel's reference in float64 for one x (d,): the index of the largest logit and the rows the screen
-    leaves (``screen`` = :func:`~lambda_gelu.sparse_gated.screen_rows` of ``weight``), without double's roundings."""
+    leaves (``screen`` = :func:`~lambda_gelu.inference.gated.screen_rows` of ``weight``), without double's roundings."""
     q, s, r, n = (t.double() for t in screen)
     x64 = x.detach().double()
     xq, t = int16_rows(x64)
@@ -54,7 +54,7 @@ def screened_argmax_reference(x: Tensor, weight: Tensor, bias: Tensor | None,
 class ScreenedArgmax:
     """``layer(x).argmax(-1)`` for a ``nn.Linear`` (see the module's docstring), each row of x one call of the C
     kernel. Building it copies the layer's rows to int8 (a quarter more of the weight's bytes) if the weight is
-    float32 on CPU; a call after the weight changed copies them again first (:class:`~lambda_gelu.derived.Made`).
+    float32 on CPU; a call after the weight changed copies them again first (:class:`~lambda_gelu.inference.derived.Made`).
     :attr:`rows_read` is the number of float32 rows the last row of x read (the layer's ``out_features`` where the
     layer computed them all)."""
 

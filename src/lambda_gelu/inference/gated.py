@@ -25,7 +25,7 @@ hidden units stay float32. That block equals :func:`sparse_gated_int8_reference`
 torch) up to float rounding, and differs from the float32 block by the weights' rounding and, far less, x's.
 
     lambda_gelu.reluize(model, batches, steps)        # SwiGLU/GeGLU gates → exact ReLU
-    lambda_gelu.sparse.sparsify_(model)               # also replaces the gated FFNs
+    lambda_gelu.inference.sparse.sparsify_(model)               # also replaces the gated FFNs
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _native
-from ._native import biases_fit, pointer
-from .convert import _plain, replacement_problem
+from .. import _native
+from .._native import biases_fit, pointer
+from ..core.convert import _plain, replacement_problem
 from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "Rows", "gated_parts", "sparse_gated_reference",
@@ -173,7 +173,7 @@ class SparseGatedMLP(nn.Module):
 
     Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the
     dense block's) and, as non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight
-    or bias changed (:class:`~lambda_gelu.derived.Made`; a copy or a pickle makes its own), ``downᵀ`` (one more copy of
+    or bias changed (:class:`~lambda_gelu.inference.derived.Made`; a copy or a pickle makes its own), ``downᵀ`` (one more copy of
     ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
     ``down_q`` holds the rows of ``downᵀ``). In float32, ``screen=True`` (the default) also holds the gate's screen
     (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``, ``gate_n``, a quarter more of the gate's bytes) and
@@ -212,7 +212,7 @@ class SparseGatedMLP(nn.Module):
     @torch.no_grad()
     def _derive(self) -> None:
         """The buffers made from the layers' weights: ``downᵀ`` and the gate's screen, or the int8 rows and scales;
-        made again by :meth:`forward` once a weight or bias has changed (:class:`~lambda_gelu.derived.Made`)."""
+        made again by :meth:`forward` once a weight or bias has changed (:class:`~lambda_gelu.inference.derived.Made`)."""
         gate, up, down = (layer.weight for layer in self._parts())
         self._made, self._screened = Made(self._sources()), None
         if not self.int8:
@@ -343,8 +343,8 @@ def gated_mlps(model: nn.Module):
 @torch.no_grad()
 def formula_problem(mlp: nn.Module, layout: GatedLayout) -> str | None:
     """Why ``mlp``'s own forward is not ``down(relu(gate(x)) * up(x))`` on a probe input, or replacing it could change
-    a result otherwise (:func:`lambda_gelu.convert.replacement_problem`), or None; its projections are checked as any
-    sparse layer's (:func:`lambda_gelu.sparse._kept_as_is`)."""
+    a result otherwise (:func:`lambda_gelu.core.convert.replacement_problem`), or None; its projections are checked as any
+    sparse layer's (:func:`lambda_gelu.inference.sparse._kept_as_is`)."""
     gate, up, down = gated_parts(mlp, layout)
     if problem := replacement_problem(mlp, "SparseGatedMLP", ()):
         return problem

@@ -1,4 +1,6 @@
-"""The float32 and bfloat16 CPU kernels of ``_kernels.c``, built on first use with the system C compiler.
+"""The CPU kernels written in C beside this file, built on first use with the system C compiler: the λ op's
+(``op.c``), the sparse linear layer's (``sparse.c``), the sparse gated FFN's (``gated.c``, float32 and int8), the
+screened argmax (``argmax.c``) and the decoder's attention step (``decode.c``), one shared library.
 
 Why a C kernel: Inductor fuses λ-GELU into one loop per direction, but on CPU its loop still ran
 1.2-1.3x slower than ``F.gelu``'s own tuned kernel on the shapes that matter, and a
@@ -33,14 +35,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ._compiled import layout
+from ..core._compiled import layout
 
-SOURCE = Path(__file__).with_name("_kernels.c")
-SOURCES = (SOURCE, SOURCE.with_name("_kernels_body.h"), SOURCE.with_name("_kernels_types.h"))  # all it reads
+HERE = Path(__file__).parent
+SOURCES = tuple(sorted([*HERE.glob("*.c"), *HERE.glob("*.h")]))  # all the build reads
+UNITS = [str(f) for f in SOURCES if f.suffix == ".c"]
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 GATES = {"gelu": "", "silu": "silu_"}  # the gate Φ (λ-GELU) or σ (λ-SiLU): the entry points' infix
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_SIGNATURES = {  # entry point (without the dtype suffix) → argument types; see _kernels_body.h
+_SIGNATURES = {  # entry point (without the dtype suffix) → argument types; see op_body.h
     "forward_runs": [_P, _P, _P, _I64, _I64, _I64, _I32],
     "backward_runs": [_P, _P, _P, _P, _P, _I64, _I64, _I64, _I32],
     "forward_last": [_P, _P, _P, _I64, _I64, _I32],
@@ -88,7 +91,7 @@ def _build(cc: str, target: str, out: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *_flags(target), str(SOURCE), "-o", tmp], capture_output=True, text=True)
+        proc = subprocess.run([cc, *_flags(target), *UNITS, "-o", tmp], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-800:]}")
         os.replace(tmp, out)  # atomic: concurrent first uses never load a half-written file
@@ -98,7 +101,7 @@ def _build(cc: str, target: str, out: Path) -> None:
 
 
 class Kernels:
-    """One build of ``_kernels.c`` for one instruction set, loaded; ``forward``/``backward`` call it."""
+    """One build of the kernels for one instruction set, loaded; ``forward``/``backward`` call it."""
 
     def __init__(self, target: str):
         if target not in ISAS:
@@ -119,10 +122,10 @@ class Kernels:
                     fn = getattr(self.lib, f"lg_{name}_{infix}{sfx}")
                     fn.argtypes = argtypes
                     self.fns[name, gate, dtype] = fn
-        self.sparse_linear_f32 = self.lib.lg_sparse_linear_f32  # lambda_gelu.sparse
+        self.sparse_linear_f32 = self.lib.lg_sparse_linear_f32  # lambda_gelu.inference.sparse
         self.sparse_linear_f32.argtypes = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_linear_f32.restype = _I64
-        self.sparse_gated_f32 = self.lib.lg_sparse_gated_f32  # lambda_gelu.sparse_gated
+        self.sparse_gated_f32 = self.lib.lg_sparse_gated_f32  # lambda_gelu.inference.gated
         self.sparse_gated_f32.argtypes = [_P] * 7 + [_I64, _I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_gated_f32.restype = _I64
         self.sparse_gated_fused_f32 = self.lib.lg_sparse_gated_fused_f32
@@ -134,10 +137,10 @@ class Kernels:
         self.sparse_gated_screened_f32 = self.lib.lg_sparse_gated_screened_f32
         self.sparse_gated_screened_f32.argtypes = [_P] * 13 + [_I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_gated_screened_f32.restype = _I64
-        self.screened_argmax_f32 = self.lib.lg_screened_argmax_f32  # lambda_gelu.screened_argmax
+        self.screened_argmax_f32 = self.lib.lg_screened_argmax_f32  # lambda_gelu.inference.screened_argmax
         self.screened_argmax_f32.argtypes = [_P] * 7 + [_I64, _I64, _I32, _I64, _P]
         self.screened_argmax_f32.restype = _I64
-        self.rms_norm_f32 = self.lib.lg_rms_norm_f32  # lambda_gelu.hf.decode
+        self.rms_norm_f32 = self.lib.lg_rms_norm_f32  # lambda_gelu.inference.decoder
         self.rms_norm_f32.argtypes, self.rms_norm_f32.restype = [_P, _P, _P, _I64, ctypes.c_double, _I32], None
         self.decode_attention_f32 = self.lib.lg_decode_attention_f32
         self.decode_attention_f32.argtypes = [_P] + [_P, ctypes.c_double, _I32] * 4 + [ctypes.c_double] + [

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _native
+from .. import _native
 from .functional import _broadcastable_lambda, _compute_dtype, _saturated, _step_limit, get_backend
 
 __all__ = ["lambda_silu", "lambda_silu_reference", "silu_l1_gap", "silu_lambda_target"]

@@ -11,7 +11,7 @@ drift), the file size, and the quality against the original in float32 on held-o
 ratio; for a head, the predictions kept), with the ReLU model's exact zeros. ONNX Runtime's kernels are dense:
 where the zeros buy no time, the report says so. For a causal LM it then times greedy decoding at batch 1 in torch,
 where they do: the original's ``generate`` against the ReLU model's, dense and sparsified, and ``LeanDecoder``
-(:mod:`lambda_gelu.hf.decoding`).
+(:mod:`lambda_gelu.deploy.decoding`).
 
 ``DIR/deploy_report.md`` and ``.json`` and the ReLU model's graphs (``DIR/onnx/model.onnx``, ``model.int8.onnx``)
 are written once everything is measured, each file complete or not at all.
@@ -30,14 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .convert import _help, _whole
+from ..hf.convert import _help, _whole
 from .decoding import decoding_speed
 from .decoding import markdown_lines as decoding_lines
-from .errors import CheckpointError
-from .evaluate import evaluate, hidden_states, relu_zeros, scores, summarise
-from .load import OFFLINE_MODELS, _first_line, fingerprint, load, model_directory, quiet_transformers
-from .save import DEPLOY_REPORT, REPORT, listed_files
-from .text import decoder_inputs, padding_tokenizer, stdlib_sentences, teacher_forced
+from ..errors import CheckpointError
+from ..hf.evaluate import evaluate, hidden_states, relu_zeros, scores, summarise
+from ..hf.load import OFFLINE_MODELS, _first_line, fingerprint, load, model_directory, quiet_transformers
+from ..hf.save import DEPLOY_REPORT, REPORT, listed_files
+from ..hf.text import decoder_inputs, padding_tokenizer, stdlib_sentences, teacher_forced
 
 __all__ = ["DeployConfig", "deploy_checkpoint", "DEPLOY_REPORT", "ONNX_FILES"]
 
@@ -111,7 +111,7 @@ def deploy_checkpoint(directory: str | os.PathLike, config: DeployConfig | None 
         except ImportError:
             raise CheckpointError(f"deploy needs {module}: pip install 'lambda-gelu[hf,deploy]'") from None
     quiet_transformers()
-    from .. import deploy as onnx_deploy
+    from . import onnx as onnx_deploy
 
     target = Path(directory)
     if not target.is_dir():
@@ -272,7 +272,7 @@ def _check_writable(target: Path) -> None:
 def _export(model, names, causal, path: Path, trace: dict, check: dict, name: str) -> None:
     """``model`` to ONNX, traced on ``trace`` with the batch and token dimensions left free, then run by ONNX
     Runtime on ``check`` (another batch size and length, with padding) against torch."""
-    from ..deploy import EXPORT_TOLERANCE, export_mismatch
+    from .onnx import EXPORT_TOLERANCE, export_mismatch
     graph = _Graph(model, names, causal).eval()
     with torch.no_grad():
         outputs = graph(*trace.values())
@@ -401,7 +401,7 @@ def markdown(r: dict) -> str:
              f"JSON report). "
              + ("ONNX Runtime's kernels are dense: they multiply the zeros like any other value, so what ReLU "
                 "saves in this runtime is at most the cost of the smooth activation itself. The zeros pay where a "
-                "kernel skips them: `lambda_gelu.sparse.sparsify_(model)` in torch at small batches "
+                "kernel skips them: `lambda_gelu.inference.sparse.sparsify_(model)` in torch at small batches "
                 + ("(below)" if r.get("decoding") else "(lambda-gelu's docs/performance.md)") + ", or a sparse "
                 "runtime."
                 if no_gain else "ONNX Runtime's kernels are dense; the gain is what the smooth activation cost."),

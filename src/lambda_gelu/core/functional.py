@@ -33,7 +33,7 @@ passes over memory each. By default (backend ``"auto"``) tensors of at least
 ``COMPILED_MIN_NUMEL`` elements go through fused kernels of the same mathematics, one loop each
 way: for float32 and bfloat16 on CPU, small C kernels built on first use
 (:mod:`lambda_gelu._native`), also inside a user's ``torch.compile`` as custom operators;
-otherwise (float16, other devices, no C compiler) Inductor's (:mod:`lambda_gelu._compiled`,
+otherwise (float16, other devices, no C compiler) Inductor's (:mod:`lambda_gelu.core._compiled`,
 backend ``"inductor"``). Both agree with the eager formulas to float rounding (the C kernels' Φ is
 within 1.5e-7 of the exact one), not bit for bit. ``set_backend("eager")`` or the environment
 variable ``LAMBDA_GELU_BACKEND=eager`` turns them off. For double backward, and inside a compiled
@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _compiled, _native
+from . import _compiled
+from .. import _native
 
 __all__ = ["lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "set_backend", "get_backend",
            "backend"]

@@ -2,8 +2,8 @@
 
 ONNX Runtime's kernels are dense, so there the exact zeros buy nothing; in torch they do. From one held-out prompt,
 greedy tokens are decoded by the original's ``generate``, the ReLU model's, and the ReLU model with its FFNs
-sparsified (:func:`~lambda_gelu.sparse.sparsify_`, its defaults) by ``generate`` and by
-:class:`~lambda_gelu.hf.decode.LeanDecoder` — each a fixed number of tokens (no end token), timed in interleaved
+sparsified (:func:`~lambda_gelu.inference.sparse.sparsify_`, its defaults) by ``generate`` and by
+:class:`~lambda_gelu.inference.decoder.LeanDecoder` — each a fixed number of tokens (no end token), timed in interleaved
 rounds so that ratios hold where the machine's speed drifts — and the ReLU decoders' tokens are compared: sparsified,
 they are the dense model's. What cannot run (a layout LeanDecoder refuses, layers too small for ``sparsify_``) is
 said, not timed.
@@ -15,9 +15,9 @@ import statistics
 
 import torch
 
-from ..sparse import sparsify_
+from ..inference.sparse import sparsify_
 from ..timing import time_interleaved
-from .decode import LeanDecoder
+from ..inference.decoder import LeanDecoder
 
 __all__ = ["decoding_speed", "markdown_lines", "DECODERS"]
 

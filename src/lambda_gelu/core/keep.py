@@ -7,7 +7,7 @@ modules have no weights, so the state dict is unchanged), and puts each back on 
 
 A multimodal model's vision tower, which text never reaches, is what the CLI keeps so; a Hugging Face config then
 names ReLU only where the network now has it (``text_config``'s field, not ``vision_config``'s:
-:func:`lambda_gelu.convert.relu_config_problem` looks for the fields that rebuild the network as it is).
+:func:`lambda_gelu.core.convert.relu_config_problem` looks for the fields that rebuild the network as it is).
 """
 from __future__ import annotations
 

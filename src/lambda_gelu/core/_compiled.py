@@ -2,7 +2,7 @@
 
 Eager PyTorch needs about five passes over memory for the forward and ten for the backward
 (z = λx, the erf, the products, the reduction); ``F.gelu`` needs one and two. Compiled, each
-direction is one fused loop. The kernels compute the mathematics of :mod:`lambda_gelu.functional`
+direction is one fused loop. The kernels compute the mathematics of :mod:`lambda_gelu.core.functional`
 (in an arrangement with GELU's own operation count) and are tested against the eager formulas and
 the plain reference.
 

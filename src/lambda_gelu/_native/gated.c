@@ -1,0 +1,355 @@
+/* Sparse gated FFNs (lambda_gelu.inference.gated): once the gate is an exact ReLU, an inactive unit skips its
+ * rows of up and down; float32, int8, and float32 with an int8 screen of the gate. */
+#include "int8.h"
+
+/* One unit k of a gated block over the n rows of x (n, d): adds g[r, k]·(u_row · x_r + u_b)·w to acc's row r (out
+ * wide) for each row r where g[r, k] ≠ 0 (every row if `dense`), the up products four rows at a time; returns
+ * whether some row's g was nonzero. */
+static inline int unit_rows_f32(const float *x, const float *g, int64_t k, const float *u_row, float u_b,
+                                const float *w, float *acc, int64_t n, int64_t d, int64_t ff, int64_t out, int dense) {
+    int active = 0;
+    for (int64_t r0 = 0; r0 < n; r0 += 4) {
+        int m = n - r0 < 4 ? (int)(n - r0) : 4, any = dense;
+        for (int i = 0; i < m; i++)
+            any |= g[(r0 + i) * ff + k] != 0.0f;
+        if (!any)
+            continue;
+        float u[4];
+        dots4_f32(u_row, x + r0 * d, m, d, u);
+        for (int i = 0; i < m; i++) {
+            float gk = g[(r0 + i) * ff + k];
+            if (gk == 0.0f && !dense)
+                continue;
+            active |= gk != 0.0f;
+            float h = gk * (u[i] + u_b), *yr = acc + (r0 + i) * out;
+            for (int64_t j = 0; j < out; j++)
+                yr[j] = FMA(h, w[j], yr[j]);
+        }
+    }
+    return active;
+}
+
+/* Sparse gated FFN, float32 (lambda_gelu.inference.gated): y = Σ_k (g[:, k] · (x · up[k] + up_b[k])) downᵀ[k] over
+ * the units k active in some row of g = relu(gate(x)) (n, ff), already computed (up_b: up's bias, or null for none).
+ * up is (ff, d), downᵀ (ff, out): an active unit reads its row of each, contiguous, once for the whole batch; an
+ * inactive one reads neither. Threads split the active units into partial sums added at the end, in parallel_rows,
+ * which adds down's bias. */
+static void sparse_gated_rows_f32(int dense, const float *x, const float *g, const float *up, const float *up_b,
+                                  const float *down_t, float *acc,
+                                  const int64_t *active, int64_t a0, int64_t a1, int64_t n, int64_t d, int64_t ff,
+                                  int64_t out) {
+    for (int64_t k = 0; k < n * out; k++)
+        acc[k] = 0.0f;
+    for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++) {
+        prefetch_row(up + active[a] * d, d);
+        prefetch_row(down_t + active[a] * out, out);
+    }
+    for (int64_t a = a0; a < a1; a++) {
+        int64_t k = active[a];
+        const float *u_row = up + k * d, *w = down_t + k * out;
+        if (a + PREFETCH_ROWS < a1) {
+            prefetch_row(up + active[a + PREFETCH_ROWS] * d, d);
+            prefetch_row(down_t + active[a + PREFETCH_ROWS] * out, out);
+        }
+        unit_rows_f32(x, g, k, u_row, up_b ? up_b[k] : 0.0f, w, acc, n, d, ff, out, dense);
+    }
+}
+
+struct gated_ctx { const float *x, *g, *up, *up_b, *down_t; int64_t n, d, ff, out; int dense; };
+
+static void gated_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
+    const struct gated_ctx *q = c;
+    sparse_gated_rows_f32(q->dense, q->x, q->g, q->up, q->up_b, q->down_t, acc, active, a0, a1, q->n, q->d, q->ff,
+                          q->out);
+}
+
+/* A gated block's sum over its units (every unit if `dense`, else those active in some row of g (n, ff)): if there
+ * are at most `max_active`, `rows` sums them into y with `ctx` on up to max_threads threads (one per `grain`
+ * multiply-adds), adds `bias` (down's, or null) and their count is returned; if more, that count and y untouched
+ * (the caller runs the dense block); −1 if buffers could not be allocated. */
+static int64_t gated_units(rows_fn rows, const void *ctx, const float *g, const float *bias, float *y, int64_t n,
+                           int64_t d, int64_t ff, int64_t out, int64_t max_active, int dense, int max_threads,
+                           int64_t grain) {
+    int64_t *active = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *active);
+    if (!active)
+        return -1;
+    int64_t n_active = ff;
+    if (dense)
+        for (int64_t k = 0; k < ff; k++)
+            active[k] = k;
+    else
+        n_active = lg_active_union_f32(g, n, ff, active);
+    if (n_active <= max_active) {
+        int64_t work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
+        int nt = work < max_threads ? (int)work : max_threads;
+        if (parallel_rows(rows, ctx, y, bias, active, n_active, n, out, nt) != 0)
+            n_active = -1;
+    }
+    free(active);
+    return n_active;
+}
+
+static int64_t sparse_gated_f32(int dense, const float *x, const float *g, const float *up, const float *up_b,
+                                const float *down_t, const float *down_b, float *y, int64_t n, int64_t d, int64_t ff,
+                                int64_t out, int64_t max_active, int max_threads, int64_t grain) {
+    struct gated_ctx ctx = {x, g, up, up_b, down_t, n, d, ff, out, dense};
+    return gated_units(gated_rows, &ctx, g, down_b, y, n, d, ff, out, max_active, dense, max_threads, grain);
+}
+
+/* One call: the sparse block from g = relu(gate(x)) (n, ff), already computed; up_b and down_b: the biases, or null. */
+int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, const float *up_b, const float *down_t,
+                            const float *down_b, float *y, int64_t n, int64_t d, int64_t ff, int64_t out,
+                            int64_t max_active, int max_threads, int64_t grain) {
+    return sparse_gated_f32(0, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
+}
+
+/* g[r·ff] = relu(row · x_r + b) in float32 for the n rows of x (n, d), NaN kept as torch keeps it, four rows at a
+ * time (dots4_f32): one unit's gate, the same sums wherever it is computed; returns whether some row's is nonzero. */
+static inline int relu_gates_f32(const float *row, float b, const float *x, int64_t n, int64_t d, float *g,
+                                 int64_t ff) {
+    int active = 0;
+    for (int64_t r0 = 0; r0 < n; r0 += 4) {
+        int m = n - r0 < 4 ? (int)(n - r0) : 4;
+        float v[4];
+        dots4_f32(row, x + r0 * d, m, d, v);
+        for (int i = 0; i < m; i++) {
+            float gi = v[i] + b;
+            gi = gi > 0.0f || gi != gi ? gi : 0.0f;
+            g[(r0 + i) * ff] = gi;
+            active |= gi != 0.0f;
+        }
+    }
+    return active;
+}
+
+/* The same with the gate computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff), for a batch of
+ * a few rows (decoding): each unit's row read once for the batch, the units split over the threads — at batch 1 a
+ * matrix-vector product bound by reading the rows, which this loop does as fast as the BLAS's and without the
+ * separate calls a torch gate costs. The caller runs the dense block from g where this returns more than max_active.
+ * `dense` nonzero: every unit is computed, zero or not (this loop without the sparsity, to compare). */
+int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float *gate_b, const float *up,
+                                  const float *up_b, const float *down_t, const float *down_b, float *g, float *y,
+                                  int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active, int dense,
+                                  int max_threads, int64_t grain) {
+    int nt = gate_threads(n, d, ff, max_threads, grain);
+    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t k = 0; k < ff; k++)
+        relu_gates_f32(gate + k * d, gate_b ? gate_b[k] : 0.0f, x, n, d, g + k, ff);
+    return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
+}
+/* Sparse gated FFN over int8 weights (lambda_gelu.inference.gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
+ * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q; the biases (or null)
+ * stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding (round_rows_i16), so that every q·x̃ is an
+ * exact integer sum, several times faster than int8 converted to float (a call whose x holds a NaN or an infinity
+ * sums x itself in float, which carries them). The gate is computed here too, g = relu(x · gateᵀ + gate_b) into the
+ * caller's g (n, ff) — each unit's row read once for the whole batch, the units split over the threads — then the
+ * active units as in the float32 kernel, reading a quarter of its bytes.
+ * `dense` nonzero: every unit is computed, zero or not (the same int8 block without the sparsity, to compare). */
+static inline float dot_i8(const int8_t *a, const float *b, int64_t n) {
+    float s = 0.0f;
+    #pragma omp simd reduction(+:s)
+    for (int64_t j = 0; j < n; j++)
+        s += (float)a[j] * b[j];
+    return s;
+}
+
+struct gated_i8_ctx { const float *x, *g, *up_s, *up_b, *down_s; const int8_t *up_q, *down_q; const int16_t *xq;
+                      const double *t; int64_t n, d, ff, out; int dense, in_float; };
+
+/* s·(q·x) for one int8 row: the exact integer sum over x̃ scaled back (t), or, if x is not finite, in float. */
+static inline float row_i8(const int8_t *q, float s, const float *x, const int16_t *xq, double t, int in_float,
+                           int64_t d) {
+    return in_float ? s * dot_i8(q, x, d) : (float)((double)s * t * dot_i8_i16(q, xq, d));
+}
+
+static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
+    const struct gated_i8_ctx *q = c;
+    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out;
+    for (int64_t k = 0; k < n * out; k++)
+        acc[k] = 0.0f;
+    for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++) {
+        prefetch_bytes(q->up_q + active[a] * d, d);
+        prefetch_bytes(q->down_q + active[a] * out, out);
+    }
+    for (int64_t a = a0; a < a1; a++) {
+        int64_t k = active[a];
+        const int8_t *u_row = q->up_q + k * d, *w = q->down_q + k * out;
+        if (a + PREFETCH_ROWS < a1) {
+            prefetch_bytes(q->up_q + active[a + PREFETCH_ROWS] * d, d);
+            prefetch_bytes(q->down_q + active[a + PREFETCH_ROWS] * out, out);
+        }
+        for (int64_t r = 0; r < n; r++) {
+            float gk = q->g[r * ff + k];
+            if (gk == 0.0f && !q->dense)
+                continue;
+            float u = row_i8(u_row, q->up_s[k], q->x + r * d, q->xq + r * d, q->t[r], q->in_float, d);
+            float h = gk * (q->up_b ? u + q->up_b[k] : u) * q->down_s[k];
+            float *yr = acc + r * out;
+            for (int64_t j = 0; j < out; j++)
+                yr[j] = FMA(h, (float)w[j], yr[j]);
+        }
+    }
+}
+
+int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *gate_s, const float *gate_b,
+                           const int8_t *up_q, const float *up_s, const float *up_b, const int8_t *down_q,
+                           const float *down_s, const float *down_b, float *g, float *y, int64_t n, int64_t d,
+                           int64_t ff, int64_t out, int dense, int max_threads, int64_t grain) {
+    int16_t *xq = malloc((size_t)(n > 0 ? n : 1) * (d > 0 ? d : 1) * sizeof *xq);
+    double *t = malloc((size_t)(n > 0 ? n : 1) * sizeof *t);
+    if (!xq || !t) {
+        free(xq);
+        free(t);
+        return -1;
+    }
+    int in_float = round_rows_i16(x, n, d, xq, t);  /* a NaN or an infinity is carried by float sums only */
+    int nt = gate_threads(n, d, ff, max_threads, grain);
+    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t k0 = 0; k0 < ff; k0 += 4) {
+        int m = ff - k0 < 4 ? (int)(ff - k0) : 4;
+        if (k0 + SCREEN_AHEAD + 4 <= ff)
+            prefetch_bytes(gate_q + (k0 + SCREEN_AHEAD) * d, 4 * d);
+        for (int64_t r = 0; r < n; r++) {
+            float v[4];
+            if (m == 4 && !in_float) {
+                int32_t sums[4];
+                dot4_i8_i16(gate_q + k0 * d, d, xq + r * d, sums);
+                for (int i = 0; i < 4; i++)
+                    v[i] = (float)((double)gate_s[k0 + i] * t[r] * sums[i]);
+            } else
+                for (int i = 0; i < m; i++)
+                    v[i] = row_i8(gate_q + (k0 + i) * d, gate_s[k0 + i], x + r * d, xq + r * d, t[r], in_float, d);
+            for (int i = 0; i < m; i++) {
+                float vk = gate_b ? v[i] + gate_b[k0 + i] : v[i];
+                g[r * ff + k0 + i] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
+            }
+        }
+    }
+    struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, xq, t, n, d, ff, out, dense, in_float};
+    int64_t n_active = gated_units(gated_i8_rows, &ctx, g, down_b, y, n, d, ff, out, ff, dense, max_threads, grain);
+    free(xq);
+    free(t);
+    return n_active;
+}
+
+/* What one thread of lg_sparse_gated_screened_f32 does over the units cand[0:m) its screen left, in three stages
+ * UNITS_AHEAD units apart: a unit's float32 gate row is requested; then its gate computed into g (n, ff) and, only if
+ * it is not 0 in some row, its up and downᵀ rows requested; then those rows summed into acc as in
+ * sparse_gated_rows_f32. A unit the screen left but the exact gate zeroes costs its gate row alone. Returns the units
+ * active in some row. */
+#define UNITS_AHEAD 8
+struct screened_ctx { const float *x, *gate, *gate_b, *up, *up_b, *down_t; float *g; int64_t n, d, ff, out; };
+
+static inline void screened_gate(const struct screened_ctx *q, int64_t k) {
+    if (relu_gates_f32(q->gate + k * q->d, q->gate_b ? q->gate_b[k] : 0.0f, q->x, q->n, q->d, q->g + k, q->ff)) {
+        prefetch_row(q->up + k * q->d, q->d);
+        prefetch_row(q->down_t + k * q->out, q->out);
+    }
+}
+
+static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int64_t *cand, int64_t m) {
+    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out, n_active = 0;
+    for (int64_t k = 0; k < n * out; k++)
+        acc[k] = 0.0f;
+    for (int64_t a = 0; a < m && a < 2 * UNITS_AHEAD; a++)
+        prefetch_row(q->gate + cand[a] * d, d);
+    for (int64_t a = 0; a < m && a < UNITS_AHEAD; a++)
+        screened_gate(q, cand[a]);
+    for (int64_t a = 0; a < m; a++) {
+        if (a + 2 * UNITS_AHEAD < m)
+            prefetch_row(q->gate + cand[a + 2 * UNITS_AHEAD] * d, d);
+        if (a + UNITS_AHEAD < m)
+            screened_gate(q, cand[a + UNITS_AHEAD]);
+        int64_t k = cand[a];
+        n_active += unit_rows_f32(q->x, q->g, k, q->up + k * d, q->up_b ? q->up_b[k] : 0.0f, q->down_t + k * out, acc,
+                                  n, d, ff, out, 0);
+    }
+    return n_active;
+}
+
+/* The float32 block of lg_sparse_gated_fused_f32 with its gate screened by int8 rows (lambda_gelu.inference.gated,
+ * SparseGatedMLP(screen=True)). The gate's rows are read as int8 q with scales s, a quarter of their bytes, and
+ * each row x of the batch as int16 x̃ with one scale t = max|x| / screen_scale(d), rounded to nearest. With the exact
+ * integer sum S = q·x̃, a = s·t·S + gate_b (in double) is within
+ *     r·‖x‖₂ + n·‖x − t·x̃‖₂ + 2⁻⁴⁸·(|s·t·S| + |gate_b|)
+ * of the exact gate x·gate[k] + gate_b: r ≥ ‖gate[k] − s·q‖₂ and n ≥ s·‖q‖₂ (one each per row, rounded up;
+ * screen_rows) by Cauchy–Schwarz on x·(gate[k] − s·q) + s·q·(x − t·x̃), plus double's roundings of a. The norms are
+ * computed in double and rounded up. A unit whose a plus that margin is ≤ 0 in every row of the batch has an exact
+ * gate ≤ 0: its g is 0 and none of its float32 rows is read. Every other unit's gate is computed from its float32
+ * row, as in the unscreened kernel — so g and y are that kernel's up to float rounding, and a unit the screen leaves
+ * out is one the exact ReLU zeroes. The bound fails safe: a row of x with a NaN or an infinity certifies nothing, nor
+ * does a NaN or infinite margin. One parallel region: each thread screens its own share of the units (the int8
+ * rows read four at a time and requested SCREEN_AHEAD rows ahead: their reads are short and the sums between them
+ * long; screen_units), then sums the units it left (screened_rows) into its partial, and the partials are added.
+ * Writes g and y, whatever the count (g may be NULL: the gates then go to a buffer of its own, for a caller that wants
+ * y alone); returns the units active in some row, or −1 if buffers could not be allocated. */
+struct screen_ctx { const int8_t *q; const float *s, *b, *r, *nq; const int16_t *xq; const double *norm, *residual,
+                    *scale; float *g; int64_t n, d, ff; };
+
+/* Screens the units [lo, hi) (lo a multiple of 4) for every row of x, zeroes their g, and lists those the screen
+ * leaves (whose exact gate may be positive in some row) in cand; returns how many. */
+static int64_t screen_units(const struct screen_ctx *c, int64_t lo, int64_t hi, int64_t *cand) {
+    int64_t n = c->n, d = c->d, ff = c->ff, m_left = 0;
+    for (int64_t k0 = lo; k0 < hi; k0 += 4) {
+        int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
+        int exact[4] = {0, 0, 0, 0};
+        if (k0 + SCREEN_AHEAD + 4 <= hi)
+            prefetch_bytes(c->q + (k0 + SCREEN_AHEAD) * d, 4 * d);
+        for (int64_t r = 0; r < n; r++) {
+            int32_t sums[4];
+            sums_i8_i16(c->q + k0 * d, m, d, c->xq + r * d, sums);
+            for (int i = 0; i < m; i++) {
+                int64_t k = k0 + i;
+                double b = c->b ? c->b[k] : 0.0, product = (double)c->s[k] * c->scale[r] * sums[i];
+                double margin = screen_margin(product, b, c->r[k], c->nq[k], c->norm[r], c->residual[r]);
+                exact[i] |= !(product + b + margin <= 0.0 && isfinite(c->norm[r]));
+            }
+        }
+        for (int i = 0; i < m; i++) {
+            if (exact[i])
+                cand[m_left++] = k0 + i;
+            for (int64_t r = 0; r < n; r++)
+                c->g[r * ff + k0 + i] = 0.0f;  /* the units left get theirs in screened_rows */
+        }
+    }
+    return m_left;
+}
+
+int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const float *gate_b, const int8_t *gate_q,
+                                     const float *gate_s, const float *gate_r, const float *gate_n, const float *up,
+                                     const float *up_b, const float *down_t, const float *down_b, float *g, float *y,
+                                     int64_t n, int64_t d, int64_t ff, int64_t out, int max_threads, int64_t grain) {
+    int64_t rows = n > 0 ? n : 1;
+    int nt = gate_threads(n, d, ff, max_threads, grain);
+    double *norm = malloc((size_t)rows * 3 * sizeof *norm);  /* per row of x: ‖x‖₂, ‖x − t·x̃‖₂ (up), t */
+    int16_t *xq = malloc((size_t)rows * (d > 0 ? d : 1) * sizeof *xq);
+    int64_t *cand = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *cand);  /* each thread's list from cand + its lo */
+    float *own_g = g ? NULL : malloc((size_t)rows * (ff > 0 ? ff : 1) * sizeof *g);
+    float *partial = nt > 1 ? malloc((size_t)(nt - 1) * rows * out * sizeof *partial) : NULL;  /* threads 1.. */
+    g = g ? g : own_g;
+    int64_t n_active = 0;
+    if (norm && xq && cand && g && (nt == 1 || partial)) {
+        double *residual = norm + rows, *scale = norm + 2 * rows;
+        screen_rows_of_x(x, n, d, xq, norm, residual, scale);  /* a row with a NaN or an infinity: a norm not finite */
+        struct screen_ctx screen = {gate_q, gate_s, gate_b, gate_r, gate_n, xq, norm, residual, scale, g, n, d, ff};
+        struct screened_ctx ctx = {x, gate, gate_b, up, up_b, down_t, g, n, d, ff, out};
+        #pragma omp parallel num_threads(nt) if (nt > 1) reduction(+:n_active)
+        {
+            int t = omp_get_thread_num(), threads = omp_get_num_threads();
+            int64_t lo, hi;
+            split(ff, 4, t, threads, &lo, &hi);
+            int64_t left = screen_units(&screen, lo, hi, cand + lo);
+            n_active += screened_rows(&ctx, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, cand + lo, left);
+            #pragma omp barrier
+            add_partials(y, partial, down_b, n * out, out, t, threads);
+        }
+    } else {
+        n_active = -1;
+    }
+    free(norm);
+    free(xq);
+    free(cand);
+    free(own_g);
+    free(partial);
+    return n_active;
+}

@@ -1,0 +1,98 @@
+/* Exact int8 × int16 dot products and the screen built on them: int8 rows with a bound on how far their sum can
+ * be from the float32 one, so that only the rows that can matter are read in float32 (gated.c, argmax.c). */
+#pragma once
+#include "common.h"
+
+/* Σ q[i·d + j]·b[j] over j for the four int8 rows q, q + d, q + 2d, q + 3d at once, b an int16 vector, into s[0..3]:
+ * exact integer sums, as long as d·127·max|b| < 2³¹ (screen_scale). Products of int16 operands, written so, become
+ * the vector unit's multiply-adds of 16-bit pairs (several times faster than int8 rows converted to float, which at
+ * batch 1 left the screen waiting on its own arithmetic, not on memory); an OpenMP simd reduction here, or the
+ * products taken in 32 bits, vectorized three to four times slower. */
+static inline void dot4_i8_i16(const int8_t *q, int64_t d, const int16_t *b, int32_t *s) {
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t j = 0; j < d; j++) {
+        int32_t bj = b[j];
+        s0 += (int16_t)q[j] * bj;
+        s1 += (int16_t)q[d + j] * bj;
+        s2 += (int16_t)q[2 * d + j] * bj;
+        s3 += (int16_t)q[3 * d + j] * bj;
+    }
+    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
+static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < d; j++)
+        s += (int16_t)q[j] * (int16_t)b[j];
+    return s;
+}
+
+/* The exact sums of the m ≤ 4 int8 rows q, q + d, ... with b into s[0..m), four at once where there are four. */
+static inline void sums_i8_i16(const int8_t *q, int m, int64_t d, const int16_t *b, int32_t *s) {
+    if (m == 4)
+        dot4_i8_i16(q, d, b, s);
+    else
+        for (int i = 0; i < m; i++)
+            s[i] = dot_i8_i16(q + i * d, b, d);
+}
+
+/* The largest |x̃| the screen quantizes x to, for rows of d entries: int16, and d·127·|x̃| < 2³¹ (exact int32 sums). */
+static inline int32_t screen_scale(int64_t d) {
+    int64_t m = (int64_t)2147483647 / (127 * (d > 0 ? d : 1));
+    return m < 32767 ? (int32_t)m : 32767;
+}
+
+/* x (n, d) as int16 for those sums, row by row: x̃ = x / t rounded to nearest, t = max|x| / screen_scale(d) (into
+ * t[r]; 0 for a row of zeros). Returns 0, or 1 if some row holds a NaN or an infinity, which no x̃ stands for. */
+static int round_rows_i16(const float *x, int64_t n, int64_t d, int16_t *xq, double *t) {
+    double top = screen_scale(d);
+    int bad = 0;
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * d;
+        double largest = 0.0;
+        for (int64_t j = 0; j < d; j++) {
+            bad |= !isfinite(xr[j]);
+            largest = fabs((double)xr[j]) > largest ? fabs((double)xr[j]) : largest;
+        }
+        t[r] = largest / top;
+        for (int64_t j = 0; j < d; j++) {
+            double v = t[r] > 0.0 && isfinite(t[r]) ? nearbyint(xr[j] / t[r]) : 0.0;
+            xq[r * d + j] = (int16_t)(v > top ? top : v < -top ? -top : v == v ? v : 0.0);
+        }
+    }
+    return bad;
+}
+
+/* A screen's view of each row of x (n, d): its int16 rounding x̃ and scale t (round_rows_i16) into xq and scale[r],
+ * and, rounded up, ‖x‖₂ into norm[r] and ‖x − t·x̃‖₂ into residual[r] (plus what double rounds in each x − t·x̃).
+ * A row with a NaN or an infinity gets a norm that is not finite, which certifies nothing. */
+static void screen_rows_of_x(const float *x, int64_t n, int64_t d, int16_t *xq, double *norm, double *residual,
+                             double *scale) {
+    round_rows_i16(x, n, d, xq, scale);
+    double above = 1.0 + (double)(d + 4) * 0x1p-52;  /* over what double rounds in a sum of d squares and its root */
+    for (int64_t r = 0; r < n; r++) {
+        double sum = 0.0, res = 0.0;
+        for (int64_t j = 0; j < d; j++) {
+            double xj = x[r * d + j], e = xj - scale[r] * xq[r * d + j];
+            sum += xj * xj;
+            res += e * e;
+        }
+        norm[r] = sqrt(sum) * above;
+        residual[r] = sqrt(res) * above + 0x1p-48 * norm[r];
+    }
+}
+
+/* How far product + b (product = s·t·(q·x̃), in double) can be from the exact w·x + b, for an int8 row q with scale s
+ * and radii r ≥ ‖w − s·q‖₂, nq ≥ s·‖q‖₂ (lambda_gelu.inference.gated.screen_rows) and x's norm and residual from
+ * screen_rows_of_x: r·‖x‖₂ + nq·‖x − t·x̃‖₂ by Cauchy–Schwarz on x·(w − s·q) + s·q·(x − t·x̃), plus double's
+ * roundings of the product and the sum; SCREEN_SAFETY covers the roundings of the margin's own products and sums. */
+#define SCREEN_SAFETY (1.0 + 1.0 / 65536)
+static inline double screen_margin(double product, double b, float r, float nq, double norm, double residual) {
+    return ((double)r * norm + (double)nq * residual + 0x1p-48 * (fabs(product) + fabs(b))) * SCREEN_SAFETY;
+}
+
+#define SCREEN_AHEAD 16  /* int8 rows read in order (a gate's, or its screen's) are requested so many rows ahead */
+static inline void prefetch_bytes(const int8_t *row, int64_t n) {
+    for (int64_t j = 0; j < n; j += 64)
+        __builtin_prefetch(row + j, 0, 2);
+}
