@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-
 from _common import header, interleaved, print_table, save
 from lambda_gelu.inference.sparse import MIN_WEIGHTS, SparseLinear, active_inputs, sparsify_
 
