@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError
+from ..families import gguf_architecture, gguf_classes
 from ..hf.load import load, model_directory, quiet_transformers
 from ..hf.save import REPORT
 
@@ -47,7 +48,7 @@ _LLAMA = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "outp
           "blk.{}.ffn_norm": "model.layers.{}.post_attention_layernorm",
           "blk.{}.ffn_gate": "model.layers.{}.mlp.gate_proj", "blk.{}.ffn_up": "model.layers.{}.mlp.up_proj",
           "blk.{}.ffn_down": "model.layers.{}.mlp.down_proj"}
-_FAMILIES = {"LlamaForCausalLM": ("llama", _LLAMA), "MistralForCausalLM": ("llama", _LLAMA)}
+_TENSORS = {"llama": _LLAMA}  # llama.cpp architecture → its tensors; which classes are written as which: the families table
 
 
 @dataclass
@@ -82,17 +83,17 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
     quiet_transformers()
     loaded = load(model_directory(str(directory)), str(directory), progress=False)
     model, config = loaded.model.float().eval(), loaded.model.config
-    family = _FAMILIES.get(type(model).__name__)
-    if family is None:
+    architecture = gguf_architecture(type(model).__name__)
+    if architecture not in _TENSORS:
         raise CheckpointError(f"{directory} holds a {type(model).__name__}: export writes the Llama family's layout "
-                              f"({', '.join(_FAMILIES)}) for now")
+                              f"({', '.join(gguf_classes())}) for now")
     if config.hidden_act != "relu":
         raise CheckpointError(f"{directory}'s gates are {config.hidden_act}, not ReLU: it is not a converted "
                               "checkpoint; convert it first (lambda-gelu reluize MODEL --out DIR)")
     if getattr(config, "mlp_bias", False) or getattr(config, "attention_bias", False):
         raise CheckpointError(f"{directory} has biases in its FFN or attention (mlp_bias, attention_bias), which "
                               "llama.cpp's Llama layout does not read: it cannot be exported as this model")
-    architecture, names = family
+    names = _TENSORS[architecture]
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     gates = [state[f"model.layers.{i}.mlp.gate_proj.weight"] for i in range(config.num_hidden_layers)]
     ups = [state[f"model.layers.{i}.mlp.{p}_proj.weight"] for i in range(config.num_hidden_layers)

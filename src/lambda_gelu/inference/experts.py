@@ -33,11 +33,11 @@ from torch import Tensor
 from .. import _native
 from ..core.convert import replacement_problem
 from .derived import Made
+from ..families import expert_parameters
 from .gated import FUSED_ROWS, quantize_rows, screen_rows, sparse_gated_int8_reference
 
 __all__ = ["SparseExperts", "sparse_experts_reference", "relu_experts", "experts_problem"]
 
-_PARAMETERS = ("gate_up_proj", "down_proj")
 # how transformers' experts decorator (use_experts_implementation) says the layout differs from (E, 2I, H), (E, H, I)
 # with no bias: where an attribute exists, the value each must have
 _INT8_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")
@@ -108,23 +108,35 @@ class SparseExperts(nn.Module):
 
     def __init__(self, experts: nn.Module, int8: bool = False):
         super().__init__()
-        self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj  # the same parameters
+        self.names = _expert_names(experts)  # the families table's names for gate-and-up and down
+        if self.names is None:
+            raise ValueError(f"{type(experts).__name__} holds none of the families table's expert parameters")
+        for name in self.names:  # the same parameters, under their own names (so state_dict() is theirs)
+            setattr(self, name, getattr(experts, name))
         self.act_fn = experts.act_fn
-        self.num_experts, self.hidden_dim, self.intermediate_dim = experts.down_proj.shape
+        self.num_experts, self.hidden_dim, self.intermediate_dim = self.down.shape
         self.int8 = bool(int8)
         self._derive()
         self.register_load_state_dict_post_hook(_derive_again)  # once the parameters hold the loaded weights
 
+    @property
+    def gate_up(self) -> nn.Parameter:
+        return getattr(self, self.names[0])
+
+    @property
+    def down(self) -> nn.Parameter:
+        return getattr(self, self.names[1])
+
     def _sources(self) -> list[Tensor]:
-        return [self.gate_up_proj, self.down_proj]
+        return [self.gate_up, self.down]
 
     @torch.no_grad()
     def _derive(self) -> None:
         """``downᵀ`` and the gates' screen, or the int8 rows and scales, every expert's stacked (E·I rows)."""
-        e, h, units = self.down_proj.shape
-        gate_up = self.gate_up_proj.detach()
+        e, h, units = self.down.shape
+        gate_up = self.gate_up.detach()
         self._made, self._addresses = Made(self._sources()), None
-        down_t = self.down_proj.detach().transpose(1, 2).reshape(e * units, h).contiguous()
+        down_t = self.down.detach().transpose(1, 2).reshape(e * units, h).contiguous()
         if not self.int8:
             self.register_buffer("down_t", down_t, persistent=False)
             screens = [screen_rows(gate_up[i, :units]) for i in range(e)]  # an expert at a time: float64 copies
@@ -153,7 +165,7 @@ class SparseExperts(nn.Module):
             b = self._buffers
             names = _INT8_BUFFERS if self.int8 else (
                 "gate_q", "gate_s", "gate_r", "gate_n", "down_t")
-            self._addresses = (self.gate_up_proj.data_ptr(), {n: (b[n].data_ptr(), b[n].element_size()) for n in names})
+            self._addresses = (self.gate_up.data_ptr(), {n: (b[n].data_ptr(), b[n].element_size()) for n in names})
         base, bufs = self._addresses
         units, h = self.intermediate_dim, self.hidden_dim
         rows = e * units  # the expert's first row in the stacked buffers
@@ -185,7 +197,7 @@ class SparseExperts(nn.Module):
         return y
 
     def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
-        if torch.is_grad_enabled() and (hidden_states.requires_grad or self.gate_up_proj.requires_grad):
+        if torch.is_grad_enabled() and (hidden_states.requires_grad or self.gate_up.requires_grad):
             raise RuntimeError("SparseExperts is for inference and has no backward: run the model under "
                                "torch.inference_mode() or torch.no_grad() (or restore the dense experts to train)")
         if self._made is None or self._made.stale(self._sources()):
@@ -195,7 +207,7 @@ class SparseExperts(nn.Module):
         kernels = self._kernels(x)
         if kernels is None:
             out = (_int8_reference(x, self._buffers, self.intermediate_dim, index, weights) if self.int8
-                   else sparse_experts_reference(x, self.gate_up_proj, self.down_proj, index, weights))
+                   else sparse_experts_reference(x, self.gate_up, self.down, index, weights))
             return out.reshape(hidden_states.shape)
         x, out = x.contiguous(), torch.zeros_like(x)
         for e, tokens, slots in _routed(index, self.num_experts):
@@ -203,7 +215,7 @@ class SparseExperts(nn.Module):
             if len(tokens) <= FUSED_ROWS or self.int8:
                 y = self._expert(kernels, e, xs)
             else:  # a prompt's many tokens on one expert: its union of active units too large to pay
-                gate, up, down = _expert_weights(self.gate_up_proj, self.down_proj, e)
+                gate, up, down = _expert_weights(self.gate_up, self.down, e)
                 y = F.linear(F.relu(F.linear(xs, gate)) * F.linear(xs, up), down)
             out.index_add_(0, tokens, (y * weights[tokens, slots, None]).to(out.dtype))
         return out.reshape(hidden_states.shape)
@@ -217,14 +229,21 @@ def _derive_again(module: SparseExperts, incompatible_keys) -> None:
     module._derive()
 
 
+def _expert_names(m: nn.Module) -> tuple[str, str] | None:
+    """The families table's (gate-and-up, down) parameter names that are exactly ``m``'s parameters, or None."""
+    return next((names for names in expert_parameters() if set(m._parameters) == set(names)), None)
+
+
 def relu_experts(model: nn.Module):
     """(qualified name, parent, attribute) of every experts module in ``model`` kept as transformers keeps them —
     ``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I), no other parameter, gate and up concatenated, no bias
     — whose ``act_fn`` is an exact ``nn.ReLU``."""
     for name, m in model.named_modules():
-        gate_up, down = (m._parameters.get(p) for p in _PARAMETERS)
-        if (type(getattr(m, "act_fn", None)) is nn.ReLU and set(m._parameters) == set(_PARAMETERS)
-                and gate_up.dim() == 3 and down.dim() == 3 and gate_up.shape[0] == down.shape[0]
+        names = _expert_names(m)
+        if names is None or type(getattr(m, "act_fn", None)) is not nn.ReLU:
+            continue
+        gate_up, down = (m._parameters[n] for n in names)
+        if (gate_up.dim() == 3 and down.dim() == 3 and gate_up.shape[0] == down.shape[0]
                 and gate_up.shape[1:] == (2 * down.shape[2], down.shape[1])
                 and all(getattr(m, flag, value) == value for flag, value in _LAYOUT.items())):
             parent_name, _, attr = name.rpartition(".")
@@ -235,7 +254,7 @@ def relu_experts(model: nn.Module):
 def experts_problem(experts: nn.Module) -> str | None:
     """Why replacing ``experts`` by :class:`SparseExperts` could change a result (its own forward is not the formula
     on a probe input, or :func:`lambda_gelu.core.convert.replacement_problem`), or None if nothing would."""
-    gate_up, down = experts.gate_up_proj, experts.down_proj
+    gate_up, down = (getattr(experts, n) for n in _expert_names(experts))
     if problem := replacement_problem(experts, "SparseExperts", (gate_up, down)):
         return problem
     e, h, _ = down.shape

@@ -15,7 +15,7 @@ copies of the gate's rows (:func:`screen_rows`, a quarter of their bytes) times 
 in integers, and a unit whose bound is ≤ 0 in every row is an exact zero whose float32 row is never read; the
 others are computed from their float32 rows.
 Decoding at batch 1 reads every weight it needs once, so the bytes read are its time. Inference only. Which
-attributes make a gated FFN is data, one row per layout in :data:`GATED_LAYOUTS`; a module of such a layout is
+attributes make a gated FFN is data, the families table's (:mod:`lambda_gelu.families`); a module of such a layout is
 replaced only if its own forward gives what the formula gives on a probe input.
 
 With ``int8=True`` the three matrices are held as int8 rows with a float32 scale each (:func:`quantize_rows`,
@@ -29,7 +29,6 @@ torch) up to float rounding, and differs from the float32 block by the weights' 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -39,35 +38,14 @@ from torch import Tensor
 from .. import _native
 from .._native import biases_fit, pointer
 from ..core.convert import _plain, replacement_problem
+from ..families import Gated, gated_layouts
 from .derived import Made
 
-__all__ = ["SparseGatedMLP", "GatedLayout", "GATED_LAYOUTS", "Rows", "gated_parts", "sparse_gated_reference",
+__all__ = ["SparseGatedMLP", "GatedLayout", "Rows", "gated_parts", "sparse_gated_reference",
            "sparse_gated_int8_reference", "quantize_rows", "screen_rows", "int16_rows", "gated_mlps"]
 
 
-@dataclass(frozen=True)
-class GatedLayout:
-    """Where a gated FFN keeps its parts: ``down(act(gate(x)) * up(x))``. A layout whose ``gate`` and ``up`` are
-    the same layer is *bundled*: that layer's rows are the gate's, then up's, in two halves (Phi-3's and GLM's
-    ``gate_up_proj``, which their forward splits with ``chunk(2, dim=-1)``)."""
-    gate: str
-    up: str
-    down: str
-    act: str
-
-    @property
-    def bundled(self) -> bool:
-        return self.gate == self.up
-
-
-# Llama, Mistral, Qwen2/3, SmolLM (SwiGLU) and Gemma 1/2/3 (GeGLU) all name them so, Llama 4 its activation
-# otherwise; T5's gated FFN (Flan-T5, mT5, UMT5: GeGLU) as its own; Phi-3, Phi-4-mini, GLM and GLM-4 bundle gate and
-# up in one layer, as ModernBERT and its decoder do (their gate's half first)
-GATED_LAYOUTS = (GatedLayout("gate_proj", "up_proj", "down_proj", "act_fn"),
-                 GatedLayout("gate_proj", "up_proj", "down_proj", "activation_fn"),
-                 GatedLayout("wi_0", "wi_1", "wo", "act"),
-                 GatedLayout("gate_up_proj", "gate_up_proj", "down_proj", "activation_fn"),
-                 GatedLayout("Wi", "Wi", "Wo", "act"))
+GatedLayout = Gated  # where a gated FFN keeps its parts: one of the families table's rows
 FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too; beyond, torch's matrix product does
 
 
@@ -332,7 +310,7 @@ def gated_mlps(model: nn.Module):
     """(qualified name, parent, attribute, layout) of every gated FFN in ``model`` whose gate is an exact
     ``nn.ReLU`` and whose projections are plain ``nn.Linear`` (a bundled layer twice as wide as ``down``'s input)."""
     for name, m in model.named_modules():
-        for layout in GATED_LAYOUTS:
+        for layout in gated_layouts():
             gate, up, down = parts = [getattr(m, a, None) for a in (layout.gate, layout.up, layout.down)]
             if (type(getattr(m, layout.act, None)) is nn.ReLU and all(_plain(p, nn.Linear) for p in parts)
                     and (not layout.bundled or gate.out_features == 2 * down.in_features)):

@@ -1,5 +1,5 @@
 """What a decoder layer holds and where, for :class:`~lambda_gelu.inference.decoder.LeanDecoder`: read from its modules'
-names (:data:`NORM_LAYOUTS`, the projections, the cache a layer reads) or found by trying them on a probe input
+names (the families table's norm layouts, the projections, the cache a layer reads) or found by trying them on a probe input
 (a norm's kind, whether a layer turns its queries and keys and how, by halves or in neighbouring pairs), and which
 layers hold what the decoder's C step does not compute. The decoder computes; this module says what.
 """
@@ -11,21 +11,11 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-__all__ = ["NORM_LAYOUTS"]
+from ..families import norm_layouts
+
+__all__: list[str] = []
 
 _PARTS = ("self_attn", "mlp")
-# where a layer keeps its norms: before the attention, after it, before the FFN, after it (None: none), the first
-# layout whose every named norm the layer has (and, for one without a norm before the attention, lacking that name)
-NORM_LAYOUTS = (
-    ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",  # Gemma 2-4
-     "post_feedforward_layernorm"),
-    ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"),  # GLM-4
-    (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),  # OLMo 2 and 3: after, not before
-    ("input_layernorm", None, "pre_feedforward_layernorm", None),  # VaultGemma
-    ("input_layernorm", None, "post_attention_layernorm", None),  # Llama's and most others
-    # one norm before both, the attention and the FFN reading the layer's input side by side (Cohere's: the only
-    # layout whose norm before the FFN is the one before the attention)
-    ("input_layernorm", None, "input_layernorm", None))
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # or Phi-3's qkv_proj and o_proj
 
 
@@ -119,8 +109,8 @@ def _whole_width(attention, head_dim: int) -> bool:
 
 def _norms(layer) -> tuple[nn.Module | None, ...] | None:
     """The layer's norms before its attention, after it, before its FFN and after it (None: none there), as the
-    first of :data:`NORM_LAYOUTS` it has places them; None if it has none of them."""
-    for names in NORM_LAYOUTS:
+    first of the families table's norm layouts (:func:`lambda_gelu.families.norm_layouts`) it has places them; None if it has none of them."""
+    for names in norm_layouts():
         if all(n is None or hasattr(layer, n) for n in names) and (names[0] or not hasattr(layer, "input_layernorm")):
             return tuple(None if n is None else getattr(layer, n) for n in names)
     return None

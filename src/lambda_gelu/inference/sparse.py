@@ -23,22 +23,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _native
+from ..families import ungated_layouts
 from ..core.convert import _is_conv1d, _plain, eval_mode, replacement_problem
 from .experts import SparseExperts, experts_problem, relu_experts
 from .gated import SparseGatedMLP, formula_problem, gated_mlps, gated_parts
 
 __all__ = ["SparseLinear", "sparsify_", "sparse_linear_reference", "active_inputs", "activation_sparsity",
-           "MAX_DENSITY", "MIN_WEIGHTS", "UNGATED_LAYOUTS"]
+           "MAX_DENSITY", "MIN_WEIGHTS"]
 
 MAX_DENSITY = 0.35  # fraction of active inputs above which the layer runs dense; conservative: the 3072-input
 # FFN of benchmarks/bench_sparse.py still gains at 0.6, small layers gain less (a fixed cost per call)
-# an ungated FFN's first projection, activation and second projection, as each family names them: the second reads
-# the activation's output (and is replaced; a SparseLinear computes any input exactly, zeros or not)
-UNGATED_LAYOUTS = (("c_fc", "act", "c_proj"),  # GPT-2 (Conv1D), StarCoder2
-                   ("dense_h_to_4h", "act", "dense_4h_to_h"),  # GPT-NeoX (Pythia), Falcon
-                   ("fc1", "activation_fn", "fc2"),  # Phi-1 and 2; OPT's, BART's and their kinds' layers
-                   ("fc_in", "act", "fc_out"),  # GPT-J
-                   ("wi", "act", "wo"))  # T5 v1.0's, ReLU as trained
 GATED_MAX_DENSITY = 0.5  # a gated FFN reads 2 of its 3 matrices only for active units: it gains up to about here
 # with more rows than decoding (SparseGatedMLP: decoding never falls back)
 MIN_WEIGHTS = 1 << 17  # layers with fewer weights stay dense: the sparse path's fixed cost per call (a C call
@@ -147,7 +141,8 @@ def _eligible(model: nn.Module):
             for (_, a), (attr, b) in zip(children, children[1:]):
                 if type(a) is nn.ReLU and isinstance(b, nn.Linear):
                     yield prefix + attr, parent, attr
-        for up, act, down in UNGATED_LAYOUTS:  # down(act(up(x))), GPT-2's and the others' names for them
+        for up, act, down in ((f.first, f.act, f.second) for f in ungated_layouts()):  # down(act(up(x))): the
+            # second reads the activation's output and is replaced (a SparseLinear computes any input exactly)
             if (type(getattr(parent, act, None)) is nn.ReLU and _projection(getattr(parent, up, None))
                     and _projection(getattr(parent, down, None))):
                 yield prefix + down, parent, down
@@ -182,10 +177,10 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     Qwen2/3-MoE, OLMoE, DeepSeek, ...) and every other linear layer whose input comes straight from an ``nn.ReLU`` by
     a :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
     ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face ungated FFNs as
-    :data:`UNGATED_LAYOUTS` names them (GPT-2's ``mlp.c_proj``, a ``Conv1D``; GPT-NeoX's, StarCoder2's, Phi's,
+    the families table names them (:mod:`lambda_gelu.families`) (GPT-2's ``mlp.c_proj``, a ``Conv1D``; GPT-NeoX's, StarCoder2's, Phi's,
     GPT-J's, OPT's and BART's, T5 v1.0's) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
     is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``); the gated FFNs of
-    :data:`~lambda_gelu.inference.gated.GATED_LAYOUTS` whose own forward is ``down(relu(gate(x)) * up(x))``.
+    the families table's gated layouts whose own forward is ``down(relu(gate(x)) * up(x))``.
     Layers whose input is not
     guaranteed to come from a ReLU are left alone, and so is every layer that SparseLinear would not
     reproduce exactly: a subclass with a forward of its own (torch.ao's quantization-aware Linear), a

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..core.batches import run_batch
 from ..core.convert import _hugging_face_models, eval_mode, rebuilt_from_config
-from ..inference.gated import GATED_LAYOUTS
+from ..families import gated_layouts
 
 __all__ = ["GateThreshold", "add_gate_biases_", "gated_ffns", "gate_zeros_problem", "shift_gates_"]
 
@@ -39,17 +39,18 @@ RATE = 0.5     # the share of each step's measured shift that is applied
 QUANTILE_MAX = 1 << 24  # the most values torch.quantile takes
 
 
-# the layouts whose gate is a layer of its own, whose whole output and bias the threshold reads and moves; not a
-# bundled one (Phi-3's gate_up_proj: up's half would be thresholded too)
-SEPARATE = tuple(layout for layout in GATED_LAYOUTS if not layout.bundled)
-BUNDLED = tuple(layout for layout in GATED_LAYOUTS if layout.bundled)
+
+def _separate() -> tuple:
+    """The gated layouts whose gate is a layer of its own, whose whole output and bias the threshold reads and moves;
+    not a bundled one (Phi-3's gate_up_proj: up's half would be thresholded too)."""
+    return tuple(layout for layout in gated_layouts() if not layout.bundled)
 
 
-def gated_ffns(model: nn.Module, layouts: Sequence = SEPARATE) -> list[tuple[str, nn.Module, tuple[nn.Linear, ...]]]:
+def gated_ffns(model: nn.Module, layouts: Sequence | None = None) -> list[tuple[str, nn.Module, tuple[nn.Linear, ...]]]:
     """(name, FFN, (gate, up, down)) of every gated FFN in ``model`` laid out as one of ``layouts`` (those of
-    :data:`~lambda_gelu.inference.gated.GATED_LAYOUTS` the threshold takes) with ``nn.Linear`` projections, whatever
-    its activation."""
-    found = []
+    the families table's gated layouts the threshold takes, by default) with ``nn.Linear`` projections, whatever its
+    activation."""
+    found, layouts = [], _separate() if layouts is None else layouts
     for name, m in model.named_modules():
         for layout in layouts:
             parts = tuple(getattr(m, a, None) for a in (layout.gate, layout.up, layout.down))
@@ -62,11 +63,11 @@ def gate_zeros_problem(model: nn.Module) -> str | None:
     """Why ``model``'s gates cannot be thresholded (None if they can): it has no gated FFN, or a Hugging Face model in
     it could not save the biases on its gated FFNs."""
     if not gated_ffns(model):
-        if bundled := [lay.gate for lay in BUNDLED if gated_ffns(model, (lay,))]:
+        if bundled := [lay.gate for lay in gated_layouts() if lay.bundled and gated_ffns(model, (lay,))]:
             return (f"its gated FFNs hold gate and up in one layer ({', '.join(bundled)}), where a bias would shift "
                     "up's half too: the threshold biases a gate of its own layer")
         return "the model has no gated FFN (" + "; ".join(
-            f"{lay.gate}, {lay.up}, {lay.down} and {lay.act}" for lay in SEPARATE) + ") to threshold"
+            f"{lay.gate}, {lay.up}, {lay.down} and {lay.act}" for lay in _separate()) + ") to threshold"
     for _, hf in _hugging_face_models(model):
         if not hasattr(hf.config, "mlp_bias"):
             return (f"{type(hf).__name__}'s config has no mlp_bias to give its gated FFNs the biases the threshold "
