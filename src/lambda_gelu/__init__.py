@@ -12,6 +12,7 @@ demand: ``inference`` (``sparsify_`` and the sparse layers, gated FFNs and exper
 each model family), ``integrations`` (hardening callbacks for transformers' Trainer and Lightning), and ``cli``
 (the ``lambda-gelu`` command). ``_native`` holds the C kernels, built on first use.
 """
+from . import _moved
 from .core.config import DEFAULTS, LambdaGELUConfig
 from .core.convert import (GELU_LIKE, SILU_LIKE, convert_to_lambda_gelu_, convert_to_lambda_silu_, is_gelu_like,
                       is_reluizable, is_silu_like, lambda_modules, relu_config_problem, replace_modules_, to_relu_)
@@ -21,10 +22,9 @@ from .core.module import LambdaGELU, LambdaSiLU, lambda_to_raw, raw_to_lambda
 from .core.optim import lambda_param_groups
 from .core.registry import create_act, get_act_layer
 from .core.regularize import SparsityRegularizer, sparsity_factor
-from . import _moved
-from .reluize import ReluizeConfig, ReluizeResult, reluize
 from .core.schedule import AutoSwitch, HardeningSchedule
 from .core.silu import lambda_silu, lambda_silu_reference, silu_l1_gap, silu_lambda_target
+from .reluize import ReluizeConfig, ReluizeResult, reluize
 
 __version__ = "0.1.0"
 

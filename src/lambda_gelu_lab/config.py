@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from lambda_gelu import DEFAULTS
 
 from .arms import ARM_FIELDS, ARMS, LAB_POSTHOC
+from lambda_gelu.errors import field_check
 
 LATER_FIELDS = ("train_limit", "posthoc_recalibrate")
 
@@ -45,9 +46,7 @@ class RunConfig:
     train_limit: int = 0            # use only the first N training examples (0: all) — for smoke tests
 
     def __post_init__(self):
-        def need(ok: bool, name: str, what: str):
-            if not ok:
-                raise ConfigError(f"{name}={getattr(self, name)!r} is invalid: must be {what}")
+        need = field_check(self, ConfigError, qualified=False)
 
         need(self.arm in ARMS, "arm", "one of " + ", ".join(ARMS))
         for name in ("seed", "epochs", "batch_size", "train_limit", "posthoc_recalibrate"):

@@ -20,11 +20,11 @@ import lambda_gelu as lg
 from lambda_gelu.deploy import onnx as deploy
 from lambda_gelu.verify import robustness as verify
 
+from .arms import ARMS
 from .config import RunConfig
 from .data import DataError
 from .store import Store
 from .tasks import TASKS, Task
-from .arms import ARMS
 from .train import build_model, evaluate, relu_ize_
 
 MODELS = (  # (name, arm it comes from, ReLU-ize it)

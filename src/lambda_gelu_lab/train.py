@@ -13,8 +13,8 @@ import lambda_gelu as lg
 from lambda_gelu.core.convert import eval_mode
 from lambda_gelu.inference.sparse import activation_sparsity
 
-from .baselines import LearnableSwish, swish_init, swish_target
 from .arms import ARMS
+from .baselines import LearnableSwish, swish_init, swish_target
 from .config import RunConfig
 from .data import Splits
 from .tasks import Task

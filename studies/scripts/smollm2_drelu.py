@@ -26,7 +26,8 @@ import torch
 import torch.nn as nn
 
 from lambda_gelu.hf import corpus, load, model_directory
-from lambda_gelu.hf.evaluate import evaluate, exact_zeros, scores
+from lambda_gelu.core.zeros import exact_zeros
+from lambda_gelu.hf.evaluate import evaluate, scores
 from lambda_gelu.hf.load import quiet_transformers
 from lambda_gelu.reluize import reluize
 
@@ -34,9 +35,10 @@ from lambda_gelu.reluize import reluize
 def zeros(model, batches) -> dict[str, float]:
     """Exact zeros on real tokens, averaged over the layers: the gate's output, up's (after its ReLU, if any) and
     down's input."""
-    return exact_zeros(model, batches, [site for layer in model.model.layers for site in (
+    counted = exact_zeros(model, batches, [site for layer in model.model.layers for site in (
         ("gate", layer.mlp.act_fn, "output"), ("up", layer.mlp.up_proj, "output"),
         ("down", layer.mlp.down_proj, "input"))])
+    return {key: site["zero_fraction"] for key, site in counted.items()}
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from ..errors import field_check
 from .functional import lambda_target
 
 __all__ = ["LambdaGELUConfig", "DEFAULTS"]
@@ -22,9 +23,7 @@ class LambdaGELUConfig:
     per_channel: bool = False    # one λ per channel (conversion then needs an example input)
 
     def __post_init__(self):
-        def need(ok: bool, name: str, what: str):
-            if not ok:
-                raise ValueError(f"LambdaGELUConfig.{name}={getattr(self, name)!r} is invalid: must be {what}")
+        need = field_check(self)
 
         def real(name):
             v = getattr(self, name)

@@ -51,8 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _compiled
 from .. import _native
+from . import _compiled
 
 __all__ = ["lambda_gelu", "lambda_gelu_reference", "l1_gap", "lambda_target", "set_backend", "get_backend",
            "backend"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from ..errors import field_check
 from .batches import run_batch
 from .config import DEFAULTS, LambdaGELUConfig
 from .convert import eval_mode, lambda_modules
@@ -53,9 +54,7 @@ class AutoSwitch:
     latest: float = 0.5     # ... nor after this one
 
     def __post_init__(self):
-        def need(ok: bool, name: str, what: str):
-            if not ok:
-                raise ValueError(f"AutoSwitch.{name}={getattr(self, name)!r} is invalid: must be {what}")
+        need = field_check(self)
 
         def fraction(name):
             v = getattr(self, name)

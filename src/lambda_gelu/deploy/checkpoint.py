@@ -30,14 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..hf.convert import _help, _whole
-from .decoding import decoding_speed
-from .decoding import markdown_lines as decoding_lines
 from ..errors import CheckpointError
+from ..hf.convert import _help, _whole
 from ..hf.evaluate import evaluate, hidden_states, relu_zeros, scores, summarise
 from ..hf.load import OFFLINE_MODELS, _first_line, fingerprint, load, model_directory, quiet_transformers
 from ..hf.save import DEPLOY_REPORT, REPORT, listed_files
 from ..hf.text import decoder_inputs, padding_tokenizer, stdlib_sentences, teacher_forced
+from .decoding import decoding_speed
+from .decoding import markdown_lines as decoding_lines
 
 __all__ = ["DeployConfig", "deploy_checkpoint", "DEPLOY_REPORT", "ONNX_FILES"]
 

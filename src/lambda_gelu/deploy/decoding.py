@@ -15,9 +15,9 @@ import statistics
 
 import torch
 
+from ..inference.decoder import LeanDecoder
 from ..inference.sparse import sparsify_
 from ..timing import time_interleaved
-from ..inference.decoder import LeanDecoder
 
 __all__ = ["decoding_speed", "markdown_lines", "DECODERS"]
 

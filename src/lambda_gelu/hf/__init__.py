@@ -11,10 +11,10 @@ checkpoint and its original in ONNX Runtime; the ``[deploy]`` extra too), ``deco
 decoding at batch 1 with fewer Python calls per token than ``generate``). transformers and ONNX Runtime are
 imported only when used.
 """
-from .convert import BATCHINGS, ConversionConfig, reluize_checkpoint
-from ..inference.decoder import LeanDecoder
 from ..deploy.checkpoint import DeployConfig, deploy_checkpoint
 from ..errors import CheckpointError
+from ..inference.decoder import LeanDecoder
+from .convert import BATCHINGS, ConversionConfig, reluize_checkpoint
 from .load import OFFLINE_MODELS, load, model_directory, sentence_transformers_files
 from .save import prepare_out, write_atomically
 from .text import corpus, held_out_sets, in_order, length_grouped, read_texts, reference_sentences, stdlib_sentences

@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..core.zeros import exact_zeros
 from ..reluize.losses import mean_pool
 
-__all__ = ["METRICS", "AGREEMENT", "evaluate", "hidden_states", "summarise", "scores", "markdown", "relu_zeros",
-           "exact_zeros"]
+__all__ = ["METRICS", "AGREEMENT", "evaluate", "hidden_states", "summarise", "scores", "markdown", "relu_zeros"]
 
 # what a report measures of a conversion: key, column, format; the last two only where the model has them
 METRICS = (("cosine", "cosine", "{:.4f}"), ("top10_overlap", "top-10 overlap", "{:.3f}"),
@@ -65,41 +65,11 @@ def summarise(outputs, causal: bool) -> dict:
             "perplexity": float(torch.tensor(nll / tokens).exp()) if tokens else None}
 
 
-@torch.no_grad()
 def relu_zeros(model, batches) -> dict[str, float]:
     """{ReLU module: the fraction of its outputs that are exactly zero}, over the real (unpadded) tokens of
-    ``batches``: the activation sparsity a sparse kernel can skip, layer by layer."""
-    return exact_zeros(model, batches, [(n, m, "output") for n, m in model.named_modules()
-                                        if isinstance(m, torch.nn.ReLU)])
-
-
-def exact_zeros(model, batches, sites) -> dict[str, float]:
-    """{key: the fraction of exact zeros} over the real (unpadded) tokens of ``batches``, at each site
-    ``(key, module, "output" or "input")`` of ``sites``: the module's output, or its first input; the sites that share
-    a key are counted together."""
-    counts, mask = {}, {}
-
-    def hook(key, where):
-        def count(mod, args, out=None):
-            x = out if where == "output" else args[0]
-            m = mask["now"]
-            values = x[m.bool()] if m is not None and m.shape == x.shape[:-1] else x
-            zeros, total = counts.get(key, (0, 0))
-            counts[key] = (zeros + int((values == 0).sum()), total + values.numel())
-        return count
-
-    handles = [m.register_forward_hook(hook(key, where)) if where == "output"
-               else m.register_forward_pre_hook(hook(key, where)) for key, m, where in sites]
-    try:
-        model.eval()
-        with torch.no_grad():
-            for b in batches:
-                mask["now"] = b.get("attention_mask")
-                model(**b)
-    finally:
-        for h in handles:
-            h.remove()
-    return {key: zeros / total for key, (zeros, total) in counts.items() if total}
+    ``batches``: the activation sparsity a sparse kernel can skip, layer by layer (:func:`~lambda_gelu.core.zeros.
+    exact_zeros`, the library's one count)."""
+    return {key: site["zero_fraction"] for key, site in exact_zeros(model, batches).items()}
 
 
 def scores(ev: dict, ref: dict) -> dict:

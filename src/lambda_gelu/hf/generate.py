@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..inference.sparse import sparsify_
-from ..inference.decoder import LeanDecoder
-from .convert import _whole
 from ..errors import CheckpointError
+from ..inference.decoder import LeanDecoder
+from ..inference.sparse import sparsify_
+from .convert import _whole
 from .load import load, model_directory, quiet_transformers
 
 __all__ = ["GenerateConfig", "Generated", "generate_text"]

@@ -54,9 +54,9 @@ from torch import Tensor
 from .. import _native
 from .._native import pointer
 from .derived import Made
-from .screened_argmax import ScreenedArgmax
 from .layout import (_cache_owners, _halves_order, _interleaved, _layout_problem, _norms, _paired_table, _rms_norm,
                      _rotates, _torch_only, _whole_width, _window)
+from .screened_argmax import ScreenedArgmax
 
 __all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
 

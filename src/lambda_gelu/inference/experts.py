@@ -32,8 +32,8 @@ from torch import Tensor
 
 from .. import _native
 from ..core.convert import replacement_problem
-from .derived import Made
 from ..families import expert_parameters
+from .derived import Made
 from .gated import FUSED_ROWS, quantize_rows, screen_rows, sparse_gated_int8_reference
 
 __all__ = ["SparseExperts", "sparse_experts_reference", "relu_experts", "experts_problem"]

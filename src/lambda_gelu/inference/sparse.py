@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import _native
+from ..core.convert import _is_conv1d, _plain, replacement_problem
+from ..core.zeros import exact_zeros
 from ..families import ungated_layouts
-from ..core.convert import _is_conv1d, _plain, eval_mode, replacement_problem
 from .experts import SparseExperts, experts_problem, relu_experts
 from .gated import SparseGatedMLP, formula_problem, gated_mlps, gated_parts
 
@@ -252,26 +253,7 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
 def activation_sparsity(model: nn.Module, inputs: Iterable[torch.Tensor]) -> dict[str, dict[str, float]]:
     """For every ``nn.ReLU`` in ``model``: the fraction of its outputs that are exactly zero over
     ``inputs`` (``zero_fraction``, of ``outputs`` values seen), and the fraction of its units (last
-    dimension) that are never active (``dead_fraction``)."""
-    stats: dict[str, dict] = {}
-    hooks = []
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ReLU):
-            def hook(mod, args, out, name=name):
-                s = stats.setdefault(name, {"zeros": 0, "total": 0, "ever_active": None})
-                s["zeros"] += int((out == 0).sum())
-                s["total"] += out.numel()
-                active = (out.reshape(-1, out.shape[-1]) > 0).any(0)
-                s["ever_active"] = active if s["ever_active"] is None else s["ever_active"] | active
-            hooks.append(m.register_forward_hook(hook))
-    if not hooks:
+    dimension) that are never active (``dead_fraction``): :func:`lambda_gelu.core.zeros.exact_zeros`."""
+    if not any(isinstance(m, nn.ReLU) for m in model.modules()):
         raise ValueError("activation_sparsity found no nn.ReLU in the model: ReLU-ize it first (lambda_gelu.to_relu_)")
-    try:
-        with eval_mode(model):
-            for x in inputs:
-                model(x)
-    finally:
-        for h in hooks:
-            h.remove()
-    return {name: {"zero_fraction": s["zeros"] / s["total"], "outputs": s["total"],
-                   "dead_fraction": 1.0 - s["ever_active"].float().mean().item()} for name, s in stats.items()}
+    return exact_zeros(model, inputs)

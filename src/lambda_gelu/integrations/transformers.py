@@ -28,8 +28,8 @@ from __future__ import annotations
 from transformers import Trainer, TrainerCallback
 
 from ..core.config import LambdaGELUConfig
-from ..reluize import ReluizeConfig, Reluizer
 from ..core.schedule import HardeningSchedule, _check_callback_arguments
+from ..reluize import ReluizeConfig, Reluizer
 
 __all__ = ["HardeningCallback", "ReluizeTrainer"]
 

@@ -20,9 +20,9 @@ from .api import reluize
 from .batchnorm import recalibrate_batchnorm_
 from .blockwise import ReconstructionBlock, reconstruction_blocks
 from .config import LR_SCHEDULES, RECALIBRATE, RIDGE, SCHEDULES, ReluizeConfig
-from .reluizer import AnnealedGELU, Reluizer
 from .losses import LOSSES, AutoLoss, distillation_loss, mean_pool
 from .refit import refit_after_swap_, refit_consumers
+from .reluizer import AnnealedGELU, Reluizer
 from .result import ReluizeResult
 from .threshold import GateThreshold
 

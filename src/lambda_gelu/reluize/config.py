@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..core.config import DEFAULTS
 from ..core.functional import lambda_target
+from ..errors import need
 from .losses import LOSSES, get_loss
 from .precision import PRECISIONS
 
@@ -101,10 +102,6 @@ class ReluizeConfig:
         f"network is ReLU (None: {RECALIBRATE} where the model has BatchNorm; 0: none)"))
 
     def __post_init__(self):
-        def need(ok: bool, message: str):
-            if not ok:
-                raise ValueError(message)
-
         def number(name, low=0.0, high=math.inf, *, low_open=False, high_open=True):
             v = getattr(self, name)
             ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)

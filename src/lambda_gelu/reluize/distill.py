@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from .batchnorm import recalibrate_batchnorm_
+from .budget import next_eighth
 from .reluizer import Reluizer, check_steps
 from .result import ReluizeResult
 from .stream import take_and_keep
@@ -27,7 +28,7 @@ def distill(reluizer: Reluizer, stream, steps: range, optimizer, lr_schedule: st
     decay = lr_decay(optimizer, lambda: reluizer.total_steps, lr_schedule)
     reluizer.model.eval()
     bar = progress_bar(len(steps), progress)
-    eighth, check = _eighth(len(steps), 1, 0) if replan is not None else (8, None)
+    eighth, check = next_eighth(len(steps), 1, 0) if replan is not None else (8, None)
     t0 = time.perf_counter() - result.seconds
     try:
         while reluizer.step_count < reluizer.total_steps:
@@ -48,23 +49,13 @@ def distill(reluizer: Reluizer, stream, steps: range, optimizer, lr_schedule: st
                 break
             if reluizer.step_count == check:
                 _replan(reluizer, replan(time.perf_counter() - t0, reluizer.step_count), result, bar)
-                eighth, check = _eighth(reluizer.total_steps, eighth + 1, reluizer.step_count)
+                eighth, check = next_eighth(reluizer.total_steps, eighth + 1, reluizer.step_count)
         if reluizer.finish() and recalibrate:
             _recalibrate(reluizer, stream, recalibrate, result)
     finally:
         reluizer.close()
         bar.close()
     result.seconds = time.perf_counter() - t0
-
-
-def _eighth(total: int, k: int, taken: int) -> tuple[int, int | None]:
-    """The first of ``total``'s eighths from its ``k``-th (k/8 of its steps; 7 at most) that lies past ``taken``,
-    and where: when the plan is asked next. A plan is asked at most seven times after its first answer."""
-    for j in range(k, 8):
-        step = max(1, round(total * j / 8))
-        if step > taken:
-            return j, step
-    return 8, None
 
 
 def _replan(reluizer: Reluizer, total, result: ReluizeResult, bar) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from .analysis import drift
 from ..arms import ARMS
+from .analysis import drift
 from .plots import plot_drift_scatter
 
 MIN_RUNS = 5  # fewer runs (or variants) than this give no correlation worth a row

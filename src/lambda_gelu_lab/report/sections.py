@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arms import ARMS
 from .analysis import drift, layer_order, matched_spearman, pairwise_spearman
 from .plots import plot_drift, plot_lambdas, plot_sparsity
-from ..arms import ARMS
 from .stats import (ALPHA, MARGIN, STABLE_RHO, Comparison, Finding, by_seed, by_variant, drift_cells, mean_sd, paired,
                     paired_by_seed, profiles)
 

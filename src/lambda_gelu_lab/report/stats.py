@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from .analysis import drift, pairwise_spearman
 from ..config import EXPERIMENT_FIELDS
+from .analysis import drift, pairwise_spearman
 
 MARGIN = 0.005     # equivalence margin: ±0.5 accuracy points
 ALPHA = 0.05
