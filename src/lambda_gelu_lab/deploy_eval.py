@@ -18,7 +18,7 @@ import torch
 
 import lambda_gelu as lg
 from lambda_gelu.deploy import onnx as deploy
-from lambda_gelu.verify import robustness as verify
+from lambda_gelu.verify import bounds, milp
 
 from .arms import ARMS
 from .config import RunConfig
@@ -60,8 +60,8 @@ def _box(task: Task, x: torch.Tensor, eps: float):
 
 
 def _verification(model, act, task, splits, points, time_limit) -> dict:
-    layers, _ = verify.affine_layers(model)
-    unit = verify.unit_roundoff(model)
+    layers, _ = bounds.affine_layers(model)
+    unit = bounds.unit_roundoff(model)
     out = {}
     for eps in EPSILONS:
         counts = {"points": points, "correct": 0, "ibp": 0, "crown": 0, "verified": 0, "falsified": 0, "timeout": 0,
@@ -73,18 +73,18 @@ def _verification(model, act, task, splits, points, time_limit) -> dict:
                     continue
             counts["correct"] += 1
             lo, hi = _box(task, x, eps)
-            spec = verify._margin_spec(y, layers[-1][0].shape[0])
-            ibp = verify.interval_bounds(layers, act, lo, hi)
+            spec = bounds._margin_spec(y, layers[-1][0].shape[0])
+            ibp = bounds.interval_bounds(layers, act, lo, hi)
             ibp_lower = spec @ ((ibp[-1][0] + ibp[-1][1]) / 2) - np.abs(spec) @ ((ibp[-1][1] - ibp[-1][0]) / 2)
             if act != "relu":  # GELU: bounds in exact arithmetic (its float rounding is not bounded)
                 counts["ibp"] += bool(np.all(ibp_lower > 0))
                 continue
             # ReLU: a margin must also exceed what the float forward can round, as verify_point asks
-            rounding = lambda bounds: verify.float_error(layers, bounds, lo, hi, unit, spec)  # noqa: E731
+            rounding = lambda bounds: bounds.float_error(layers, bounds, lo, hi, unit, spec)  # noqa: E731
             counts["ibp"] += bool(np.all(ibp_lower > rounding(ibp)))
-            crown, crown_lower = verify.crown_bounds(layers, lo, hi, spec)
+            crown, crown_lower = bounds.crown_bounds(layers, lo, hi, spec)
             counts["crown"] += bool(np.all(crown_lower > rounding(crown)))
-            r = verify.verify_point(model, x, y, lo, hi, time_limit=time_limit)
+            r = milp.verify_point(model, x, y, lo, hi, time_limit=time_limit)
             counts[r.status] += 1
             counts["seconds"] += r.seconds
         out[str(eps)] = counts
