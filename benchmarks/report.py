@@ -189,6 +189,8 @@ def main():
                   f"| one layer's solve, Cholesky | {s['cholesky']:.3f} | {s['gelsd'] / s['cholesky']:.0f} |", "",
                   f"The two refits equal bit for bit: {'yes' if d['equal'] else '**no**'}; the two solves apart by "
                   f"{d['solve_gap']:.1e} (relative).", ""]
+    for path in sorted(RESULTS.glob("llamacpp*.json")):
+        lines += _llamacpp_section(json.loads(path.read_text()))
     for decode in _decodes():
         lines += _decode_section(json.loads(decode.read_text()))
     if (RESULTS / "gated_rows.json").exists():
@@ -201,6 +203,39 @@ def main():
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text("\n".join(lines) + "\n")
     print(OUT)
+
+
+def _llamacpp_section(d: dict) -> list[str]:
+    """bench_llamacpp.py's results: every decoder's tokens/s, bytes per token and share of its bandwidth bound."""
+    reads = d["ffn_reads"]
+    lines = [f"## Against llama.cpp: {d['model']} ({_cpu(d)})", "",
+             f"`python benchmarks/bench_llamacpp.py --model {d['model']}` — greedy decoding at batch 1, "
+             f"{d['new_tokens']} tokens after a {d['prompt_tokens']}-token prompt, {d['threads']} threads, medians of "
+             f"{d['rounds']} interleaved rounds, llama-cpp-python {d['llama_cpp']} built on this machine (commit "
+             f"{d.get('code')}). Memory bandwidth measured {d['bandwidth'] / 1e9:.1f} GB/s (a 1 GiB read on the same "
+             f"threads); while decoding, the int8 screen left {reads['gate_rows_read']:.1%} of the gate rows to read "
+             f"and {reads['active']:.1%} of the units were active. *Of bound*: tokens/s × bytes per token / "
+             "bandwidth (where a variant's bytes fit in the last-level cache, DRAM is not its bound).", "",
+             "| decoder, model, precision | tokens/s | MB per token | of bound | greedy tokens as its reference |",
+             "|---|---|---|---|---|"]
+    for name, v in d["variants"].items():
+        lines.append(f"| {name} | {v['tokens_per_s']:.1f} | {v['bytes_per_token'] / 1e6:.1f} | "
+                     f"{v['share_of_bandwidth_bound']:.0%} | {v['same_tokens']}/{d['new_tokens']} |")
+    pairs = (("sparse, float32", "F32"), ("sparse, int8", "Q8_0"), ("sparse, int8", "Q4_0"), ("sparse, int8", "Q4_1"))
+    lines += ["", "Side by side, round by round (llama.cpp's time over ours; median, and the rounds' range):", ""]
+    v = d["variants"]
+    for ours, theirs in pairs:
+        mine = next((k for k in v if k.startswith(f"ours, converted, {ours}")), None)
+        other = f"llama.cpp, original, {theirs}"
+        if mine and other in v:
+            ratios = sorted(t / o for o, t in zip(v[mine]["seconds"], v[other]["seconds"]))
+            lines.append(f"- {mine.removeprefix('ours, converted, ')} against llama.cpp {theirs}: "
+                         f"×{ratios[len(ratios) // 2]:.2f} (×{ratios[0]:.2f}–×{ratios[-1]:.2f})")
+    return lines + [""]
+
+
+def _cpu(d: dict) -> str:
+    return d["machine"].split(", ")[-1]
 
 
 def _amdahl(gen: dict) -> str:

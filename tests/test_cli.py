@@ -103,7 +103,7 @@ def test_generate_samples_as_generate_samples_and_int8_runs(relu_llama, capsys):
                          "--temperature", "0.8", "--top-k", "20", "--seed", "3", "--ids")
     assert [int(t) for t in drawn.split()] == want.tolist()
     _, speed = _generate(capsys, str(directory), "Open a file", "--int8", "--max-new-tokens", "4")
-    assert "int8 sparse FFNs" in speed
+    assert "int8 sparse FFNs and attention" in speed
 
 
 @pytest.mark.parametrize("argv, message", [

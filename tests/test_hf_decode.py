@@ -271,3 +271,44 @@ def test_what_it_does_not_run_is_refused_in_one_line():
         decoder.generate(_prompt(), -1)
     with pytest.raises(ValueError, match=r"^max_length is a number of tokens ≥ 2, got 1$"):
         LeanDecoder(_model(FAMILIES["llama"]()), max_length=1)
+
+
+INT8_FAMILIES = ("llama", "qwen3", "phi3", "gemma2", "glm", "granite")  # stacked q/k/v, norms after, pairs, scales
+
+
+@pytest.mark.parametrize("family", INT8_FAMILIES)
+def test_int8_attention_in_c_is_its_torch_path_and_costs_what_its_rounding_costs(family):
+    """The C step over the attention's int8 rows gives the torch path's logits over the same rows dequantized (they
+    differ by the inputs' rounding to 16 bits: far below the probe's tolerance) and its greedy tokens; against the
+    float32 model the int8 rows change the logits by a quantization's amount, measured: the logits stay close."""
+    model = _model(FAMILIES[family]())
+    sparse = copy.deepcopy(model)
+    assert sparsify_(sparse, min_weights=0)
+    ids = _prompt()
+    fused, torch_path = LeanDecoder(sparse, int8_attention=True), LeanDecoder(sparse, int8_attention=True, fused=False)
+    assert fused.fused and fused.int8
+    def next_logits(decoder):  # the prompt by the torch path, then one step by the decoder's own
+        keys, values = decoder._cache(12), decoder._cache(12)
+        decoder._forward(ids, 0, keys, values)
+        return decoder._logits(decoder._forward(ids[:, -1:], 10, keys, values))[0]
+
+    with torch.inference_mode():
+        assert torch.equal(fused.generate(ids, 16), torch_path.generate(ids, 16))
+        ours, theirs = next_logits(fused), next_logits(torch_path)
+        assert (ours - theirs).abs().max() <= 1e-4 * theirs.abs().max()
+        float_logits = next_logits(LeanDecoder(sparse, fused=False))
+    assert torch.nn.functional.cosine_similarity(float_logits, ours, dim=0) > 0.99
+
+
+def test_int8_attention_is_read_in_float_where_its_input_is_not_finite():
+    """A NaN in the hidden state cannot be rounded to 16 bits: the C step reads the float32 rows, which carry it."""
+    model = _model(FAMILIES["llama"]())
+    decoder = LeanDecoder(model, int8_attention=True)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[3, 0] = float("nan")
+    decoder.refresh()
+    keys, values = decoder._cache(4), decoder._cache(4)
+    with torch.inference_mode():
+        decoder._forward(torch.tensor([[1, 2]]), 0, keys, values)
+        hidden = decoder._forward(torch.tensor([[3]]), 2, keys, values)
+    assert torch.isnan(hidden).all()

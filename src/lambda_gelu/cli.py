@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--top-p", type=float, default=None)
     gen.add_argument("--seed", type=int, default=0, help="the draws' seed, with --sample (default 0)")
-    gen.add_argument("--int8", action="store_true", help="the FFNs read int8 weights with a scale per row (not exact)")
+    gen.add_argument("--int8", action="store_true",
+                     help="the FFNs and the attention's projections read int8 weights with a scale per row (not exact)")
     gen.add_argument("--dense", action="store_true", help="leave the FFNs dense (the reference for the sparse path)")
     gen.add_argument("--chat", action="store_true", help="the prompt as a user's turn in the tokenizer's chat template")
     gen.add_argument("--ids", action="store_true", help="print the new tokens' ids, not their text")

@@ -80,7 +80,7 @@ def _verification(model, act, task, splits, points, time_limit) -> dict:
                 counts["ibp"] += bool(np.all(ibp_lower > 0))
                 continue
             # ReLU: a margin must also exceed what the float forward can round, as verify_point asks
-            rounding = lambda bounds: bounds.float_error(layers, bounds, lo, hi, unit, spec)  # noqa: E731
+            rounding = lambda box: bounds.float_error(layers, box, lo, hi, unit, spec)  # noqa: E731
             counts["ibp"] += bool(np.all(ibp_lower > rounding(ibp)))
             crown, crown_lower = bounds.crown_bounds(layers, lo, hi, spec)
             counts["crown"] += bool(np.all(crown_lower > rounding(crown)))

@@ -144,7 +144,7 @@ class Kernels:
         self.rms_norm_f32.argtypes, self.rms_norm_f32.restype = [_P, _P, _P, _I64, ctypes.c_double, _I32], None
         self.decode_attention_f32 = self.lib.lg_decode_attention_f32
         self.decode_attention_f32.argtypes = [_P] + [_P, ctypes.c_double, _I32] * 4 + [ctypes.c_double] + [
-            _I32] * 3 + [_P] * 8 + [_I64] * 7 + [ctypes.c_double, ctypes.c_double, _I32]  # h, four norms' weight, eps,
+            _I32] * 3 + [_P] * 12 + [_I64] * 7 + [ctypes.c_double, ctypes.c_double, _I32]  # h, four norms' weight, eps,
         # plus_one: the layer's, q, k, post; then the values' norm's eps (< 0: none), whether the layer shares a cache,
         # whether its q and k norms span every head, whether they come after the rotation
         self.decode_attention_f32.restype = _I32

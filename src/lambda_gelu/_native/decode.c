@@ -1,4 +1,4 @@
-#include "common.h"
+#include "int8.h"
 
 /* One decoding step of a Llama-layout decoder layer (lambda_gelu.hf.LeanDecoder), float32, one token: the work
  * between the layer's weights is a few hundred multiply-adds per head, and in torch it is some thirty small calls of
@@ -45,21 +45,31 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
  * v_cache are (kv_heads, length, head_dim) (a sliding window's caller passes them from its first position, and pos
  * counted from there). A layer that shares (Gemma 4's layers reading an earlier layer's keys and values) has qkv of
  * its query rows alone, writes nothing to the caches and reads them as that layer wrote them, position pos included.
+ * With qkv_q, qkv_s (and o_q, o_s) given, the projections read int8 rows instead, each row s·q (quantize_rows: a
+ * quarter of the float32 bytes), their input rounded to int16 as t·x̃ and summed exactly in integers (int8.h), the
+ * result s·t·(q·x̃) in double: the float32 projection of the dequantized rows but for x's rounding to 16 bits. An
+ * input holding a NaN or an infinity, which no x̃ stands for, is read by the float32 rows, which carry it.
  * The projections' rows and the heads are split over the threads.
  * Returns 0, or −1 if buffers could not be allocated (h and the caches unchanged). */
 int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *q_norm_w,
                             double q_eps, int q_plus_one, const float *k_norm_w, double k_eps, int k_plus_one,
                             const float *post_w, double post_eps, int post_plus_one, double v_eps, int shares,
                             int whole, int rotated_first, const float *qkv,
-                            const float *qkv_b, const float *o_w, const float *o_b, const float *cos, const float *sin,
+                            const float *qkv_b, const float *o_w, const float *o_b, const int8_t *qkv_q,
+                            const float *qkv_s, const int8_t *o_q, const float *o_s, const float *cos, const float *sin,
                             float *k_cache, float *v_cache, int64_t pos, int64_t length, int64_t d, int64_t heads,
                             int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, double scaling, double softcap,
                             int max_threads) {
     int64_t nq = heads * head_dim, nk = shares ? 0 : kv_heads * head_dim, rows = nq + 2 * nk;
     int64_t group = heads / kv_heads, own_heads = heads + (shares ? 0 : kv_heads);
     float *x = malloc((size_t)(2 * d + rows + nq + heads * (pos + 1)) * sizeof *x);
-    if (!x)
+    int16_t *xq = malloc((size_t)(d + nq) * sizeof *xq), *oq = xq + d;  /* x and o as int16, for the int8 rows */
+    if (!x || !xq) {
+        free(x);
+        free(xq);
         return -1;
+    }
+    double tx = 0.0, to = 0.0;
     /* the projections, the heads' outputs, their weights, the attention's output before its norm */
     float *p = x + d, *o = p + rows, *scores = o + nq, *y = scores + heads * (pos + 1);
     float cap = (float)softcap;
@@ -67,12 +77,24 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
         memcpy(x, h, (size_t)d * sizeof *x);
     else
         lg_rms_norm_f32(h, norm_w, x, d, eps, plus_one);
+    int qkv_int8 = qkv_q && !round_rows_i16(x, 1, d, xq, &tx), o_int8 = o_q != NULL;
     int nt = max_threads > 1 ? max_threads : 1;
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++)
-            p[r] = dot_f32(qkv + r * d, x, d) + (qkv_b ? qkv_b[r] : 0.0f);
+        if (qkv_int8) {
+            #pragma omp for schedule(static)
+            for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+                int m = rows - r0 < 4 ? (int)(rows - r0) : 4;
+                int32_t sums[4];
+                sums_i8_i16(qkv_q + r0 * d, m, d, xq, sums);
+                for (int i = 0; i < m; i++)
+                    p[r0 + i] = (float)((double)qkv_s[r0 + i] * tx * sums[i]) + (qkv_b ? qkv_b[r0 + i] : 0.0f);
+            }
+        } else {
+            #pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++)
+                p[r] = dot_f32(qkv + r * d, x, d) + (qkv_b ? qkv_b[r] : 0.0f);
+        }
         #pragma omp single
         if (whole) {  /* one norm over every query head, one over every key head */
             if (q_norm_w)
@@ -123,13 +145,31 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
                     oj[i] = FMA(a, vt[i], oj[i]);
             }
         }
-        #pragma omp for schedule(static)
-        for (int64_t r = 0; r < d; r++) {
-            float out = dot_f32(o_w + r * nq, o, nq) + (o_b ? o_b[r] : 0.0f);
-            if (post_w)
-                y[r] = out;
-            else
-                h[r] += out;
+        #pragma omp single
+        o_int8 = o_int8 && !round_rows_i16(o, 1, nq, oq, &to);
+        if (o_int8) {
+            #pragma omp for schedule(static)
+            for (int64_t r0 = 0; r0 < d; r0 += 4) {
+                int m = d - r0 < 4 ? (int)(d - r0) : 4;
+                int32_t sums[4];
+                sums_i8_i16(o_q + r0 * nq, m, nq, oq, sums);
+                for (int i = 0; i < m; i++) {
+                    float out = (float)((double)o_s[r0 + i] * to * sums[i]) + (o_b ? o_b[r0 + i] : 0.0f);
+                    if (post_w)
+                        y[r0 + i] = out;
+                    else
+                        h[r0 + i] += out;
+                }
+            }
+        } else {
+            #pragma omp for schedule(static)
+            for (int64_t r = 0; r < d; r++) {
+                float out = dot_f32(o_w + r * nq, o, nq) + (o_b ? o_b[r] : 0.0f);
+                if (post_w)
+                    y[r] = out;
+                else
+                    h[r] += out;
+            }
         }
     }
     if (post_w) {
@@ -138,5 +178,6 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
             h[r] += y[r];
     }
     free(x);
+    free(xq);
     return 0;
 }

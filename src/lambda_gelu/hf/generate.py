@@ -30,7 +30,7 @@ class GenerateConfig:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0                  # torch's generator before the first draw, with sample
-    int8: bool = False             # the FFNs read int8 rows with a scale per row (not exact)
+    int8: bool = False             # the FFNs and the attention's projections read int8 rows, a scale each (not exact)
     dense: bool = False            # the FFNs left dense: the reference for the sparse path
     chat: bool = False             # the prompt as a user's turn in the tokenizer's chat template
 
@@ -81,14 +81,14 @@ def generate_text(directory: str, prompt: str, config: GenerateConfig | None = N
             sparsify_(model, int8=config.int8)
         except ValueError as e:
             raise CheckpointError(f"{directory}: {e}; --dense decodes it without the sparse path") from None
-        path = "int8 sparse FFNs" if config.int8 else "sparse FFNs"
+        path = "int8 sparse FFNs and attention" if config.int8 else "sparse FFNs"
     ids = _encode(tokenizer, prompt, config.chat)
     eos = model.generation_config.eos_token_id
     ends = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     sampling = {"do_sample": True, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p} \
         if config.sample else {}
     try:
-        decoder = LeanDecoder(model, max_length=ids.shape[1] + config.max_new_tokens)
+        decoder = LeanDecoder(model, max_length=ids.shape[1] + config.max_new_tokens, int8_attention=config.int8)
         run = lambda: decoder.generate(ids, config.max_new_tokens, next(iter(ends)) if len(ends) == 1 else None,  # noqa: E731
                                        **sampling)
         path = f"LeanDecoder, {path}"

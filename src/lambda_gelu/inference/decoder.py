@@ -54,6 +54,7 @@ from torch import Tensor
 from .. import _native
 from .._native import pointer
 from .derived import Made
+from .gated import quantize_rows
 from .layout import (_cache_owners, _halves_order, _interleaved, _layout_problem, _norms, _paired_table, _rms_norm,
                      _rotates, _torch_only, _whole_width, _window)
 from .screened_argmax import ScreenedArgmax
@@ -87,21 +88,28 @@ class LeanDecoder:
             default, where it applies: float32 on CPU, RMS norms of the Llama or Gemma kind, per head too, not
             the layers the module's docstring lists by the torch path alone; :attr:`fused` says whether it does), or
             ``False``: the torch path, its reference.
+        int8_attention: the attention's projections (queries, keys and values stacked, and its output) read as int8
+            rows with a float32 scale each (:func:`~lambda_gelu.inference.gated.quantize_rows`: a quarter of their
+            bytes, which bound decoding at batch 1), their input rounded to 16 bits and summed exactly in integers
+            by the C step; the torch path (the prompt, and ``fused=False``) computes with the same rows dequantized.
+            The weights' rounding is a quantization: it changes logits, and its cost is measured, not bounded.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
-    one on a probe prompt beyond :data:`PROBE_TOLERANCE`. The stacked query/key/value weights and the output layer's
+    one on a probe prompt beyond :data:`PROBE_TOLERANCE` (with ``int8_attention``: the float32 decoder against the
+    model's forward, and the int8 C step against the int8 torch path). The stacked query/key/value weights and the output layer's
     int8 rows are copies, made again by :meth:`generate` once a weight or buffer of the model has changed
     (:class:`~lambda_gelu.inference.derived.Made`).
     """
 
-    def __init__(self, model: torch.nn.Module, max_length: int = 2048, screen_head: bool = True, fused: bool = True):
+    def __init__(self, model: torch.nn.Module, max_length: int = 2048, screen_head: bool = True, fused: bool = True,
+                 int8_attention: bool = False):
         if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
             raise ValueError(f"max_length is a number of tokens ≥ 2, got {max_length!r}")
         problem = _layout_problem(model)
         if problem is None:
             config = model.config
             self.model, self.max_length = model, max_length
-            self.screen_head, self.fused = bool(screen_head), bool(fused)
+            self.screen_head, self.fused, self.int8_attention = bool(screen_head), bool(fused), bool(int8_attention)
             self.windows = [_window(layer.self_attn, config) for layer in model.model.layers]
             self.softcaps = [getattr(layer.self_attn, "attn_logit_softcapping", None) for layer in model.model.layers]
             self.final_softcap = getattr(config, "final_logit_softcapping", None)
@@ -126,7 +134,14 @@ class LeanDecoder:
             return "shares a layer's keys and values with none"
         try:
             self.refresh()
-            return self._probe()
+            if not self.int8_attention:
+                return self._probe()
+            self.int8_attention = False  # the float32 decoder against the model's own forward, then int8 against it
+            try:
+                problem = self._probe()
+            finally:
+                self.int8_attention = True
+            return problem or self._probe_int8()
         except Exception as e:  # noqa: BLE001 - a module of another signature: not a layout it runs, in one line
             return f"fails in it ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
 
@@ -178,6 +193,10 @@ class LeanDecoder:
                 weight, bias, split = self.qkv[i]
                 order = _halves_order(split, self.head_dims[i], self.rotary[i][0].shape[-1])
                 self.qkv[i] = weight[order], None if bias is None else bias[order], split
+        # int8 rows of the attention's projections (q/k/v stacked, o), and the weights they stand for, dequantized
+        self.int8 = [(*quantize_rows(weight), *quantize_rows(layer.self_attn.o_proj.weight))
+                     for layer, (weight, _, _) in zip(self.model.model.layers, self.qkv)] if self.int8_attention else []
+        self.dequantized = [(q.float() * s[:, None], oq.float() * os[:, None]) for q, s, oq, os in self.int8]
         self.head = ScreenedArgmax(self.model.lm_head) if self.screen_head else None
         self._steps = self._fused_steps() if self.fused else None
         self.fused = self._steps is not None
@@ -220,9 +239,13 @@ class LeanDecoder:
                     or type(a.o_proj) is not nn.Linear or not all(
                         t is None or t.dtype is torch.float32 and t.is_cpu and t.is_contiguous() for t in tensors)):
                 return None
+            int8 = (None,) * 4
+            if self.int8_attention:  # o's scales carry Granite's scale as its float32 weight does
+                q, qs, oq, os = self.int8[i]
+                int8 = (q, qs, oq, (os * scale).contiguous() if scale != 1.0 else os)
             steps.append((norms[0], per_head[0] + per_head[1] + norms[2] + (values[1], int(self.owners[i] != i),
                                                                              int(whole), int(late)),
-                          *tensors, norms[1], norms[3] if ffn_after else None))
+                          *tensors, norms[1], norms[3] if ffn_after else None, int8))
         return steps + [final]
 
     def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
@@ -233,7 +256,7 @@ class LeanDecoder:
         h = h.reshape(d).contiguous()
         x, y = torch.empty(1, 1, d, dtype=h.dtype), torch.empty(d, dtype=h.dtype)
         threads = torch.get_num_threads()
-        for i, (layer, (norm, norms, qkv, qkv_b, o_w, o_b, ffn, ffn_post), (cos, sin), window, softcap, k_cache,
+        for i, (layer, (norm, norms, qkv, qkv_b, o_w, o_b, ffn, ffn_post, int8), (cos, sin), window, softcap, k_cache,
                 v_cache, head_dim, kv_heads) in enumerate(zip(inner.layers, self._steps, self.rotary, self.windows,
                                                               self.softcaps, keys, values, self.head_dims,
                                                               self.kv_heads)):
@@ -243,7 +266,8 @@ class LeanDecoder:
             if kernels.decode_attention_f32(
                     h.data_ptr(), pointer(norm[0]), *norm[1:], pointer(q_w), q_eps, q_plus_one, pointer(k_w), k_eps,
                     k_plus_one, pointer(post_w), post_eps, post_plus_one, *flags, qkv.data_ptr(), pointer(qkv_b),
-                    o_w.data_ptr(), pointer(o_b), cos[start].data_ptr(), sin[start].data_ptr(),
+                    o_w.data_ptr(), pointer(o_b), *(pointer(t if self.int8_attention else None) for t in int8),
+                    cos[start].data_ptr(), sin[start].data_ptr(),
                     k_cache.data_ptr() + first * row, v_cache.data_ptr() + first * row, start - first,
                     k_cache.shape[2], d, self.heads, kv_heads, head_dim, cos.shape[-1],
                     float(layer.self_attn.scaling),
@@ -281,6 +305,8 @@ class LeanDecoder:
             a, whole = layer.self_attn, _whole_width(layer.self_attn, head_dim)
             before, after, ffn_before, ffn_after = _norms(layer)
             x = before(h) if before is not None else h  # OLMo 2 and 3: none
+            if self.int8_attention:  # the int8 rows' weights, as the C step reads them (but x's rounding)
+                weight = self.dequantized[i][0]
             q, *kv = F.linear(x, weight, bias).split(split, -1)
             if whole:  # OLMo 2 and 3, OLMoE: one norm over every head's query, and one over the keys
                 q, kv = a.q_norm(q), [a.k_norm(kv[0]), kv[1]] if kv else kv
@@ -301,7 +327,8 @@ class LeanDecoder:
                 k_cache[:, :, start:end] = a.key_layernorm(k) if hasattr(a, "key_layernorm") else k
                 v_cache[:, :, start:end] = v.transpose(1, 2)
             o = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], a.scaling, start, window, softcap)
-            o = a.o_proj(o.transpose(1, 2).reshape(1, n, -1))
+            o = o.transpose(1, 2).reshape(1, n, -1)
+            o = F.linear(o, self.dequantized[i][1], a.o_proj.bias) if self.int8_attention else a.o_proj(o)
             scale = getattr(layer, "residual_multiplier", 1.0)  # Granite's scale of each sublayer's output
             if ffn_before is before is not None:  # Cohere's: the FFN reads the layer's input beside the attention
                 h = h + o + _ffn(layer, x, h)
@@ -411,6 +438,30 @@ class LeanDecoder:
         gap = float((torch.stack(ours) - theirs).abs().max() / scale)
         return None if gap <= PROBE_TOLERANCE else (f"gives other logits on a probe prompt than this decoder (by "
                                                     f"{gap:.2g} of their scale)")
+
+    @torch.inference_mode()
+    def _probe_int8(self) -> str | None:
+        """Why the C step over the attention's int8 rows disagrees with the torch path over the same rows,
+        dequantized, on the probe prompt's two decoding steps (None if it agrees, or if there is no C step): the two
+        differ by the rounding of the projections' inputs to 16 bits alone."""
+        if self._steps is None:
+            return None
+        ids = torch.randint(0, self.model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+        ids = ids.to(self.qkv[0][0].device)
+
+        def steps():
+            keys, values = self._cache(8), self._cache(8)
+            self._forward(ids[:, :6], 0, keys, values)
+            return torch.stack([self._logits(self._forward(ids[:, i:i + 1], i, keys, values))[0] for i in (6, 7)])
+        ours = steps()
+        fused, self._steps = self._steps, None
+        try:
+            theirs = steps()
+        finally:
+            self._steps = fused
+        gap = float((ours - theirs).abs().max() / theirs.abs().max().clamp(min=1e-6))
+        return None if gap <= PROBE_TOLERANCE else (f"gives other logits over its int8 attention rows in C than in "
+                                                    f"torch (by {gap:.2g} of their scale)")
 
 
 def _setting(config, name: str, given):

@@ -1,0 +1,264 @@
+"""Decoding at batch 1 against llama.cpp, on the same CPU, in the same run: llama.cpp (llama-cpp-python) on the
+original model at F32, F16, Q8_0, Q4_0 and Q4_1, and the project's decoder (LeanDecoder) on the converted model at
+each precision it offers, dense and sparse; plus each variant's bytes read per token and the machine's measured
+memory bandwidth, so that every figure also reads as a share of its own physical bound.
+
+    lambda-gelu reluize smollm2-135m-instruct --out runs/smollm2-relu          # 30 minutes
+    pip install 'lambda-gelu[llamacpp]'                                          # builds llama.cpp: ~8 minutes
+    python benchmarks/bench_llamacpp.py --model runs/smollm2-relu
+
+The original is the GGUF file the conversion read (its report's source), or ``--original FILE``; llama.cpp's own
+quantizer writes it at each type (from that file's weights: a Q4_1 original's F32 is its Q4_1 weights widened, which
+changes nothing of the time). Every variant decodes the same prompt's token ids greedily for ``--new-tokens`` tokens
+on ``--threads`` threads; llama.cpp in a Python loop around ``Llama.eval`` (the argmax of its logits each token),
+LeanDecoder by its ``generate``. A round times each variant once, in a rotating order; the figures are medians over
+the rounds, decoding only (the prompt's forward left out: LeanDecoder's as the difference between ``new_tokens + 1``
+and 1 token in the same round). Tokens are compared with each decoder's own reference: llama.cpp's with its F32
+original's, ours with the converted model's dense float32.
+
+Bytes per token: what a token's decoding must read at least — every weight it uses once (llama.cpp: each tensor of
+the file at its type, the tied embedding read whole as the output layer; ours: the weights at their precision, of a
+sparse FFN only the gate rows its int8 screen leaves and the up and down rows of active units, the output layer's int8
+screen and its few float rows) and the KV cache. The bandwidth is the best of several reads of a 1 GiB tensor on the
+same threads. Where a variant's bytes fit in the CPU's last-level cache, the DRAM bound is not its bound.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import header, print_table, save
+
+PROMPT = "The standard library of Python provides modules for reading files, talking to networks and"
+TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+
+
+def bandwidth(threads: int, gib: float = 1.0, reps: int = 7) -> float:
+    """Bytes per second a sum over a ``gib`` GiB float32 tensor reads, the best of ``reps``."""
+    torch.set_num_threads(threads)
+    x = torch.ones(int(gib * 2 ** 28))
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best
+
+
+def requantized(source: Path, kind: str, work: Path) -> Path:
+    """``source`` written by llama.cpp's quantizer at ``kind`` (the source itself if it is that type already)."""
+    import llama_cpp
+    out = work / f"original-{kind.lower()}.gguf"
+    if out.exists():
+        return out
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_ALL_F32" if kind == "F32" else f"LLAMA_FTYPE_MOSTLY_{kind}")
+    params.allow_requantize = True
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params) != 0:
+        raise SystemExit(f"llama.cpp could not write {source} as {kind}")
+    return out
+
+
+def gguf_bytes(path: Path) -> dict[str, int]:
+    """Bytes of each tensor of a GGUF file, as stored."""
+    from gguf import GGUFReader
+    return {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
+
+
+def llama_bytes(tensors: dict[str, int]) -> int:
+    """A token's reads: every tensor but the token embedding's table, of which one row — unless the embedding is also
+    the output layer (no ``output`` tensor), which reads it whole."""
+    embedding = tensors.get("token_embd.weight", 0)
+    rest = sum(v for k, v in tensors.items() if k != "token_embd.weight")
+    return rest + (embedding if "output.weight" not in tensors else 0)
+
+
+class LlamaCpp:
+    """One GGUF file in llama.cpp, decoding greedily from a prompt of token ids."""
+
+    def __init__(self, path: Path, threads: int):
+        import llama_cpp
+        kwargs = dict(model_path=str(path), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                      verbose=False)
+        try:  # AMX weight buffers stop some Intel CPUs with an illegal instruction: the plain kernels instead
+            self.llm = llama_cpp.Llama(**kwargs, use_extra_bufts=False)
+        except TypeError:
+            self.llm = llama_cpp.Llama(**kwargs)
+        self.vocab = self.llm.n_vocab()
+
+    def decode(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+        """``n`` greedy tokens after ``prompt``, and the seconds they took (the prompt's forward not counted)."""
+        llm = self.llm
+        llm.reset()
+        llm.eval(prompt)
+        tokens, t = [], time.perf_counter()
+        for _ in range(n):
+            logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(self.vocab,))
+            token = int(logits.argmax())
+            tokens.append(token)
+            llm.eval([token])
+        return tokens, time.perf_counter() - t
+
+
+class Ours:
+    """A converted model decoded by LeanDecoder."""
+
+    def __init__(self, model, max_length: int, int8: bool = False):
+        from lambda_gelu.inference.decoder import LeanDecoder
+        self.decoder = LeanDecoder(model, max_length=max_length, int8_attention=int8)
+
+    @torch.inference_mode()
+    def decode(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+        ids = torch.tensor([prompt])
+        t = time.perf_counter()
+        self.decoder.generate(ids, 1)
+        first = time.perf_counter() - t
+        t = time.perf_counter()
+        out = self.decoder.generate(ids, n + 1)
+        whole = time.perf_counter() - t
+        return out[0, len(prompt):len(prompt) + n].tolist(), whole - first
+
+
+@torch.inference_mode()
+def ffn_reads(model, sparse, prompt: list[int], tokens: list[int]) -> dict[str, float]:
+    """Per decoded token, averaged over the layers: the share of gate rows the int8 screen leaves to read in
+    float32 and the share of units active (whose up and down rows are read), from each FFN's inputs while decoding."""
+    from lambda_gelu.inference.gated import int16_rows
+    captured = []
+    hooks = [layer.mlp.register_forward_pre_hook(lambda m, args, i=i: captured.append((i, args[0].detach().clone())))
+             for i, layer in enumerate(sparse.model.layers)]
+    try:
+        sparse(torch.tensor([prompt + tokens]))
+    finally:
+        for h in hooks:
+            h.remove()
+    left = active = total = 0
+    for i, x in captured:
+        m = sparse.model.layers[i].mlp
+        x = x.reshape(-1, x.shape[-1])[len(prompt):].double()
+        pre = x @ m.gate_proj.weight.double().t()
+        if m.gate_proj.bias is not None:
+            pre = pre + m.gate_proj.bias.double()
+        xq, t = int16_rows(x)
+        a = (xq @ m.gate_q.double().t()) * m.gate_s.double() * t
+        if m.gate_proj.bias is not None:
+            a = a + m.gate_proj.bias.double()
+        residual = (x - t * xq).norm(dim=1, keepdim=True)
+        margin = m.gate_r.double() * x.norm(dim=1, keepdim=True) + m.gate_n.double() * residual
+        left += int((a + margin > 0).sum())
+        active += int((pre > 0).sum())
+        total += pre.numel()
+    return {"gate_rows_read": left / total, "active": active / total}
+
+
+def our_bytes(model, reads: dict | None, weight_bytes: int, positions: float) -> int:
+    """A token's reads for the converted model: the attention's projections at ``weight_bytes`` a weight (int8 rows
+    and their scales, or float32), the FFNs dense or as ``reads`` says, the output layer through its int8 screen (a
+    byte a weight, a few float32 rows), and the float32 KV cache over ``positions``."""
+    cfg = model.config
+    d, ff, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    attention = (d * heads * hd * 2 + d * kv * hd * 2) * weight_bytes
+    if reads is None:
+        ffn = 3 * d * ff * weight_bytes
+    else:
+        screen = d * ff  # int8 gate rows
+        gate = reads["gate_rows_read"] * d * ff * weight_bytes if weight_bytes == 4 else d * ff * weight_bytes
+        ffn = (screen if weight_bytes == 4 else 0) + gate + 2 * reads["active"] * d * ff * weight_bytes
+    head = cfg.vocab_size * d  # int8 screen
+    cache = layers * 2 * kv * hd * positions * 4
+    return int(layers * (attention + ffn) + head + cache)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="a checkpoint written by `lambda-gelu reluize` (ReLU gates)")
+    p.add_argument("--original", help="the original as a GGUF file (default: the conversion's source)")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--work", help="where llama.cpp's files of the original are kept (default: a temporary folder)")
+    p.add_argument("--name", default="llamacpp")
+    args = p.parse_args()
+
+    import transformers
+    from lambda_gelu.inference.sparse import sparsify_
+    torch.set_num_threads(args.threads)
+    report = json.loads((Path(args.model) / "reluize_report.json").read_text())
+    original = Path(args.original or report["source"])
+    if original.suffix != ".gguf":
+        raise SystemExit(f"{original} is not a GGUF file: give the original as one with --original")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
+    prompt = tokenizer(PROMPT)["input_ids"][:15]
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
+    sparse = copy.deepcopy(model)
+    sparsify_(sparse)
+    sparse8 = copy.deepcopy(model)
+    sparsify_(sparse8, int8=True)
+
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))
+    work.mkdir(parents=True, exist_ok=True)
+    files = {kind: requantized(original, kind, work) for kind in TYPES}
+    length = len(prompt) + args.new_tokens + 2
+    variants = {f"llama.cpp, original, {kind}": LlamaCpp(path, args.threads) for kind, path in files.items()}
+    variants |= {"ours, converted, dense, float32": Ours(model, length),
+                 "ours, converted, sparse, float32": Ours(sparse, length),
+                 "ours, converted, sparse, int8": Ours(sparse8, length, int8=True)}
+
+    times = {name: [] for name in variants}
+    tokens = {}
+    names = list(variants)
+    for r in range(args.rounds + 1):  # the first round warms every variant up and is not counted
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            got, seconds = variants[name].decode(prompt, args.new_tokens)
+            tokens.setdefault(name, got)
+            if r:
+                times[name].append(seconds)
+    speed = {name: args.new_tokens / statistics.median(ts) for name, ts in times.items()}
+
+    bw = bandwidth(args.threads)
+    reads = ffn_reads(model, sparse, prompt, tokens["ours, converted, dense, float32"])
+    positions = len(prompt) + args.new_tokens / 2
+    cfg = model.config
+    kv_f16 = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
+    per_token = {f"llama.cpp, original, {kind}": llama_bytes(gguf_bytes(path)) + int(kv_f16 * positions)
+                 for kind, path in files.items()}
+    per_token |= {"ours, converted, dense, float32": our_bytes(model, None, 4, positions),
+                  "ours, converted, sparse, float32": our_bytes(model, reads, 4, positions),
+                  "ours, converted, sparse, int8": our_bytes(model, reads, 1, positions)}
+    reference = {"llama.cpp": tokens["llama.cpp, original, F32"], "ours": tokens["ours, converted, dense, float32"]}
+    head = header() | {"llama_cpp": __import__("llama_cpp").__version__}
+    rows, results = [], {}
+    for name in names:
+        same = sum(a == b for a, b in zip(tokens[name], reference[name.split(",")[0]]))
+        share = speed[name] * per_token[name] / bw
+        results[name] = {"tokens_per_s": speed[name], "seconds": times[name], "bytes_per_token": per_token[name],
+                         "share_of_bandwidth_bound": share, "same_tokens": same}
+        rows.append([name, f"{speed[name]:.1f}", f"{per_token[name] / 1e6:.1f}", f"{bw / per_token[name]:.1f}",
+                     f"{share:.0%}", f"{same}/{args.new_tokens}"])
+    print_table(f"decoding at batch 1, {args.new_tokens} tokens after {len(prompt)}, {args.rounds} rounds; memory "
+                f"bandwidth {bw / 1e9:.1f} GB/s; FFN reads: {reads['gate_rows_read']:.1%} of gate rows, "
+                f"{reads['active']:.1%} of units active", head, rows,
+                ["decoder, model, precision", "tokens/s", "MB/token", "bound tokens/s", "of bound", "same tokens"])
+    for ours, theirs in (("sparse, float32", "F32"), ("sparse, int8", "Q8_0"), ("sparse, int8", "Q4_0"),
+                         ("sparse, int8", "Q4_1")):
+        ratio = [t / o for o, t in zip(times[f"ours, converted, {ours}"], times[f"llama.cpp, original, {theirs}"])]
+        print(f"ours {ours} against llama.cpp {theirs}: ×{statistics.median(ratio):.2f} "
+              f"(rounds ×{min(ratio):.2f}–×{max(ratio):.2f})")
+    save(args.name, {**head, "model": args.model, "original": str(original), "prompt_tokens": len(prompt),
+                     "new_tokens": args.new_tokens, "rounds": args.rounds, "bandwidth": bw,
+                     "gate_zeros": report.get("zeros"), "ffn_reads": reads, "variants": results})
+
+
+if __name__ == "__main__":
+    main()
