@@ -160,6 +160,58 @@ def ffn_reads(model, sparse, prompt: list[int], tokens: list[int]) -> dict[str, 
     return {"gate_rows_read": left / total, "active": active / total}
 
 
+def held_out(tokenizer, n: int, max_tokens: int = 64) -> list[list[int]]:
+    """``n`` held-out sentences of the standard library's docstrings (files never trained on), as token ids with the
+    tokenizer's own BOS where it adds one, at most ``max_tokens`` each."""
+    from lambda_gelu.hf import stdlib_sentences
+    _, held = stdlib_sentences()
+    step = max(1, len(held) // n)
+    return [tokenizer(s)["input_ids"][:max_tokens] for s in held[::step][:n]]
+
+
+@torch.inference_mode()
+def torch_nll(model, sentences: list[list[int]]) -> tuple[float, int]:
+    """Summed next-token negative log-likelihood of ``sentences`` under ``model``, and the tokens scored."""
+    total, count = 0.0, 0
+    for ids in sentences:
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+        total += float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum"))
+        count += len(ids) - 1
+    return total, count
+
+
+def llama_nll(path: Path, threads: int, sentences: list[list[int]]) -> tuple[float, int]:
+    """The same under llama.cpp, from every position's logits of each sentence."""
+    import llama_cpp
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=256, n_threads=threads, logits_all=True,
+                          verbose=False)
+    total, count = 0.0, 0
+    for ids in sentences:
+        llm.reset()
+        llm.eval(ids)
+        logits = np.array(llm.scores[:len(ids) - 1], dtype=np.float64)
+        logits -= logits.max(1, keepdims=True)
+        logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+        total -= float(logp[np.arange(len(ids) - 1), ids[1:]].sum())
+        count += len(ids) - 1
+    return total, count
+
+
+def int8_weights(model):
+    """A copy of ``model`` with the weights its int8 path reads — the attention's projections and the gated FFNs'
+    three matrices — replaced by their int8 rows dequantized (quantize_rows): its quality, computed in float32 (the
+    int8 path also rounds each input to 16 bits, which changes far less)."""
+    from lambda_gelu.inference.gated import quantize_rows
+    copy8 = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in copy8.model.layers:
+            for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                           layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+                q, scale = quantize_rows(linear.weight)
+                linear.weight.copy_(q.float() * scale[:, None])
+    return copy8
+
+
 def our_bytes(model, reads: dict | None, weight_bytes: int, positions: float) -> int:
     """A token's reads for the converted model: the attention's projections at ``weight_bytes`` a weight (int8 rows
     and their scales, or float32), the FFNs dense or as ``reads`` says, the output layer through its int8 screen (a
@@ -187,6 +239,7 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", help="where llama.cpp's files of the original are kept (default: a temporary folder)")
+    p.add_argument("--sentences", type=int, default=256, help="held-out sentences the perplexities are measured on")
     p.add_argument("--name", default="llamacpp")
     args = p.parse_args()
 
@@ -255,7 +308,19 @@ def main():
         ratio = [t / o for o, t in zip(times[f"ours, converted, {ours}"], times[f"llama.cpp, original, {theirs}"])]
         print(f"ours {ours} against llama.cpp {theirs}: ×{statistics.median(ratio):.2f} "
               f"(rounds ×{min(ratio):.2f}–×{max(ratio):.2f})")
-    save(args.name, {**head, "model": args.model, "original": str(original), "prompt_tokens": len(prompt),
+    sentences = held_out(tokenizer, args.sentences)
+    nll = {"ours, float32": torch_nll(model, sentences), "ours, int8": torch_nll(int8_weights(model), sentences)}
+    nll |= {f"llama.cpp, {kind}": llama_nll(path, args.threads, sentences) for kind, path in files.items()}
+    perplexity = {name: float(np.exp(total / count)) for name, (total, count) in nll.items()}
+    costs = {"ours, int8": perplexity["ours, int8"] / perplexity["ours, float32"]}
+    costs |= {f"llama.cpp, {kind}": perplexity[f"llama.cpp, {kind}"] / perplexity["llama.cpp, F32"]
+              for kind in TYPES if kind != "F32"}
+    print(f"held-out perplexity ({len(sentences)} docstring sentences): "
+          + ", ".join(f"{k} {v:.3f}" for k, v in perplexity.items()))
+    print("what quantization costs, against the same decoder's float32: "
+          + ", ".join(f"{k} ×{v:.4f}" for k, v in costs.items()))
+    save(args.name, {**head, "model": args.model, "perplexity": perplexity, "quantization_cost": costs,
+                     "perplexity_sentences": len(sentences), "original": str(original), "prompt_tokens": len(prompt),
                      "new_tokens": args.new_tokens, "rounds": args.rounds, "bandwidth": bw,
                      "gate_zeros": report.get("zeros"), "ffn_reads": reads, "variants": results})
 

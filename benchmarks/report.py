@@ -231,6 +231,10 @@ def _llamacpp_section(d: dict) -> list[str]:
             ratios = sorted(t / o for o, t in zip(v[mine]["seconds"], v[other]["seconds"]))
             lines.append(f"- {mine.removeprefix('ours, converted, ')} against llama.cpp {theirs}: "
                          f"×{ratios[len(ratios) // 2]:.2f} (×{ratios[0]:.2f}–×{ratios[-1]:.2f})")
+    if "quantization_cost" in d:
+        lines += ["", f"What quantization costs, each decoder against its own float32 (held-out perplexity on "
+                      f"{d['perplexity_sentences']} docstring sentences): "
+                  + "; ".join(f"{k} ×{v:.4f}" for k, v in d["quantization_cost"].items()) + "."]
     return lines + [""]
 
 

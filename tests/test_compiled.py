@@ -67,6 +67,7 @@ def _reference_terms(x, lam, gy, kw):
     return y, gx, terms
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("shape, channel_dim", [((6, 12, 1999), 1), ((1999, 72), -1), ((143_929,), None)])
 def test_c_kernels_agree_with_the_reference_for_any_thread_count(kernels, threads, shape, channel_dim):
@@ -107,6 +108,7 @@ def test_unknown_instruction_set_is_a_clear_error():
         _native.Kernels("avx9")
 
 
+@pytest.mark.slow
 def test_without_a_compiler_the_c_kernels_fall_back_with_one_warning(tmp_path):
     code = ("import warnings, torch, lambda_gelu as lg\n"
             "from lambda_gelu import _native\n"
@@ -124,6 +126,7 @@ def test_without_a_compiler_the_c_kernels_fall_back_with_one_warning(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape, channel_dim, dtype, backend", CASES)
 def test_fused_kernels_match_eager_and_reference(shape, channel_dim, dtype, backend):
     g = torch.Generator().manual_seed(0)
@@ -166,6 +169,7 @@ def _block(width):
                          lg.LambdaGELU(num_channels=width), nn.Linear(width, 8))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [256, 1024], ids=["small: formulas fused by Inductor", "large: C kernels as ops"])
 def test_user_compiled_model_has_no_graph_breaks_and_matches_eager(width):
     model = _block(width)
@@ -188,6 +192,7 @@ def test_user_compiled_model_has_no_graph_breaks_and_matches_eager(width):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_many_variants_in_one_process_all_stay_compiled():
     """dtypes × kinds of λ × which gradients: every kernel keeps its own cache, none falls back."""
     for dtype in (torch.float32, torch.bfloat16, torch.float16):

@@ -63,6 +63,7 @@ def test_length_batches_are_random_draws_of_every_sentence_with_little_padding()
     assert padding(passes[0]) < 1.2 < 1.8 < padding(in_order)
 
 
+@pytest.mark.slow
 def test_the_corpus_trains_on_the_users_lines_first_and_repeats_its_batches(tiny_bert):
     """``corpus`` is the text the CLI trains and measures on: the user's lines first, then the standard library's
     training sentences shuffled by the seed; held-out sentences never among them; the same batches on every call."""
@@ -118,6 +119,7 @@ def test_text_files_are_read_within_bounds(tmp_path, monkeypatch):
         hf_text.read_texts([str(long)])
 
 
+@pytest.mark.slow
 def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, tmp_path, capsys):
     out = tmp_path / "relu"
     assert main(["reluize", str(tiny_bert), "--out", str(out), "--steps", "4", "--batch-size", "8", "--quiet",
@@ -141,6 +143,7 @@ def test_cli_writes_a_relu_checkpoint_that_loads_without_the_library(tiny_bert, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["relu"]
 
 
+@pytest.mark.slow
 def test_minutes_is_a_budget_the_conversion_ends_within_when_the_plan_runs_long(tiny_bert, tmp_path, monkeypatch):
     """--minutes plans its steps from a timed step; should the steps run slower than planned (here: a
     microsecond a step, millions planned), the conversion ends before a step would overrun the budget, and is exact
@@ -284,6 +287,7 @@ def _gpt2(path):
     return path
 
 
+@pytest.mark.slow
 def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_kept(tmp_path):
     """GPT-2 (tanh GELU, the activation_function field) through the CLI: the checkpoint loads as a ReLU causal
     LM, distilled at a causal LM's default learning rate; *predictions kept* counts real tokens only, recomputed
@@ -311,6 +315,7 @@ def test_a_causal_language_model_is_measured_by_perplexity_and_the_next_tokens_k
     assert head in (out / "reluize_report.md").read_text()
 
 
+@pytest.mark.slow
 def test_the_report_measures_text_of_other_kinds_and_the_users_held_out_lines(tmp_path):
     """Once the conversion ends, the checkpoint is measured against the original on Python's reference docs and on
     the user's --eval-text, less its lines that are training text (counted in the report); each set's perplexity
@@ -424,6 +429,7 @@ def _status(argv) -> int:
         return e.code
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_changes_nothing(tiny_bert, tmp_path, capsys):
     cases = _cases(tiny_bert, tmp_path)
     capsys.readouterr()
@@ -453,6 +459,7 @@ def test_an_interrupted_write_leaves_no_checkpoint(tmp_path):
     assert (target / "old").read_text() == "previous checkpoint" and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+@pytest.mark.slow
 def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     """Two seeds × several recipes at equal steps → one table per recipe, each paired with its baseline (the
     differences recomputed here from the JSONs), the curve and its plot; a directory that is not a finished
@@ -541,6 +548,7 @@ def test_reluize_report_pairs_schedules_by_seed(tiny_bert, tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "is not a finished `lambda-gelu reluize` output" in err
 
 
+@pytest.mark.slow
 def test_the_refit_is_held_to_a_share_of_the_budget_on_a_model_where_it_is_slow(tiny_bert, tmp_path, monkeypatch,
                                                                               capsys):
     """A 110M encoder spent 5 of 10 minutes in the default refit: the refit now gets at most REFIT_SHARE of
@@ -555,6 +563,7 @@ def test_the_refit_is_held_to_a_share_of_the_budget_on_a_model_where_it_is_slow(
     assert "refit over 8 sentences instead" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_steps_get_the_budget_the_refit_really_left_and_follow_their_own_pace(tiny_bert, tmp_path,
                                                                                   monkeypatch, capsys):
     """The steps are planned once the refit is done, for what it really left of --minutes (SmolLM2's 30-minute
@@ -678,3 +687,24 @@ def test_an_error_that_points_at_a_report_not_shown_says_what_it_was():
     mismatch = RuntimeError("You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look at "
                             "the above report!")
     assert "above" not in _first_line(mismatch) and "other shapes than its config" in _first_line(mismatch)
+
+
+@pytest.mark.slow
+def test_a_curve_that_would_take_more_than_its_share_is_measured_on_every_few_batches(tiny_bert, tmp_path,
+                                                                                      monkeypatch):
+    """--minutes is the whole command's: where measuring the curve's seven points on every held-out batch would take
+    more than 5% of it (a 270M model measured for minutes), the curve is measured on every few batches (the original
+    on the same ones), the last row and the report's scores on all of them, and the report says so."""
+    slow = hf_convert.evaluate
+
+    def evaluate(model, batches, causal):  # a measurement as slow per batch as a large model's
+        time.sleep(0.03 * len(batches))
+        return slow(model, batches, causal)
+    monkeypatch.setattr(hf_convert, "evaluate", evaluate)
+    out = tmp_path / "relu"
+    assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.2", "--batch-size", "8",
+                 "--quiet"]) == 0
+    report = json.loads((out / "reluize_report.json").read_text())
+    assert 0 < report["curve_sentences"] < report["held_out_sentences"]
+    assert report["curve"][-1]["cosine"] == report["reluized"]["cosine"]  # the last row: every held-out sentence
+    assert f"Measured on {report['curve_sentences']} of the held-out sentences" in (out / "reluize_report.md").read_text()

@@ -62,6 +62,7 @@ def _convert(model: Path, out: Path, *more: str) -> int:
                  "--quiet", *more])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_sentence_transformers_checkpoint_of_each_family_converts_and_reloads(family, tmp_path):
     """Its config names the masked-LM head while it holds the bare encoder: sentence-transformers loads it with
@@ -93,6 +94,7 @@ def _cli(*argv, stdin=None, timeout=120):
                           text=True, timeout=timeout, env=os.environ | {"HF_HUB_OFFLINE": "1"})
 
 
+@pytest.mark.slow
 def test_code_in_a_model_directory_never_runs(tmp_path):
     """Its config asks for custom code (auto_map): transformers would prompt on stdin and, answered 'y', run
     the directory's Python file. Refused in one line, with stdin open, without running it."""
@@ -128,6 +130,7 @@ def test_overwrite_of_a_conversion_without_a_file_list_keeps_files_that_only_beg
     assert all((out / name).read_text() == "mine" for name in mine)
 
 
+@pytest.mark.slow
 def test_overwrite_through_a_link_replaces_the_directory_it_names_and_keeps_the_link(tmp_path, capsys):
     source, real, link = _checkpoint(tmp_path / "model", "bert"), tmp_path / "real", tmp_path / "link"
     assert _convert(source, real) == 0
@@ -191,6 +194,7 @@ def test_what_an_interrupted_run_left_is_recovered_or_removed_and_said(tmp_path,
     assert "was restored from .relu.reluize-old" in err and "removed" in err and ".relu.reluize-x1y2" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("after", [4.0, 8.0, 12.0])
 def test_a_conversion_killed_at_any_moment_leaves_the_old_checkpoint_or_the_new_one(tmp_path, after):
     """SIGKILL during an --overwrite run: --out holds a complete conversion (the old or the new one), and the next
@@ -264,6 +268,7 @@ def _saved(config, path: Path, auto: str = "AutoModelForCausalLM") -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate_zeros(family, tmp_path):
     source, out = _tiny_llama(tmp_path / "model", family), tmp_path / "relu"
@@ -296,6 +301,7 @@ def test_a_causal_lm_with_gated_ffns_converts_to_a_relu_checkpoint_with_its_gate
         assert torch.equal(getattr(model, layer)().weight, getattr(before, layer)().weight) == frozen
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "phi3", "olmo2", "gemma2", "gpt_neox"])
 def test_each_causal_family_converts_with_the_default_command_and_reloads_as_relu(family, tmp_path):
     """Beyond Llama and Gemma 3: the families users bring, each a tiny random config saved as transformers saves it,
@@ -311,6 +317,7 @@ def test_each_causal_family_converts_with_the_default_command_and_reloads_as_rel
     assert len(json.loads((out / "reluize_report.json").read_text())["refit"]) == 2  # each FFN's output projection
 
 
+@pytest.mark.slow
 def test_gemma_4_whose_head_size_varies_by_layer_converts_and_reloads_as_relu(tmp_path):
     """Gemma 4's config keeps fields that vary by layer (its full-attention layers' wider heads), which its config
     refuses to give as one value: reading its activation fields raised that error from deep inside (a traceback)."""
@@ -326,6 +333,7 @@ def test_gemma_4_whose_head_size_varies_by_layer_converts_and_reloads_as_relu(tm
     assert all(isinstance(layer.mlp.act_fn, torch.nn.ReLU) for layer in model.model.layers)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
 def test_a_mixture_of_experts_converts_without_the_default_refit_and_refuses_one_given(family, tmp_path, capsys):
     """transformers keeps a mixture's experts as one gate-up and one down tensor, applied without a layer the refit
@@ -358,6 +366,7 @@ def test_a_mixture_of_experts_converts_without_the_default_refit_and_refuses_one
      {"layer_types": ["linear_attention", "full_attention"], "linear_key_head_dim": 8, "linear_value_head_dim": 8,
       "linear_num_key_heads": 2, "linear_num_value_heads": 2}),
     ("roberta", "RobertaLMHead at 'lm_head' applies gelu", {"is_decoder": True})])
+@pytest.mark.slow
 def test_a_gate_its_code_applies_as_a_function_stays_and_the_rest_converts(family, call, more, tmp_path, capsys):
     """Qwen3.5's linear attention gates its norm with F.silu, RoBERTa's LM head applies F.gelu: no module to replace,
     and the code applies them as it did before, so no weight is lost: every activation module converts, the call
@@ -407,6 +416,7 @@ def _tiny_t5(**more) -> transformers.T5Config:
                                  feed_forward_proj="gated-gelu", **more)  # gated GELU, as Flan-T5's and sentence-T5's
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("auto", ["AutoModelForSeq2SeqLM", "AutoModel"])
 def test_an_encoder_decoder_converts_whole_with_its_decoder_reading_the_sentence(auto, tmp_path):
     """T5 (Flan-T5's gated GELU) with its generation head, and bare: both stacks become gated ReLU, each refit, the
@@ -429,6 +439,7 @@ def test_an_encoder_decoder_converts_whole_with_its_decoder_reading_the_sentence
         assert made.shape == (1, 4) and made[0, 0] == model.config.decoder_start_token_id
 
 
+@pytest.mark.slow
 def test_an_encoder_decoder_whose_decoder_has_no_start_token_is_refused_and_t5s_encoder_alone_converts(
         tmp_path, capsys):
     source = _saved(_tiny_t5(), tmp_path / "T5Model", "AutoModel")  # the config's default names no start token
@@ -448,6 +459,7 @@ def test_an_encoder_decoder_whose_decoder_has_no_start_token_is_refused_and_t5s_
     assert sum(isinstance(m, torch.nn.ReLU) for m in model.modules()) == 2
 
 
+@pytest.mark.slow
 def test_t5gemma_names_relu_in_its_encoders_and_decoders_own_configs(tmp_path):
     """T5Gemma (an encoder-decoder of Gemma 2 layers: GeGLU) keeps each stack's activation in a config of its own,
     ``encoder.hidden_activation`` and ``decoder.hidden_activation``: both name ReLU, and the checkpoint reloads as the
@@ -502,6 +514,7 @@ def test_where_no_config_fields_fit_the_refusal_names_the_converted_module_they_
     assert problem.endswith(") builds no module there")
 
 
+@pytest.mark.slow
 def test_a_multimodal_models_vision_tower_which_text_never_reaches_stays_as_it_was_and_its_text_model_converts(
         tmp_path, capsys):
     """Gemma 3 from 4B holds a SigLIP vision tower beside its text model: text never reaches the tower, so it stays
@@ -661,6 +674,7 @@ def test_the_student_trains_with_eager_attention_only_under_bfloat16_on_a_cpu_an
     assert attention_of(model) == "sdpa" and model.model.layers[0].self_attn.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.slow
 def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_family_that_would_lose_them(
         tmp_path, capsys):
     source, out = _tiny_llama(tmp_path / "model"), tmp_path / "relu"
@@ -690,6 +704,7 @@ def test_the_gate_threshold_writes_a_checkpoint_with_its_biases_or_refuses_a_fam
         "out")
 
 
+@pytest.mark.slow
 def test_the_hidden_state_weight_is_recorded_and_said_or_refused(tmp_path, capsys):
     source, weighed = _tiny_llama(tmp_path / "model"), tmp_path / "weighed"
     assert main(["reluize", str(source), "--out", str(weighed), "--steps", "2", "--batch-size", "4",
@@ -701,6 +716,7 @@ def test_the_hidden_state_weight_is_recorded_and_said_or_refused(tmp_path, capsy
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.slow
 def test_a_gguf_file_loads_dequantised_as_a_plain_checkpoint(tmp_path):
     from lambda_gelu.hf import load, model_directory
     try:
@@ -754,6 +770,7 @@ def test_a_gguf_file_loads_as_its_own_class_every_weight_as_written(tmp_path):
         assert back.keys() == written.keys() and all(torch.equal(back[k], written[k]) for k in written)
 
 
+@pytest.mark.slow
 def test_a_gguf_encoder_decoder_converts_to_a_relu_checkpoint(tmp_path, capsys):
     """A UMT5 file (llama.cpp's ``t5`` architecture): loaded as the encoder-decoder transformers reads it as, both
     stacks converted, written as ReLU. It was refused before: read as a causal LM, which no T5 is."""

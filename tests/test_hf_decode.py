@@ -101,6 +101,7 @@ def _prompt(n=10):
     return torch.randint(0, 100, (1, n), generator=torch.Generator().manual_seed(1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_lean_decoding_gives_generates_tokens_dense_and_sparsified(family):
     model = _model(FAMILIES[family]())
@@ -126,6 +127,7 @@ def test_the_next_token_reads_few_rows_of_the_output_layer():
     assert max(read) < model.config.vocab_size // 4, read
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 @pytest.mark.parametrize("fused", [True, False])
 def test_the_logits_at_each_step_are_the_models_own(family, fused):

@@ -50,6 +50,7 @@ def converted(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bert", "llama", "t5"])
 def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(converted, family, capsys):
     """The ReLU graph in fp32 scores what the conversion's report gave the ReLU model in torch (the same held-out
@@ -94,6 +95,7 @@ def test_deploy_measures_the_four_graphs_as_the_conversion_measured_the_model(co
     assert not [p for p in out.iterdir() if p.name.startswith(".deploy-")]
 
 
+@pytest.mark.slow
 def test_deploy_times_decoding_in_torch_the_sparsified_decoders_giving_the_dense_tokens(converted, monkeypatch):
     """A causal LM's report times greedy decoding at batch 1 in torch: its original's generate, the ReLU model's,
     and the ReLU model sparsified by generate and by LeanDecoder, which give the dense ReLU model's tokens. The tiny
@@ -119,6 +121,7 @@ def test_deploy_times_decoding_in_torch_the_sparsified_decoders_giving_the_dense
                           "sparse to time"]
 
 
+@pytest.mark.slow
 def test_a_deployed_checkpoint_deploys_again_and_still_converts_over_with_overwrite(converted, tmp_path):
     out = converted["bert"]
     assert main(["deploy", str(out), *FAST]) == 0
@@ -191,6 +194,7 @@ def test_a_model_torch_cannot_export_is_one_line_and_leaves_nothing(converted, m
 
 
 
+@pytest.mark.slow
 def test_the_original_is_found_from_anywhere_and_another_model_at_its_path_refused(tmp_path, monkeypatch, capsys):
     """MODEL typed as a relative path: deploy, run from another directory where that path is another model, finds
     the original (it compared against the other one, cosine 0.017); a model put in the original's place is

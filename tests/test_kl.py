@@ -34,6 +34,7 @@ def test_value_and_gradient_equal_the_plain_formula_in_float64(rows):
     torch.testing.assert_close(grad_fast, grad_ref, rtol=1e-10, atol=1e-15)
 
 
+@pytest.mark.slow
 def test_gradcheck(rows):
     s, t, w = _logits(2, 5, 97).requires_grad_(True), _logits(2, 5, 97, seed=2), _weights((2, 5))
     assert torch.autograd.gradcheck(lambda x: kl_divergence(x, t, w), (s,))

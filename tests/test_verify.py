@@ -49,6 +49,7 @@ def test_milp_minimum_margin_is_exact(seed):
         assert spec_lower[row] <= value + 1e-6   # CROWN is a lower bound of the exact minimum
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("radius", [0.05, 0.3, 1.0])
 def test_verdicts_agree_with_grid_and_attack(seed, radius):
@@ -129,6 +130,7 @@ def _enumerated_min(c_out, layers, lo, hi):
     return best
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_milp_equals_exhaustive_enumeration_of_activation_patterns(seed):
     torch.manual_seed(seed)

@@ -40,6 +40,7 @@ def _verdict(capsys, onnx_path, vnnlib_path):
     return capsys.readouterr().out.split()[0]
 
 
+@pytest.mark.slow
 def test_exported_properties_read_back_give_the_in_memory_verdicts(exported, tmp_path, capsys):
     model, x, y, path = exported
     verdicts = []
@@ -182,6 +183,7 @@ def _one_line_within(capsys, args, limit_bytes):
     return err
 
 
+@pytest.mark.slow
 def test_hostile_property_files_are_one_line_in_bounded_memory(tmp_path, capsys, exported):
     net = str(exported[3])
     deep = tmp_path / "deep.vnnlib"

@@ -48,6 +48,7 @@ def test_baseline_arms_end_as_exact_relu(arm):
         assert m["lambda_learned_end"].keys() == m["lambda_switch"].keys()
 
 
+@pytest.mark.slow
 def test_sparse_arm_leaves_more_exact_zeros_than_the_annealed_arm():
     """lambda-harden-sparse against lambda-harden, same seed, on real data: more exact zeros after
     ReLU, measured by the lab's own sub_zero_fraction, at an accuracy still above a floor."""
@@ -82,6 +83,7 @@ def test_posthoc_arms_convert_the_gelu_arms_network_into_exact_relu(arm):
     assert evaluate(model, splits.x_test, splits.y_test)[0] == m["sub_test_acc"]
 
 
+@pytest.mark.slow
 def test_posthoc_recalibration_re_estimates_batchnorm_within_the_same_budget():
     """On the ResNet, reluize-swap with posthoc_recalibrate re-estimates every BatchNorm after the swap and
     pays for its forward passes (a third of a step each) out of the budget's optimizer steps."""

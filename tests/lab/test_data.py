@@ -103,6 +103,7 @@ def test_cifar_reader_refuses_code_and_missing_files(tmp_path):
         data.load_cifar(tmp_path, 10)
 
 
+@pytest.mark.slow
 def test_real_offline_datasets():
     s = data.load_mnist1d()
     assert s.x_train.shape == (3600, 40) and s.x_test.shape == (1000, 40)
@@ -124,6 +125,7 @@ def test_real_fashion_mnist_is_installed():
     assert torch.bincount(s.y_test).tolist() == [1000] * 10
 
 
+@pytest.mark.slow
 def test_stdlib_sentences_are_prose_and_held_out_by_file():
     from lambda_gelu.hf import stdlib_sentences
     train, held = stdlib_sentences()
@@ -143,6 +145,7 @@ def test_prose_sentences_keep_sentences_of_words_and_drop_code_and_fragments():
 
 @pytest.mark.parametrize("load", [data.load_mnist1d, lambda: data.load_sklearn_tabular("wine"), data.load_fashion_mnist],
                          ids=["mnist1d", "wine", "fashion-mnist"])
+@pytest.mark.slow
 def test_data_does_not_depend_on_the_loading_process_thread_count(load):
     """A run's data must be the same bits however many threads the process that loaded it had: the
     sweep loads it in the main process (default threads) for --workers N, and with --threads T when

@@ -98,6 +98,7 @@ CASES = [  # (argv, results directory, message)
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, kind, message", CASES, ids=[" ".join(c[0]) + f" [{c[1]}]" for c in CASES])
 def test_bad_input_is_one_clear_line_and_leaves_the_results_untouched(tmp_path, capsys, argv, kind, message):
     out = _store_dir(tmp_path, kind)

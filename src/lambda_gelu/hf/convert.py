@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util
 import itertools
 import json
+import math
 import os
 import re
 import time
@@ -48,6 +49,7 @@ BATCHINGS = ("length", "shuffled")
 EMBEDDINGS = ("train", "freeze")
 REFIT_SHARE = 0.25  # of --minutes, the most the refit may take (estimated from a timed forward and a timed solve)
 UNSAVEABLE = ", so its ReLU checkpoint would not load as the converted network"
+CURVE_SHARE = 0.05  # of --minutes, the most the curve's points may take: beyond, they measure every few batches
 BLOCKWISE_STEP_COST = 0.4  # a blockwise step runs the networks only up to its block: 0.45 s against 1.1 s (MiniLM)
 
 
@@ -180,6 +182,7 @@ class _Job:
     decoder: object
     others: dict
     log: object
+    held: list = field(default_factory=list)  # the held-out batches every measurement runs
     unreached: list = field(default_factory=list)
     put_back: object = None
     original: object = None
@@ -211,6 +214,8 @@ class _Plan:
     autocast: object
     planning: float
     marks: set = field(default_factory=set)
+    curve: list = field(default_factory=list)  # the held-out batches the curve is measured on ...
+    curve_reference: dict | None = None  # ... and the original on them
 
 
 def _load(model_name: str, out, config: ConversionConfig, overwrite: bool, progress: bool, log) -> _Job:
@@ -235,7 +240,8 @@ def _load(model_name: str, out, config: ConversionConfig, overwrite: bool, progr
     text = corpus(loaded.tokenizer, seed=config.seed, batch_size=config.batch_size, max_tokens=config.max_tokens,
                   batching=config.batching, extra=extra, decoder=decoder)
     others = held_out_sets(text.train, eval_lines, config.eval_texts)
-    return _Job(model_name, config, source, target, loaded, origin, extra, text, decoder, others, log)
+    return _Job(model_name, config, source, target, loaded, origin, extra, text, decoder, others, log,
+                text.held_batches())
 
 
 def _check(job: _Job, log) -> None:
@@ -259,7 +265,7 @@ def _check(job: _Job, log) -> None:
         raise CheckpointError(f"--gate-zeros: {name}: {thresholded}")
     if config.embeddings == "freeze":  # before the step is timed: a frozen output layer has no gradient to compute
         freeze_embeddings_(model)
-    problem, unreached = _forward_problem(model, job.text.held_batches()[0])  # a vision tower text never trains
+    problem, unreached = _forward_problem(model, job.held[0])  # a vision tower text never trains
     if problem:  # a model that cannot be saved as ReLU is told so first, whatever its forward does
         raise CheckpointError(f"{name}: {unsaveable or problem}" + (UNSAVEABLE if unsaveable else ""))
     if len(unreached) == sum(lg.is_reluizable(m) for m in model.modules()):
@@ -285,7 +291,7 @@ def _measure_original(job: _Job) -> None:
     """The original measured on the held-out sets (what the checkpoint is scored against) and the direct swap to
     ReLU; the measurements timed, so that the plan sets aside what measuring the checkpoint will take."""
     import lambda_gelu as lg
-    model, causal, held = job.model, job.causal, job.text.held_batches()
+    model, causal, held = job.model, job.causal, job.held
     job.original = copy.deepcopy(model)
     t = time.perf_counter()
     job.reference = evaluate(job.original, held, causal)
@@ -325,10 +331,18 @@ def _plan(job: _Job, start: float, log) -> _Plan:
     if config.steps is not None:
         log(f"plan: {config.steps} steps" + (f" after a refit of {refit} sentences" if refit else "")
             + f", then about {_duration(measuring)} measuring the checkpoint")
-        plan = _Plan(config.steps, None, refit, refit_note, settings, autocast, 0.0)
+        plan = _Plan(config.steps, None, refit, refit_note, settings, autocast, 0.0, curve=job.held,
+                     curve_reference=job.reference)
         plan.marks = ({0} if refit else set()) | set(eighths(config.steps))
         return plan
     minutes = config.minutes
+    curve, curve_reference, point = job.held, job.reference, job.point_seconds
+    if (CHECKPOINTS - 1) * point > CURVE_SHARE * minutes * 60:  # the curve on every stride-th batch: proportionate
+        stride = math.ceil((CHECKPOINTS - 1) * point / (CURVE_SHARE * minutes * 60))
+        curve = job.held[::stride]
+        curve_reference = evaluate(job.original, curve, job.causal)
+        point *= len(curve) / len(job.held)
+        measuring = (CHECKPOINTS - 1) * point + job.final_seconds
     started = time.perf_counter()  # timing the refit and a step, before the conversion's clock starts
     typical = _typical_batch(text, batch_size)
     refit_seconds = 0.0
@@ -346,7 +360,7 @@ def _plan(job: _Job, start: float, log) -> _Plan:
     repair = config.reluize.repair
     step_cost = 1.0 if schedule != "blockwise" else (1 - repair) * BLOCKWISE_STEP_COST + repair
     step_seconds = _step_seconds(model, job.original, typical, config.reluize.distillation_loss(), autocast) * step_cost
-    budget = TimeBudget(minutes, start, step_seconds, job.point_seconds, job.final_seconds)
+    budget = TimeBudget(minutes, start, step_seconds, point, job.final_seconds)
     fit = max(0, int((budget.left(CHECKPOINTS - 1) - refit_seconds) / step_seconds))
     log(f"plan: about {fit} steps of {step_seconds:.2f} s" + (f" after a refit of {refit} sentences "
                                                                f"(about {_duration(refit_seconds)})" if refit else "")
@@ -355,7 +369,8 @@ def _plan(job: _Job, start: float, log) -> _Plan:
     if measuring > minutes * 60 / 2:
         log(f"note: measuring the checkpoint on the held-out sets takes about {measuring:.0f} s, more than half of "
             f"--minutes {minutes:g}: the steps get what is left")
-    plan = _Plan(budget, budget, refit, refit_note, settings, autocast, time.perf_counter() - started)
+    plan = _Plan(budget, budget, refit, refit_note, settings, autocast, time.perf_counter() - started, curve=curve,
+                 curve_reference=curve_reference)
     plan.marks = {0} if refit else set()
     return plan
 
@@ -377,7 +392,7 @@ def _reluize(job: _Job, plan: _Plan, progress: bool, log):
     """The conversion itself: :func:`~lambda_gelu.reluize.reluize` distilling from the original, its curve measured
     at the refit's end and each eighth of the steps (time not counted as conversion), ended by the budget before a
     step would overrun it."""
-    model, causal, held, budget = job.model, job.causal, job.text.held_batches(), plan.budget
+    model, causal, budget = job.model, job.causal, plan.budget
     curve, measuring = [], [0.0]
 
     def measure(entry):  # True ends the conversion: before a step would overrun --minutes
@@ -392,7 +407,7 @@ def _reluize(job: _Job, plan: _Plan, progress: bool, log):
             t = time.perf_counter()
             lam = entry["lam"] if entry["lam"] != float("inf") else None  # None: exact ReLU already
             curve.append({"step": entry["step"], "minutes": (entry["seconds"] - measuring[0]) / 60, "lam": lam,
-                          **scores(evaluate(model, held, causal), job.reference)})
+                          **scores(evaluate(model, plan.curve, causal), plan.curve_reference)})
             if entry["step"]:  # the steps' clock starts after step 0's measurement: it never counted it
                 measuring[0] += time.perf_counter() - t
         return False
@@ -412,7 +427,7 @@ def _measure(job: _Job, plan: _Plan, result, start: float) -> dict:
     set_attention_(model, job.attention[0])  # measured and saved as it was loaded
     job.put_back()
     model.to(loaded.dtype).float()  # what is written, measured in float32 arithmetic as the original was
-    held = job.text.held_batches()
+    held = job.held
     taken = result.log[-1]["step"] if result.stopped else result.steps
     final = scores(evaluate(model, held, causal), job.reference)
     zeros = relu_zeros(model, held)
@@ -437,7 +452,9 @@ def _measure(job: _Job, plan: _Plan, result, start: float) -> dict:
               "held_out_sentences": len(job.text.held), "encoder_decoder": job.decoder is not None,
               "seconds": seconds, "planning_seconds": plan.planning,
               "wall_seconds": time.perf_counter() - start,  # the whole command but the write, measuring included
-              "measuring_estimate": {"point_seconds": job.point_seconds, "final_seconds": job.final_seconds},
+              "measuring_estimate": {"point_seconds": plan.budget.point_seconds if plan.budget else job.point_seconds,
+                                     "final_seconds": job.final_seconds},
+              "curve_sentences": sum(len(b["input_ids"]) for b in plan.curve),
               "replaced": result.replaced, "functional": result.functional, "kept": job.unreached,
               "direct_swap": job.swap_scores, "reluized": final, "curve": curve,
               "settings": dataclasses.asdict(settings), "refit_note": plan.refit_note,

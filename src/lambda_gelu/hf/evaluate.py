@@ -167,7 +167,11 @@ def markdown(r: dict) -> str:
              f"| model | {head} |", f"|---|{rule}|",
              f"| direct swap to ReLU, no training | {cells(r['direct_swap'])} |",
              f"| this checkpoint | {cells(r['reluized'])} |", "", *_other_text(r, metrics),
-             "## Along the conversion", "", f"| step | minutes | λ | {head} |", f"|---|---|---|{rule}|"]
+             "## Along the conversion", "",
+             *([f"Measured on {r['curve_sentences']} of the held-out sentences (every few batches, so that the curve "
+                "takes at most 5% of --minutes), the last row on all of them.", ""]
+               if r.get("curve_sentences", r["held_out_sentences"]) < r["held_out_sentences"] else []),
+             f"| step | minutes | λ | {head} |", f"|---|---|---|{rule}|"]
     for c in r["curve"]:
         lam = "ReLU" if c["lam"] is None else f"{c['lam']:.3g}"
         lines.append(f"| {c['step']} | {c['minutes']:.2f} | {lam} | {cells(c)} |")

@@ -53,10 +53,9 @@ from torch import Tensor
 
 from .. import _native
 from .._native import pointer
+from . import layout
 from .derived import Made
 from .gated import quantize_rows
-from .layout import (_cache_owners, _halves_order, _interleaved, _layout_problem, _norms, _paired_table, _rms_norm,
-                     _rotates, _torch_only, _whole_width, _window)
 from .screened_argmax import ScreenedArgmax
 
 __all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
@@ -105,18 +104,18 @@ class LeanDecoder:
                  int8_attention: bool = False):
         if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
             raise ValueError(f"max_length is a number of tokens ≥ 2, got {max_length!r}")
-        problem = _layout_problem(model)
+        problem = layout.layout_problem(model)
         if problem is None:
             config = model.config
             self.model, self.max_length = model, max_length
             self.screen_head, self.fused, self.int8_attention = bool(screen_head), bool(fused), bool(int8_attention)
-            self.windows = [_window(layer.self_attn, config) for layer in model.model.layers]
+            self.windows = [layout.window(layer.self_attn, config) for layer in model.model.layers]
             self.softcaps = [getattr(layer.self_attn, "attn_logit_softcapping", None) for layer in model.model.layers]
             self.final_softcap = getattr(config, "final_logit_softcapping", None)
             self.heads = config.num_attention_heads
             self.head_dims = [layer.self_attn.head_dim for layer in model.model.layers]  # Gemma 4's vary by type
-            self.owners = _cache_owners(model.model.layers)
-            self.interleaved = [_interleaved(layer.self_attn) for layer in model.model.layers]
+            self.owners = layout.cache_owners(model.model.layers)
+            self.interleaved = [layout.interleaved(layer.self_attn) for layer in model.model.layers]
             self.clip = getattr(config, "clip_qkv", None)  # OLMo's and OLMoE's bound on queries, keys and values
             self.embedding_multiplier = getattr(model.model, "embedding_multiplier", 1.0)  # Granite's scales
             self.logits_scaling = getattr(config, "logits_scaling", 1.0)
@@ -160,12 +159,12 @@ class LeanDecoder:
             if kind not in tables:  # one table a kind, shared by its layers
                 cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
                 tables[kind, "theirs"] = cos, sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
-                if _paired_table(cos):  # Cohere's repeats each angle twice in a row: as halves, for the pairs' order
+                if layout.paired_table(cos):  # Cohere's repeats each angle twice in a row: as halves, for the pairs' order
                     cos, sin = (torch.cat([t[..., 0::2]] * 2, -1) for t in (cos, sin))
                 tables[kind] = cos, sin
                 tables[kind, "unturned"] = torch.ones_like(cos), torch.zeros_like(sin)  # cos 1, sin 0: turns by 0
             # a layer without rotary embedding (SmolLM3's, EXAONE 4's, Cohere 2's global ones): the table turning by 0
-            turns = _rotates(layer.self_attn, *tables[kind, "theirs"])
+            turns = layout.rotates(layer.self_attn, *tables[kind, "theirs"])
             self.rotary.append(tables[kind] if turns else tables[kind, "unturned"])
         self.qkv, self.kv_heads = [], []
         for i, (layer, head_dim) in enumerate(zip(self.model.model.layers, self.head_dims)):
@@ -191,7 +190,7 @@ class LeanDecoder:
         for i, layer in enumerate(self.model.model.layers):
             if self.interleaved[i]:  # GLM's, ERNIE 4.5's rotation of neighbouring pairs: as halves, rows reordered
                 weight, bias, split = self.qkv[i]
-                order = _halves_order(split, self.head_dims[i], self.rotary[i][0].shape[-1])
+                order = layout.halves_order(split, self.head_dims[i], self.rotary[i][0].shape[-1])
                 self.qkv[i] = weight[order], None if bias is None else bias[order], split
         # int8 rows of the attention's projections (q/k/v stacked, o), and the weights they stand for, dequantized
         self.int8 = [(*quantize_rows(weight), *quantize_rows(layer.self_attn.o_proj.weight))
@@ -214,23 +213,23 @@ class LeanDecoder:
         apply."""
         kernels, inner, none, unnormed = _native.library(), self.model.model, (None, 0.0, 0), (None, -1.0, 0)
         if kernels is None or self.clip is not None or any(
-                _torch_only(layer) for layer in inner.layers) or any(
+                layout.torch_only(layer) for layer in inner.layers) or any(
                 head_dim % 2 or self.heads % kv_heads or cos.shape[-1] % 2 or cos.shape[-1] > head_dim
                 for head_dim, kv_heads, (cos, _) in zip(self.head_dims, self.kv_heads, self.rotary)):
             return None
-        final = _rms_norm(inner.norm)
+        final = layout.rms_norm(inner.norm)
         steps = []
         for i, (layer, (weight, bias, _), head_dim) in enumerate(zip(inner.layers, self.qkv, self.head_dims)):
             a = layer.self_attn
             late = hasattr(a, "query_layernorm")  # HunYuan's per-head norms, after the rotation
             names = ("query_layernorm", "key_layernorm") if late else ("q_norm", "k_norm")
-            per_head = tuple(_rms_norm(getattr(a, n)) if hasattr(a, n) else none for n in names)
+            per_head = tuple(layout.rms_norm(getattr(a, n)) if hasattr(a, n) else none for n in names)
             # Gemma 4's norm of the values, without weight (eps < 0: none, as for a norm before the attention or FFN)
-            values = _rms_norm(a.v_norm, head_dim) if hasattr(a, "v_norm") else unnormed
-            before, after, ffn_before, ffn_after = _norms(layer)
-            norms = (_rms_norm(before) if before else unnormed, _rms_norm(ffn_before) if ffn_before else unnormed,
-                     _rms_norm(after) if after else none, _rms_norm(ffn_after) if ffn_after else none)
-            whole = _whole_width(a, head_dim)  # OLMo 2's norms over every head's query at once, and key
+            values = layout.rms_norm(a.v_norm, head_dim) if hasattr(a, "v_norm") else unnormed
+            before, after, ffn_before, ffn_after = layout.norms(layer)
+            norms = (layout.rms_norm(before) if before else unnormed, layout.rms_norm(ffn_before) if ffn_before else unnormed,
+                     layout.rms_norm(after) if after else none, layout.rms_norm(ffn_after) if ffn_after else none)
+            whole = layout.whole_width(a, head_dim)  # OLMo 2's norms over every head's query at once, and key
             tensors = [weight, bias, a.o_proj.weight, a.o_proj.bias]
             scale = getattr(layer, "residual_multiplier", 1.0)  # Granite's, on layers without norms after: in o_proj
             if scale != 1.0 and type(a.o_proj) is nn.Linear:
@@ -302,8 +301,8 @@ class LeanDecoder:
         per_layer = self._per_layer_inputs(ids, h)
         for i, (layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache, head_dim) in enumerate(
                 zip(inner.layers, self.qkv, self.rotary, self.windows, self.softcaps, keys, values, self.head_dims)):
-            a, whole = layer.self_attn, _whole_width(layer.self_attn, head_dim)
-            before, after, ffn_before, ffn_after = _norms(layer)
+            a, whole = layer.self_attn, layout.whole_width(layer.self_attn, head_dim)
+            before, after, ffn_before, ffn_after = layout.norms(layer)
             x = before(h) if before is not None else h  # OLMo 2 and 3: none
             if self.int8_attention:  # the int8 rows' weights, as the C step reads them (but x's rounding)
                 weight = self.dequantized[i][0]

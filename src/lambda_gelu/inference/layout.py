@@ -13,13 +13,14 @@ from torch import Tensor
 
 from ..families import norm_layouts
 
-__all__: list[str] = []
+__all__ = ["layout_problem", "norms", "rms_norm", "cache_owners", "window", "interleaved", "halves_order",
+           "paired_table", "rotates", "torch_only", "whole_width"]
 
 _PARTS = ("self_attn", "mlp")
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")  # or Phi-3's qkv_proj and o_proj
 
 
-def _layout_problem(model) -> str | None:
+def layout_problem(model) -> str | None:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if getattr(model, "lm_head", None) is None or layers is None or not len(layers):
@@ -28,7 +29,7 @@ def _layout_problem(model) -> str | None:
         hasattr(inner, n) for n in ("norm", "embed_tokens", "rotary_emb")) else []
     layer = layers[0]
     missing += [p for p in _PARTS if not hasattr(layer, p) and not (p == "mlp" and hasattr(layer, "block_sparse_moe"))]
-    if _norms(layer) is None:  # what the most common layout, Llama's, names and it lacks
+    if norms(layer) is None:  # what the most common layout, Llama's, names and it lacks
         missing += [n for n in ("input_layernorm", "post_attention_layernorm") if not hasattr(layer, n)]
     attention = getattr(layer, "self_attn", None)
     if attention is not None:
@@ -40,11 +41,11 @@ def _layout_problem(model) -> str | None:
     return f"lacks {', '.join(missing)}" if missing else None
 
 
-def _interleaved(attention) -> bool:
+def interleaved(attention) -> bool:
     """Whether the attention's module rotates each head's neighbouring features in pairs (GLM, ERNIE 4.5, Helium:
     GPT-J's way) rather than its two halves (Llama's): its own ``apply_rotary_pos_emb`` tried on a probe input.
     Such a layer's queries and keys, each head's rotated features reordered evens first then odds
-    (:func:`_halves_order`), are rotated by halves as they would be in pairs: the same scores."""
+    (:func:`halves_order`), are rotated by halves as they would be in pairs: the same scores."""
     apply = getattr(sys.modules.get(type(attention).__module__), "apply_rotary_pos_emb", None)
     if apply is None or hasattr(attention, "q_norm"):  # a per-head norm's weight would need reordering too
         return False
@@ -62,13 +63,13 @@ def _interleaved(attention) -> bool:
     return False
 
 
-def _paired_table(cos: Tensor) -> bool:
+def paired_table(cos: Tensor) -> bool:
     """Whether a rotary table repeats each angle twice in a row (Cohere's) rather than in two halves (the others')."""
     return cos.shape[-1] > 2 and torch.equal(cos[..., 0::2], cos[..., 1::2]) and not torch.equal(
         cos[..., :cos.shape[-1] // 2], cos[..., cos.shape[-1] // 2:])
 
 
-def _halves_order(split: list[int], head_dim: int, width: int) -> Tensor:
+def halves_order(split: list[int], head_dim: int, width: int) -> Tensor:
     """The rows of a stacked query/key/value weight with each query and key head's first ``width`` features
     reordered evens first, then odds (a rotation of neighbouring pairs becomes one of halves); the values' as they
     are."""
@@ -78,7 +79,7 @@ def _halves_order(split: list[int], head_dim: int, width: int) -> Tensor:
     return torch.cat([heads.reshape(-1), torch.arange(rotated, sum(split))])
 
 
-def _cache_owners(layers) -> list[int | None]:
+def cache_owners(layers) -> list[int | None]:
     """Each layer's cache: its own index, or for a layer that reads an earlier layer's keys and values (Gemma 4's
     shared layers) the last earlier layer of its type with keys of its own, which stores them (None if none)."""
     owners, last = [], {}
@@ -92,22 +93,22 @@ def _cache_owners(layers) -> list[int | None]:
     return owners
 
 
-def _torch_only(layer) -> bool:
+def torch_only(layer) -> bool:
     """Whether the layer holds what the C step does not compute: Cohere's attention and FFN side by side; a scale of
     each sublayer's output (Granite's) after a norm (the C step folds it into the attention's output projection, and
     scales the FFN's output)."""
-    before, after, ffn_before, ffn_after = _norms(layer)
+    before, after, ffn_before, ffn_after = norms(layer)
     return (ffn_before is before is not None
             or getattr(layer, "residual_multiplier", 1.0) != 1.0 and (after is not None or ffn_after is not None))
 
 
-def _whole_width(attention, head_dim: int) -> bool:
+def whole_width(attention, head_dim: int) -> bool:
     """Whether the attention's query norm spans every head at once (OLMo 2 and 3, OLMoE), not each head alone."""
     weight = getattr(getattr(attention, "q_norm", None), "weight", None)
     return isinstance(weight, Tensor) and weight.numel() != head_dim
 
 
-def _norms(layer) -> tuple[nn.Module | None, ...] | None:
+def norms(layer) -> tuple[nn.Module | None, ...] | None:
     """The layer's norms before its attention, after it, before its FFN and after it (None: none there), as the
     first of the families table's norm layouts (:func:`lambda_gelu.families.norm_layouts`) it has places them; None if it has none of them."""
     for names in norm_layouts():
@@ -116,7 +117,7 @@ def _norms(layer) -> tuple[nn.Module | None, ...] | None:
     return None
 
 
-def _rotates(attention, cos: Tensor, sin: Tensor) -> bool:
+def rotates(attention, cos: Tensor, sin: Tensor) -> bool:
     """Whether the layer turns its queries and keys by the rotary embedding (``cos``, ``sin``: the model's table),
     tried: its own forward on a probe input gives other outputs with that table than with one that turns by 0. Not
     SmolLM3's layers without it, EXAONE 4's global layers, which keep a sliding window they do not use, nor Cohere
@@ -132,7 +133,7 @@ def _rotates(attention, cos: Tensor, sin: Tensor) -> bool:
     return not torch.equal(*outputs)
 
 
-def _window(attention, config) -> int | None:
+def window(attention, config) -> int | None:
     """The layer's sliding window: its attention's own where it has one (Qwen2, Gemma 2 and 3: None on the global
     layers; EXAONE 4's global layers, which keep the config's, attend to every position), else the config's
     (Mistral's, every layer), None for none."""
@@ -143,7 +144,7 @@ def _window(attention, config) -> int | None:
     return getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
 
 
-def _rms_norm(norm: nn.Module, width: int | None = None) -> tuple[Tensor | None, float, int] | None:
+def rms_norm(norm: nn.Module, width: int | None = None) -> tuple[Tensor | None, float, int] | None:
     """(its weight, eps, plus_one) if ``norm`` computes x/√(mean(x²) + eps) times its float32 weight, or
     times 1 + weight with plus_one (Gemma's), on a probe input; given the ``width`` of a norm without weight (Gemma
     4's of the values), (None, eps, 0) if it computes that alone; None otherwise."""
