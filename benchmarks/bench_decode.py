@@ -35,20 +35,12 @@ def _mlps(model):
 
 
 def _ruled_out(mlps, inputs) -> float:
-    """The share of (unit, token) the gates' int8 screen rules out on these inputs: the kernel's test, in float64
-    (x rounded to int16 as the kernel rounds it)."""
-    from lambda_gelu.inference.gated import int16_rows
+    """The share of (unit, token) the gates' int8 screen rules out on these inputs, decided as the kernel decides."""
+    from lambda_gelu.inference.gated import screened_in
     out = total = 0
     for i, x in inputs:
-        m = mlps[i]
-        x = x.reshape(-1, x.shape[-1]).double()
-        xq, t = int16_rows(x)
-        a = (xq @ m.gate_q.double().t()) * m.gate_s.double() * t
-        if m.gate_proj.bias is not None:
-            a = a + m.gate_proj.bias.double()
-        residual = (x - t * xq).norm(dim=1, keepdim=True)
-        margin = m.gate_r.double() * x.norm(dim=1, keepdim=True) + m.gate_n.double() * residual
-        out, total = out + int((a + margin <= 0).sum()), total + a.numel()
+        left = screened_in(mlps[i], x)
+        out, total = out + int((~left).sum()), total + left.numel()
     return out / max(total, 1)
 
 

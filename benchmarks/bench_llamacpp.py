@@ -132,7 +132,7 @@ class Ours:
 def ffn_reads(model, sparse, prompt: list[int], tokens: list[int]) -> dict[str, float]:
     """Per decoded token, averaged over the layers: the share of gate rows the int8 screen leaves to read in
     float32 and the share of units active (whose up and down rows are read), from each FFN's inputs while decoding."""
-    from lambda_gelu.inference.gated import int16_rows
+    from lambda_gelu.inference.gated import screened_in
     captured = []
     hooks = [layer.mlp.register_forward_pre_hook(lambda m, args, i=i: captured.append((i, args[0].detach().clone())))
              for i, layer in enumerate(sparse.model.layers)]
@@ -144,17 +144,11 @@ def ffn_reads(model, sparse, prompt: list[int], tokens: list[int]) -> dict[str, 
     left = active = total = 0
     for i, x in captured:
         m = sparse.model.layers[i].mlp
-        x = x.reshape(-1, x.shape[-1])[len(prompt):].double()
-        pre = x @ m.gate_proj.weight.double().t()
+        x = x.reshape(-1, x.shape[-1])[len(prompt):]
+        pre = x.double() @ m.gate_proj.weight.double().t()
         if m.gate_proj.bias is not None:
             pre = pre + m.gate_proj.bias.double()
-        xq, t = int16_rows(x)
-        a = (xq @ m.gate_q.double().t()) * m.gate_s.double() * t
-        if m.gate_proj.bias is not None:
-            a = a + m.gate_proj.bias.double()
-        residual = (x - t * xq).norm(dim=1, keepdim=True)
-        margin = m.gate_r.double() * x.norm(dim=1, keepdim=True) + m.gate_n.double() * residual
-        left += int((a + margin > 0).sum())
+        left += int(screened_in(m, x).sum())
         active += int((pre > 0).sum())
         total += pre.numel()
     return {"gate_rows_read": left / total, "active": active / total}

@@ -531,3 +531,18 @@ def test_the_derived_weights_follow_a_weight_changed_in_place_or_replaced(int8):
             layer.bias = nn.Parameter(layer.bias + 1)                # the new one, not the address of the old
             got, want = mlp(x), mlp.down_proj(torch.relu(mlp.gate_proj(x)) * mlp.up_proj(x))
             torch.testing.assert_close(got, want, **tolerance)
+
+
+def test_what_the_screen_rules_out_is_an_exact_zero_and_the_kernel_reads_only_what_it_leaves():
+    """screened_in, the screen's reference: every unit it rules out has a gate ≤ 0 (in float64), and it rules some
+    out; the C block computed from the units it leaves equals the block from all of them."""
+    from lambda_gelu.inference.gated import screened_in
+    model = _relu_llama()
+    assert sparsify_(model, min_weights=0)
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(6, 32, generator=torch.Generator().manual_seed(3))
+    left = screened_in(mlp, x)
+    gate = x.double() @ mlp.gate_proj.weight.double().t()
+    if mlp.gate_proj.bias is not None:
+        gate = gate + mlp.gate_proj.bias.double()
+    assert (gate[~left] <= 0).all() and (~left).any() and left[gate > 0].all()

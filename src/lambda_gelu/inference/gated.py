@@ -42,7 +42,7 @@ from ..families import Gated, gated_layouts
 from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "Rows", "gated_parts", "sparse_gated_reference",
-           "sparse_gated_int8_reference", "quantize_rows", "screen_rows", "int16_rows", "gated_mlps"]
+           "sparse_gated_int8_reference", "quantize_rows", "screen_rows", "int16_rows", "screened_in", "gated_mlps"]
 
 
 GatedLayout = Gated  # where a gated FFN keeps its parts: one of the families table's rows
@@ -126,6 +126,20 @@ def int16_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     x = x.detach().double()
     t = x.abs().amax(-1, keepdim=True) / top
     return torch.where(t > 0, torch.round(x / torch.where(t > 0, t, 1.0)), 0.0), t
+
+
+@torch.no_grad()
+def screened_in(mlp: "SparseGatedMLP", x: Tensor) -> Tensor:
+    """(tokens, units) booleans: the gate units the int8 screen of ``mlp`` leaves to read in float32 for the rows of
+    ``x``, decided as the C kernel decides (x rounded to 16 bits, the bound of :func:`screen_rows`), in float64; its
+    reference, and what a benchmark counts the rows read with."""
+    x = x.reshape(-1, x.shape[-1]).double()
+    xq, t = int16_rows(x)
+    bias = mlp.gate_proj.bias
+    a = (xq @ mlp.gate_q.double().t()) * mlp.gate_s.double() * t + (0.0 if bias is None else bias.double())
+    margin = mlp.gate_r.double() * x.norm(dim=1, keepdim=True) + mlp.gate_n.double() * (x - t * xq).norm(
+        dim=1, keepdim=True)
+    return a + margin > 0
 
 
 def sparse_gated_int8_reference(x: Tensor, quantized: dict[str, Tensor], gate: nn.Linear, up: nn.Linear,
