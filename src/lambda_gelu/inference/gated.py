@@ -218,6 +218,7 @@ class SparseGatedMLP(nn.Module):
             q, s = quantize_rows(w)
             self.register_buffer(f"{name}_q", q, persistent=False)
             self.register_buffer(f"{name}_s", s, persistent=False)
+        self._screened = self._int8_call()
 
     def __getstate__(self) -> dict:
         """A copy or a pickle holds its own tensors at other addresses: it makes its copies again at its first call."""
@@ -240,6 +241,20 @@ class SparseGatedMLP(nn.Module):
             gate.weight.data_ptr(), pointer(gate.bias), *(b[n].data_ptr() for n in ("gate_q", "gate_s", "gate_r",
                                                                                         "gate_n")),
             up.weight.data_ptr(), pointer(up.bias), b["down_t"].data_ptr(), pointer(down.bias))
+
+    def _int8_call(self) -> tuple | None:
+        """The int8 C call and the addresses it reads that only a change of a weight or bias can move (the int8 rows,
+        their scales, the biases, and a scratch for the gate's values at decoding sizes), or None where it does not
+        apply: at decoding sizes a token's block is then one check and one C call, as the float32 block's."""
+        gate, up, down = self._parts()
+        kernels, b = _native.library(), self._buffers
+        if kernels is None or not biases_fit(gate, up, down):
+            return None
+        self._scratch = torch.empty(FUSED_ROWS, gate.out_features, dtype=torch.float32)
+        return kernels.sparse_gated_i8, (
+            b["gate_q"].data_ptr(), b["gate_s"].data_ptr(), pointer(gate.bias), b["up_q"].data_ptr(),
+            b["up_s"].data_ptr(), pointer(up.bias), b["down_q"].data_ptr(), b["down_s"].data_ptr(), pointer(down.bias),
+            self._scratch.data_ptr())
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up, down = self._parts()
@@ -297,6 +312,15 @@ class SparseGatedMLP(nn.Module):
 
     def _forward_int8(self, x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> Tensor:
         b = self._buffers
+        if (self._screened is not None and x.shape[:-1].numel() <= FUSED_ROWS and x.dtype is torch.float32
+                and x.is_cpu):  # decoding: one C call, its addresses made with the int8 rows
+            call, addresses = self._screened
+            x2 = x.reshape(-1, x.shape[-1]).contiguous()
+            y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
+            if call(x2.data_ptr(), *addresses, y.data_ptr(), len(x2), x2.shape[1], gate.out_features,
+                    down.out_features, int(not self.sparse), torch.get_num_threads(), _native.GRAIN) < 0:
+                raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
+            return y.reshape(*x.shape[:-1], down.out_features)
         kernels = _native.library() if x.dtype is torch.float32 and x.is_cpu and biases_fit(gate, up, down) else None
         if kernels is None:
             return sparse_gated_int8_reference(x, b, gate, up, down).to(x.dtype)
