@@ -28,6 +28,20 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
     }
 }
 
+/* y[0..m) = the rows r0..r0 + m (m ≤ 4) of a projection, w·x + b (b may be NULL): from the int8 rows q with scales
+ * s over x̃ with scale t (x rounded to int16, int8.h) where q is given, else from the float32 rows w over x. */
+static inline void project4(const float *w, const int8_t *q, const float *s, const float *b, const float *x,
+                            const int16_t *xq, double t, int64_t r0, int m, int64_t d, float *y) {
+    if (q) {
+        int32_t sums[4];
+        sums_i8_i16(q + r0 * d, m, d, xq, sums);
+        for (int i = 0; i < m; i++)
+            y[i] = (float)((double)s[r0 + i] * t * sums[i]) + (b ? b[r0 + i] : 0.0f);
+    } else
+        for (int i = 0; i < m; i++)
+            y[i] = dot_f32(w + (r0 + i) * d, x, d) + (b ? b[r0 + i] : 0.0f);
+}
+
 /* The attention half of a decoder layer for the token at position pos, in place on its hidden state h (d):
  *     x = rms_norm(h)·norm_w, or h if eps < 0 (OLMo 2's layers, which norm only after);
  *     q | k | v = x·qkvᵀ + qkv_b;
@@ -81,20 +95,10 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
     int nt = max_threads > 1 ? max_threads : 1;
     #pragma omp parallel num_threads(nt) if (nt > 1)
     {
-        if (qkv_int8) {
-            #pragma omp for schedule(static)
-            for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-                int m = rows - r0 < 4 ? (int)(rows - r0) : 4;
-                int32_t sums[4];
-                sums_i8_i16(qkv_q + r0 * d, m, d, xq, sums);
-                for (int i = 0; i < m; i++)
-                    p[r0 + i] = (float)((double)qkv_s[r0 + i] * tx * sums[i]) + (qkv_b ? qkv_b[r0 + i] : 0.0f);
-            }
-        } else {
-            #pragma omp for schedule(static)
-            for (int64_t r = 0; r < rows; r++)
-                p[r] = dot_f32(qkv + r * d, x, d) + (qkv_b ? qkv_b[r] : 0.0f);
-        }
+        #pragma omp for schedule(static)
+        for (int64_t r0 = 0; r0 < rows; r0 += 4)
+            project4(qkv, qkv_int8 ? qkv_q : NULL, qkv_s, qkv_b, x, xq, tx, r0, rows - r0 < 4 ? (int)(rows - r0) : 4,
+                     d, p + r0);
         #pragma omp single
         if (whole) {  /* one norm over every query head, one over every key head */
             if (q_norm_w)
@@ -147,28 +151,16 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
         }
         #pragma omp single
         o_int8 = o_int8 && !round_rows_i16(o, 1, nq, oq, &to);
-        if (o_int8) {
-            #pragma omp for schedule(static)
-            for (int64_t r0 = 0; r0 < d; r0 += 4) {
-                int m = d - r0 < 4 ? (int)(d - r0) : 4;
-                int32_t sums[4];
-                sums_i8_i16(o_q + r0 * nq, m, nq, oq, sums);
-                for (int i = 0; i < m; i++) {
-                    float out = (float)((double)o_s[r0 + i] * to * sums[i]) + (o_b ? o_b[r0 + i] : 0.0f);
-                    if (post_w)
-                        y[r0 + i] = out;
-                    else
-                        h[r0 + i] += out;
-                }
-            }
-        } else {
-            #pragma omp for schedule(static)
-            for (int64_t r = 0; r < d; r++) {
-                float out = dot_f32(o_w + r * nq, o, nq) + (o_b ? o_b[r] : 0.0f);
+        #pragma omp for schedule(static)
+        for (int64_t r0 = 0; r0 < d; r0 += 4) {
+            int m = d - r0 < 4 ? (int)(d - r0) : 4;
+            float out[4];
+            project4(o_w, o_int8 ? o_q : NULL, o_s, o_b, o, oq, to, r0, m, nq, out);
+            for (int i = 0; i < m; i++) {
                 if (post_w)
-                    y[r] = out;
+                    y[r0 + i] = out[i];
                 else
-                    h[r] += out;
+                    h[r0 + i] += out[i];
             }
         }
     }
