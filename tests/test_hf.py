@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lambda_gelu.hf import convert as hf_convert
+from lambda_gelu.hf import costs as hf_costs
 from lambda_gelu.reluize.budget import BUDGET_SHARE
 from lambda_gelu.hf import evaluate as hf_evaluate
 from lambda_gelu.hf import text as hf_text
@@ -624,13 +625,13 @@ def test_a_step_is_timed_in_its_parts_without_touching_the_model():
     teacher, before = copy.deepcopy(model), copy.deepcopy(model.state_dict())
     batch = {"input_ids": torch.randint(0, 100, (2, 12)), "attention_mask": torch.ones(2, 12, dtype=torch.long)}
     loss = get_loss("auto")
-    assert hf_convert._step_seconds(model, teacher, batch, loss) > 0
-    assert hf_convert._step_seconds(model, teacher, batch, loss, torch.bfloat16) > 0  # timed as a bfloat16 step runs
+    assert hf_costs.step_seconds(model, teacher, batch, loss) > 0
+    assert hf_costs.step_seconds(model, teacher, batch, loss, torch.bfloat16) > 0  # timed as a bfloat16 step runs
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     assert all(p.grad is None for p in model.parameters())
     big = [torch.nn.Parameter(torch.ones(2 ** 22 + 1))]
-    assert hf_convert._update_seconds(big, sample=2 ** 10) > 0 and torch.equal(big[0], torch.ones(2 ** 22 + 1))
-    assert hf_convert._update_seconds([]) == 0.0
+    assert hf_costs.update_seconds(big, sample=2 ** 10) > 0 and torch.equal(big[0], torch.ones(2 ** 22 + 1))
+    assert hf_costs.update_seconds([]) == 0.0
 
 
 def test_a_refit_cut_to_the_budget_is_one_recipe_whatever_sentences_the_timing_let_in():

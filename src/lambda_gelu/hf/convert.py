@@ -35,9 +35,10 @@ from ..reluize.config import CAUSAL_LR
 from ..reluize.precision import autocast_dtype
 from ..reluize.probes import functional_gelu_calls, never_reached, run_hooked
 from ..reluize.refit import find_consumers
-from ..reluize.reluizer import teacher_student_loss
 from ..reluize.threshold import gate_zeros_problem
 from .attention import attention_of, set_attention_, training_attention_
+from .costs import refit_seconds as _refit_seconds
+from .costs import step_seconds as _step_seconds
 from .evaluate import evaluate, hidden_states, markdown, relu_zeros, scores
 from .load import _first_line, fingerprint, load, model_directory, progress_bars, quiet_transformers
 from .save import REPORT, files_in, prepare_out, write_atomically
@@ -188,7 +189,8 @@ class _Job:
     original: object = None
     reference: dict | None = None
     swap_scores: dict | None = None
-    attention: tuple = ()
+    attention: tuple = ()  # the attention as loaded, and the one the student trains with
+    autocast: object = None  # the distillation's autocast dtype (None: float32)
     point_seconds: float = 0.0  # one measurement of the curve, timed on the original
     final_seconds: float = 0.0  # the final measurement, from the original's timed ones
     originals: dict = field(default_factory=dict)  # the original on the other held-out sets
@@ -306,17 +308,16 @@ def _measure_original(job: _Job) -> None:
     lg.to_relu_(direct, include_gelu=True)
     job.swap_scores = scores(evaluate(direct, held, causal), job.reference)
     del direct
-    config = job.config
-    autocast = autocast_dtype(config.reluize.precision, next(model.parameters()).device)  # None: float32
-    job.attention = (training_attention_(model, autocast, next(model.parameters()).device), attention_of(model))
+    device = next(model.parameters()).device
+    job.autocast = autocast_dtype(job.config.reluize.precision, device)  # None: float32
+    job.attention = (training_attention_(model, job.autocast, device), attention_of(model))
 
 
 def _plan(job: _Job, start: float, log) -> _Plan:
     """The refit's size and the steps: a number given, or a :class:`TimeBudget` from a timed refit batch and step,
     what measuring will take set aside; said before anything runs."""
     config, model, text = job.config, job.model, job.text
-    batch_size, schedule = config.batch_size, config.reluize.schedule
-    autocast = autocast_dtype(config.reluize.precision, next(model.parameters()).device)
+    batch_size, schedule, autocast = config.batch_size, config.reluize.schedule, job.autocast
     torch.manual_seed(config.seed)
     refit, refit_note = config.refit_sentences, None
     refit_batches = -(-refit // batch_size)
@@ -533,69 +534,3 @@ def _functional_gates(model: torch.nn.Module, tokenizer) -> list[str]:
         return functional_gelu_calls(model, teacher_forced(batch, decoder_inputs(model)), silu=True)
     except Exception:  # noqa: BLE001 - a forward of the user's model, run only to name what is refused
         return []
-
-
-def _refit_seconds(model, batch) -> tuple[float, float]:
-    """What the refit will cost on ``model``: (seconds to solve its layers, seconds per batch), estimated from
-    one forward of ``batch`` and one solve of the largest layer, both timed, without running the refit. Per
-    batch, the activations are reached by one forward paused at each (lambda_gelu.reluize.capture), a gated FFN's
-    block is run twice more, and each layer's Gram matrix is formed in float64."""
-    from ..reluize import refit_consumers
-    from ..reluize.refit import layer_sides, ridge_solve
-    consumers = refit_consumers(model, batch)
-    with torch.no_grad():
-        t = time.perf_counter()
-        model(**batch)
-        forward = time.perf_counter() - t
-    layers = [model.get_submodule(n) for names in consumers.values() for n in names]
-    inputs, outputs = max(layer_sides(layer) for layer in layers)
-    width = inputs + 1
-    gram = torch.randn(width, width, dtype=torch.float64)
-    gram = gram @ gram.T + width * torch.eye(width, dtype=torch.float64)  # a Gram matrix and its ridge
-    t = time.perf_counter()
-    ridge_solve(gram, gram[:, :outputs])
-    solve = time.perf_counter() - t
-    rows = int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
-    x = torch.randn(rows, width, dtype=torch.float64)
-    t = time.perf_counter()
-    x.T @ x  # one layer's Gram matrix over the batch, timed: the machine's float64 speed, not a guess
-    gram_seconds = len(layers) * (time.perf_counter() - t)
-    per_batch = forward + 2 * forward * len(consumers.gated) / max(len(consumers), 1)
-    return len(layers) * solve, per_batch + gram_seconds
-
-
-def _step_seconds(model, teacher, batch, loss, autocast: torch.dtype | None = None) -> float:
-    """What one conversion step takes on ``batch``, timed in its parts: the teacher's forward, the student's forward
-    (both under an ``autocast`` to that dtype, if given), ``loss`` and backward (the best of three), and AdamW's update
-    of the trainable weights (:func:`_update_seconds`). The gradients are dropped again; the weights are not touched."""
-    times, device = [], next(model.parameters()).device
-    for _ in range(3):
-        t = time.perf_counter()
-        teacher_student_loss(model, teacher, batch, loss, autocast, device).backward()
-        times.append(time.perf_counter() - t)
-    model.zero_grad(set_to_none=True)
-    return min(times) + _update_seconds([p for p in model.parameters() if p.requires_grad])
-
-
-def _update_seconds(params, sample: int = 2 ** 24) -> float:
-    """AdamW's step over ``params``, timed on tensors of its own shaped as the first of them (those of up to 2^22
-    elements, up to ``sample`` in all; a first step makes the state, the better of two more counts) and scaled to
-    their number of elements: an update reads and writes each element's four values once."""
-    total, shapes, n = sum(p.numel() for p in params), [], 0
-    for p in params:
-        if p.numel() <= 2 ** 22 and n < sample:
-            shapes.append(p.shape)
-            n += p.numel()
-    if total == 0:
-        return 0.0
-    if n == 0:  # every tensor is larger: one flat slice of them
-        shapes, n = [(min(total, sample),)], min(total, sample)
-    weights = [torch.zeros(shape, requires_grad=True) for shape in shapes]
-    for w in weights:
-        w.grad = torch.ones_like(w)
-    optimizer, times = torch.optim.AdamW(weights), []
-    for _ in range(3):
-        t = time.perf_counter()
-        optimizer.step()
-        times.append(time.perf_counter() - t)
-    return min(times[1:]) * total / n

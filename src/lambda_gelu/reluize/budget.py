@@ -82,11 +82,9 @@ class TimeBudget:
         self.last = spent
         return time.perf_counter() + self.longest + self.final_seconds > self.start + self.minutes * 60
 
-    def estimate(self, refit_seconds: float, steps: int | None = None) -> float:
-        """Seconds from ``start`` to the written checkpoint, as planned now: what has passed, the refit, the steps
-        (``steps`` of them, or as many as fit), the curve and the final measurement."""
+    def estimate(self, refit_seconds: float, steps: int) -> float:
+        """Seconds from ``start`` to the written checkpoint, as planned now: what has passed, the refit, ``steps``
+        steps, the curve and the final measurement."""
         passed = time.perf_counter() - self.start
         measuring = (CHECKPOINTS - 1) * self.point_seconds + self.final_seconds
-        if steps is None:
-            return max(BUDGET_SHARE * self.minutes * 60, passed + refit_seconds + measuring)
         return passed + refit_seconds + steps * self.step_seconds + measuring
