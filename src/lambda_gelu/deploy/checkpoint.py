@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..hf.convert import _help, _whole
+from ..hf.config import _help, _whole
 from ..hf.evaluate import evaluate, hidden_states, relu_zeros, scores, summarise
 from ..hf.load import OFFLINE_MODELS, _first_line, fingerprint, load, model_directory, quiet_transformers
 from ..hf.save import DEPLOY_REPORT, REPORT, listed_files

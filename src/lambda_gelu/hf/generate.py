@@ -16,7 +16,7 @@ import torch
 from ..errors import CheckpointError
 from ..inference.decoder import LeanDecoder
 from ..inference.sparse import sparsify_
-from .convert import _whole
+from .config import _whole
 from .load import load, model_directory, quiet_transformers
 
 __all__ = ["GenerateConfig", "Generated", "generate_text"]
