@@ -1,6 +1,7 @@
 """The CPU kernels written in C beside this file, built on first use with the system C compiler: the λ op's
 (``op.c``), the sparse linear layer's (``sparse.c``), the sparse gated FFN's (``gated.c``, float32 and int8), the
-screened argmax (``argmax.c``) and the decoder's attention step (``decode.c``), one shared library.
+screened argmax (``argmax.c``), the decoder's attention step (``decode.c``) and its whole token (``token.c``), one
+shared library.
 
 Why a C kernel: Inductor fuses λ-GELU into one loop per direction, but on CPU its loop still ran
 1.2-1.3x slower than ``F.gelu``'s own tuned kernel on the shapes that matter, and a
@@ -148,6 +149,11 @@ class Kernels:
         # plus_one: the layer's, q, k, post; then the values' norm's eps (< 0: none), whether the layer shares a cache,
         # whether its q and k norms span every head, whether they come after the rotation
         self.decode_attention_f32.restype = _I32
+        self.decode_token = self.lib.lg_decode_token  # lambda_gelu.inference.token_step: its structs' layout there
+        self.decode_token.argtypes = [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, ctypes.c_double, _I32, _P, _I32]
+        self.decode_token.restype = _I32
+        self.token_sizes = self.lib.lg_token_sizes
+        self.token_sizes.argtypes, self.token_sizes.restype = [_P], None
         self.active_union_f32 = self.lib.lg_active_union_f32
         self.active_union_f32.argtypes, self.active_union_f32.restype = [_P, _I64, _I64, _P], _I64
 

@@ -1,4 +1,5 @@
 #include "int8.h"
+#include "token.h"
 
 /* One decoding step of a Llama-layout decoder layer (lambda_gelu.hf.LeanDecoder), float32, one token: the work
  * between the layer's weights is a few hundred multiply-adds per head, and in torch it is some thirty small calls of
@@ -63,8 +64,120 @@ static inline void project4(const float *w, const int8_t *q, const float *s, con
  * quarter of the float32 bytes), their input rounded to int16 as t·x̃ and summed exactly in integers (int8.h), the
  * result s·t·(q·x̃) in double: the float32 projection of the dequantized rows but for x's rounding to 16 bits. An
  * input holding a NaN or an infinity, which no x̃ stands for, is read by the float32 rows, which carry it.
- * The projections' rows and the heads are split over the threads.
- * Returns 0, or −1 if buffers could not be allocated (h and the caches unchanged). */
+ * The projections' rows and the heads are split over the threads of the team that calls it (every one of them, inside
+ * a parallel region: lg_decode_token's for a whole token, or lg_decode_attention_f32's, which opens one for this
+ * alone and returns 0, or −1 if buffers could not be allocated, h and the caches unchanged). */
+void lg_attention_team(const struct lg_attention *a, float *h, const float *cos, const float *sin, float *k_cache,
+                       float *v_cache, int64_t pos, int64_t length, int64_t d, const struct lg_attention_scratch *s) {
+    int64_t heads = a->heads, head_dim = a->head_dim, kv_heads = a->kv_heads, rotary_dim = a->rotary_dim;
+    int64_t nq = heads * head_dim, nk = a->shares ? 0 : kv_heads * head_dim, rows = nq + 2 * nk;
+    int64_t group = heads / kv_heads, own_heads = heads + (a->shares ? 0 : kv_heads);
+    float *x = s->x, *p = s->p, *o = s->o, *scores = s->scores, *y = s->y, cap = (float)a->softcap;
+    int16_t *xq = s->xq, *oq = s->oq;
+    double tx = 0.0, to = 0.0;
+    int qkv_int8 = 0, o_int8 = 0;
+    #pragma omp single copyprivate(tx, qkv_int8)
+    {
+        if (a->eps < 0.0)
+            memcpy(x, h, (size_t)d * sizeof *x);
+        else
+            lg_rms_norm_f32(h, a->norm_w, x, d, a->eps, a->plus_one);
+        qkv_int8 = a->qkv_q && !round_rows_i16(x, 1, d, xq, &tx);
+    }
+    #pragma omp for schedule(static)
+    for (int64_t r0 = 0; r0 < rows; r0 += 4)
+        project4(a->qkv, qkv_int8 ? a->qkv_q : NULL, a->qkv_s, a->qkv_b, x, xq, tx, r0,
+                 rows - r0 < 4 ? (int)(rows - r0) : 4, d, p + r0);
+    if (a->whole) {  /* one norm over every query head, one over every key head */
+        #pragma omp single
+        {
+            if (a->q_norm_w)
+                lg_rms_norm_f32(p, a->q_norm_w, p, nq, a->q_eps, a->q_plus_one);
+            if (a->k_norm_w && nk)
+                lg_rms_norm_f32(p + nq, a->k_norm_w, p + nq, nk, a->k_eps, a->k_plus_one);
+        }
+    }
+    #pragma omp for schedule(static)
+    for (int64_t j = 0; j < own_heads; j++) {  /* the query heads, then the key heads (none if it shares) */
+        float *v = p + j * head_dim;
+        if (a->rotated_first)
+            rotate_f32(v, cos, sin, rotary_dim);
+        if (j < heads && a->q_norm_w && !a->whole)
+            lg_rms_norm_f32(v, a->q_norm_w, v, head_dim, a->q_eps, a->q_plus_one);
+        else if (j >= heads && a->k_norm_w && !a->whole)
+            lg_rms_norm_f32(v, a->k_norm_w, v, head_dim, a->k_eps, a->k_plus_one);
+        if (!a->rotated_first)
+            rotate_f32(v, cos, sin, rotary_dim);
+        if (j >= heads) {
+            int64_t g = j - heads, at = (g * length + pos) * head_dim;
+            float *value = p + nq + nk + g * head_dim;
+            if (a->v_eps >= 0.0)
+                lg_rms_norm_f32(value, NULL, value, head_dim, a->v_eps, 0);
+            memcpy(k_cache + at, p + j * head_dim, (size_t)head_dim * sizeof *p);
+            memcpy(v_cache + at, value, (size_t)head_dim * sizeof *p);
+        }
+    }
+    #pragma omp for schedule(static)
+    for (int64_t j = 0; j < heads; j++) {
+        const float *q = p + j * head_dim, *keys = k_cache + (j / group) * length * head_dim;
+        const float *values = v_cache + (j / group) * length * head_dim;
+        float *sc = scores + j * (pos + 1), top = -INFINITY, total = 0.0f;
+        for (int64_t t = 0; t <= pos; t++) {
+            sc[t] = dot_f32(q, keys + t * head_dim, head_dim) * (float)a->scaling;
+            if (cap > 0.0f)
+                sc[t] = tanhf(sc[t] / cap) * cap;
+            top = sc[t] > top ? sc[t] : top;
+        }
+        for (int64_t t = 0; t <= pos; t++)
+            total += sc[t] = expf(sc[t] - top);
+        float *oj = o + j * head_dim;
+        for (int64_t i = 0; i < head_dim; i++)
+            oj[i] = 0.0f;
+        for (int64_t t = 0; t <= pos; t++) {
+            float w = sc[t] / total;
+            const float *vt = values + t * head_dim;
+            for (int64_t i = 0; i < head_dim; i++)
+                oj[i] = FMA(w, vt[i], oj[i]);
+        }
+    }
+    #pragma omp single copyprivate(to, o_int8)
+    o_int8 = a->o_q && !round_rows_i16(o, 1, nq, oq, &to);
+    #pragma omp for schedule(static)
+    for (int64_t r0 = 0; r0 < d; r0 += 4) {
+        int m = d - r0 < 4 ? (int)(d - r0) : 4;
+        float out[4];
+        project4(a->o_w, o_int8 ? a->o_q : NULL, a->o_s, a->o_b, o, oq, to, r0, m, nq, out);
+        for (int i = 0; i < m; i++) {
+            if (a->post_w)
+                y[r0 + i] = out[i];
+            else
+                h[r0 + i] += out[i];
+        }
+    }
+    if (a->post_w) {
+        #pragma omp single
+        {
+            lg_rms_norm_f32(y, a->post_w, y, d, a->post_eps, a->post_plus_one);
+            for (int64_t r = 0; r < d; r++)
+                h[r] += y[r];
+        }
+    }
+}
+
+int lg_attention_scratch(const struct lg_attention *a, int64_t d, int64_t pos, struct lg_attention_scratch *s) {
+    int64_t nq = a->heads * a->head_dim, rows = nq + 2 * a->kv_heads * a->head_dim;
+    s->x = malloc((size_t)(2 * d + rows + nq + a->heads * (pos + 1)) * sizeof *s->x);
+    s->xq = malloc((size_t)(d + nq) * sizeof *s->xq);
+    if (!s->x || !s->xq) {
+        free(s->x);
+        free(s->xq);
+        return -1;
+    }
+    s->p = s->x + d, s->o = s->p + rows, s->scores = s->o + nq, s->y = s->scores + a->heads * (pos + 1);
+    s->oq = s->xq + d;
+    return 0;
+}
+
 int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *q_norm_w,
                             double q_eps, int q_plus_one, const float *k_norm_w, double k_eps, int k_plus_one,
                             const float *post_w, double post_eps, int post_plus_one, double v_eps, int shares,
@@ -74,102 +187,16 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
                             float *k_cache, float *v_cache, int64_t pos, int64_t length, int64_t d, int64_t heads,
                             int64_t kv_heads, int64_t head_dim, int64_t rotary_dim, double scaling, double softcap,
                             int max_threads) {
-    int64_t nq = heads * head_dim, nk = shares ? 0 : kv_heads * head_dim, rows = nq + 2 * nk;
-    int64_t group = heads / kv_heads, own_heads = heads + (shares ? 0 : kv_heads);
-    float *x = malloc((size_t)(2 * d + rows + nq + heads * (pos + 1)) * sizeof *x);
-    int16_t *xq = malloc((size_t)(d + nq) * sizeof *xq), *oq = xq + d;  /* x and o as int16, for the int8 rows */
-    if (!x || !xq) {
-        free(x);
-        free(xq);
+    struct lg_attention a = {norm_w, q_norm_w, k_norm_w, post_w, eps, q_eps, k_eps, post_eps, v_eps, scaling, softcap,
+                             plus_one, q_plus_one, k_plus_one, post_plus_one, shares, whole, rotated_first,
+                             qkv, qkv_b, o_w, o_b, qkv_s, o_s, qkv_q, o_q, heads, kv_heads, head_dim, rotary_dim};
+    struct lg_attention_scratch s;
+    if (lg_attention_scratch(&a, d, pos, &s) != 0)
         return -1;
-    }
-    double tx = 0.0, to = 0.0;
-    /* the projections, the heads' outputs, their weights, the attention's output before its norm */
-    float *p = x + d, *o = p + rows, *scores = o + nq, *y = scores + heads * (pos + 1);
-    float cap = (float)softcap;
-    if (eps < 0.0)
-        memcpy(x, h, (size_t)d * sizeof *x);
-    else
-        lg_rms_norm_f32(h, norm_w, x, d, eps, plus_one);
-    int qkv_int8 = qkv_q && !round_rows_i16(x, 1, d, xq, &tx), o_int8 = o_q != NULL;
     int nt = max_threads > 1 ? max_threads : 1;
     #pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        #pragma omp for schedule(static)
-        for (int64_t r0 = 0; r0 < rows; r0 += 4)
-            project4(qkv, qkv_int8 ? qkv_q : NULL, qkv_s, qkv_b, x, xq, tx, r0, rows - r0 < 4 ? (int)(rows - r0) : 4,
-                     d, p + r0);
-        #pragma omp single
-        if (whole) {  /* one norm over every query head, one over every key head */
-            if (q_norm_w)
-                lg_rms_norm_f32(p, q_norm_w, p, nq, q_eps, q_plus_one);
-            if (k_norm_w && nk)
-                lg_rms_norm_f32(p + nq, k_norm_w, p + nq, nk, k_eps, k_plus_one);
-        }
-        #pragma omp for schedule(static)
-        for (int64_t j = 0; j < own_heads; j++) {  /* the query heads, then the key heads (none if it shares) */
-            float *v = p + j * head_dim;
-            if (rotated_first)
-                rotate_f32(v, cos, sin, rotary_dim);
-            if (j < heads && q_norm_w && !whole)
-                lg_rms_norm_f32(v, q_norm_w, v, head_dim, q_eps, q_plus_one);
-            else if (j >= heads && k_norm_w && !whole)
-                lg_rms_norm_f32(v, k_norm_w, v, head_dim, k_eps, k_plus_one);
-            if (!rotated_first)
-                rotate_f32(v, cos, sin, rotary_dim);
-            if (j >= heads) {
-                int64_t g = j - heads, at = (g * length + pos) * head_dim;
-                float *value = p + nq + nk + g * head_dim;
-                if (v_eps >= 0.0)
-                    lg_rms_norm_f32(value, NULL, value, head_dim, v_eps, 0);
-                memcpy(k_cache + at, p + j * head_dim, (size_t)head_dim * sizeof *p);
-                memcpy(v_cache + at, value, (size_t)head_dim * sizeof *p);
-            }
-        }
-        #pragma omp for schedule(static)
-        for (int64_t j = 0; j < heads; j++) {
-            const float *q = p + j * head_dim, *keys = k_cache + (j / group) * length * head_dim;
-            const float *values = v_cache + (j / group) * length * head_dim;
-            float *s = scores + j * (pos + 1), top = -INFINITY, total = 0.0f;
-            for (int64_t t = 0; t <= pos; t++) {
-                s[t] = dot_f32(q, keys + t * head_dim, head_dim) * (float)scaling;
-                if (cap > 0.0f)
-                    s[t] = tanhf(s[t] / cap) * cap;
-                top = s[t] > top ? s[t] : top;
-            }
-            for (int64_t t = 0; t <= pos; t++)
-                total += s[t] = expf(s[t] - top);
-            float *oj = o + j * head_dim;
-            for (int64_t i = 0; i < head_dim; i++)
-                oj[i] = 0.0f;
-            for (int64_t t = 0; t <= pos; t++) {
-                float a = s[t] / total;
-                const float *vt = values + t * head_dim;
-                for (int64_t i = 0; i < head_dim; i++)
-                    oj[i] = FMA(a, vt[i], oj[i]);
-            }
-        }
-        #pragma omp single
-        o_int8 = o_int8 && !round_rows_i16(o, 1, nq, oq, &to);
-        #pragma omp for schedule(static)
-        for (int64_t r0 = 0; r0 < d; r0 += 4) {
-            int m = d - r0 < 4 ? (int)(d - r0) : 4;
-            float out[4];
-            project4(o_w, o_int8 ? o_q : NULL, o_s, o_b, o, oq, to, r0, m, nq, out);
-            for (int i = 0; i < m; i++) {
-                if (post_w)
-                    y[r0 + i] = out[i];
-                else
-                    h[r0 + i] += out[i];
-            }
-        }
-    }
-    if (post_w) {
-        lg_rms_norm_f32(y, post_w, y, d, post_eps, post_plus_one);
-        for (int64_t r = 0; r < d; r++)
-            h[r] += y[r];
-    }
-    free(x);
-    free(xq);
+    lg_attention_team(&a, h, cos, sin, k_cache, v_cache, pos, length, d, &s);
+    free(s.x);
+    free(s.xq);
     return 0;
 }

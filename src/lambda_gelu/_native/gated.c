@@ -1,6 +1,7 @@
 /* Sparse gated FFNs (lambda_gelu.inference.gated): once the gate is an exact ReLU, an inactive unit skips its
  * rows of up and down; float32, int8, and float32 with an int8 screen of the gate. */
 #include "int8.h"
+#include "token.h"
 
 /* One unit k of a gated block over the n rows of x (n, d): adds g[r, k]·(u_row · x_r + u_b)·w to acc's row r (out
  * wide) for each row r where g[r, k] ≠ 0 (every row if `dense`), the up products four rows at a time; returns
@@ -162,6 +163,16 @@ static inline float row_i8(const int8_t *q, float s, const float *x, const int16
     return in_float ? s * dot_i8(q, x, d) : (float)((double)s * t * dot_i8_i16(q, xq, d));
 }
 
+/* acc (out) += g·(s_u·(u_row·x) + u_b)·s_w·w for one unit of gate g, up row u_row (scale s_u) and downᵀ row w (scale
+ * s_w). */
+static inline void unit_i8(const int8_t *u_row, float s_u, float u_b, const int8_t *w, float s_w, float g,
+                           const float *x, const int16_t *xq, double t, int in_float, int64_t d, int64_t out,
+                           float *acc) {
+    float h = g * (row_i8(u_row, s_u, x, xq, t, in_float, d) + u_b) * s_w;
+    for (int64_t j = 0; j < out; j++)
+        acc[j] = FMA(h, (float)w[j], acc[j]);
+}
+
 static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
     const struct gated_i8_ctx *q = c;
     int64_t n = q->n, d = q->d, ff = q->ff, out = q->out;
@@ -180,21 +191,25 @@ static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int6
         }
         for (int64_t r = 0; r < n; r++) {
             float gk = q->g[r * ff + k];
-            if (gk == 0.0f && !q->dense)
-                continue;
-            float u = row_i8(u_row, q->up_s[k], q->x + r * d, q->xq + r * d, q->t[r], q->in_float, d);
-            float h = gk * (q->up_b ? u + q->up_b[k] : u) * q->down_s[k];
-            float *yr = acc + r * out;
-            for (int64_t j = 0; j < out; j++)
-                yr[j] = FMA(h, (float)w[j], yr[j]);
+            if (gk != 0.0f || q->dense)
+                unit_i8(u_row, q->up_s[k], q->up_b ? q->up_b[k] : 0.0f, w, q->down_s[k], gk, q->x + r * d,
+                        q->xq + r * d, q->t[r], q->in_float, d, out, acc + r * out);
         }
     }
 }
+
+static int64_t one_row(const struct lg_ffn *f, const float *x, float *g, float *y, int64_t d, int nt);
 
 int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *gate_s, const float *gate_b,
                            const int8_t *up_q, const float *up_s, const float *up_b, const int8_t *down_q,
                            const float *down_s, const float *down_b, float *g, float *y, int64_t n, int64_t d,
                            int64_t ff, int64_t out, int dense, int max_threads, int64_t grain) {
+    if (n == 1 && !dense) {  /* decoding: the gate and the active units in one pass, lg_ffn_team's */
+        struct lg_ffn f = {.eps = -1.0, .scale = 1.0, .int8 = 1, .gate_q = gate_q, .up_q = up_q, .down_q = down_q,
+                           .gate_s = gate_s, .up_s = up_s, .down_s = down_s, .gate_b = gate_b, .up_b = up_b,
+                           .down_b = down_b, .ff = ff, .out = out};
+        return one_row(&f, x, g, y, d, gate_threads(n, d, ff, max_threads, grain));
+    }
     int16_t *xq = malloc((size_t)(n > 0 ? n : 1) * (d > 0 ? d : 1) * sizeof *xq);
     double *t = malloc((size_t)(n > 0 ? n : 1) * sizeof *t);
     if (!xq || !t) {
@@ -352,4 +367,128 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
     free(own_g);
     free(partial);
     return n_active;
+}
+
+/* One token's FFN inside a team (token.h). Each thread takes a share of the units, four at a time, in order: int8,
+ * their gates summed (dot4_i8_i16) and each unit found active has its up and downᵀ rows requested then and summed
+ * UNITS_AHEAD units later, while the next gate rows stream in (one pass over the block, no list between the gate and
+ * the units, no barrier); float32, screened as lg_sparse_gated_screened_f32 screens (screen_units, screened_rows).
+ * The threads' partial sums are added, down's bias with them, then the norm after the block and its scale. */
+static int64_t int8_units(const struct lg_ffn *f, const float *x, const int16_t *xq, double t, int in_float,
+                          int64_t lo, int64_t hi, int64_t d, float *g, int64_t *units, float *acc) {
+    int64_t queued = 0, done = 0, out = f->out;
+    for (int64_t j = 0; j < out; j++)
+        acc[j] = 0.0f;
+    for (int64_t k0 = lo; k0 < hi; k0 += 4) {
+        int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
+        float v[4];
+        if (k0 + SCREEN_AHEAD + 4 <= hi)
+            prefetch_bytes(f->gate_q + (k0 + SCREEN_AHEAD) * d, 4 * d);
+        if (m == 4 && !in_float) {
+            int32_t sums[4];
+            dot4_i8_i16(f->gate_q + k0 * d, d, xq, sums);
+            for (int i = 0; i < 4; i++)
+                v[i] = (float)((double)f->gate_s[k0 + i] * t * sums[i]);
+        } else
+            for (int i = 0; i < m; i++)
+                v[i] = row_i8(f->gate_q + (k0 + i) * d, f->gate_s[k0 + i], x, xq, t, in_float, d);
+        for (int i = 0; i < m; i++) {
+            int64_t k = k0 + i;
+            float vk = f->gate_b ? v[i] + f->gate_b[k] : v[i];
+            g[k] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
+            if (g[k] != 0.0f) {
+                units[queued++] = k;
+                prefetch_bytes(f->up_q + k * d, d);
+                prefetch_bytes(f->down_q + k * out, out);
+            }
+        }
+        for (; queued - done > UNITS_AHEAD; done++) {
+            int64_t k = units[done];
+            unit_i8(f->up_q + k * d, f->up_s[k], f->up_b ? f->up_b[k] : 0.0f, f->down_q + k * out, f->down_s[k], g[k],
+                    x, xq, t, in_float, d, out, acc);
+        }
+    }
+    for (; done < queued; done++) {
+        int64_t k = units[done];
+        unit_i8(f->up_q + k * d, f->up_s[k], f->up_b ? f->up_b[k] : 0.0f, f->down_q + k * out, f->down_s[k], g[k], x,
+                xq, t, in_float, d, out, acc);
+    }
+    return queued;
+}
+
+void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg_ffn_scratch *s) {
+    int t = omp_get_thread_num(), threads = omp_get_num_threads(), in_float = 0;
+    int64_t ff = f->ff, out = f->out, lo, hi, n_active;
+    double *stats = s->stats;  /* x's norm, its residual and its scale */
+    #pragma omp single copyprivate(in_float)
+    {
+        if (f->eps < 0.0)
+            memcpy(s->x, h, (size_t)d * sizeof *h);
+        else
+            lg_rms_norm_f32(h, f->norm_w, s->x, d, f->eps, f->plus_one);
+        if (f->int8)
+            in_float = round_rows_i16(s->x, 1, d, s->xq, stats + 2);
+        else  /* a NaN or an infinity: a norm not finite, which certifies nothing */
+            screen_rows_of_x(s->x, 1, d, s->xq, stats, stats + 1, stats + 2);
+        s->active = 0;
+    }
+    split(ff, 4, t, threads, &lo, &hi);
+    float *acc = t == 0 ? s->y : s->partial + (int64_t)(t - 1) * out;
+    if (f->int8)
+        n_active = int8_units(f, s->x, s->xq, stats[2], in_float, lo, hi, d, s->g, s->units + lo, acc);
+    else {
+        struct screen_ctx screen = {f->gate_q, f->gate_s, f->gate_b, f->gate_r, f->gate_n, s->xq, stats, stats + 1,
+                                    stats + 2, s->g, 1, d, ff};
+        struct screened_ctx ctx = {s->x, f->gate, f->gate_b, f->up, f->up_b, f->down_t, s->g, 1, d, ff, out};
+        n_active = screened_rows(&ctx, acc, s->units + lo, screen_units(&screen, lo, hi, s->units + lo));
+    }
+    #pragma omp atomic
+    s->active += n_active;
+    #pragma omp barrier
+    add_partials(s->y, s->partial, f->down_b, out, out, t, threads);
+    #pragma omp barrier
+    #pragma omp single
+    {
+        if (f->post_w)
+            lg_rms_norm_f32(s->y, f->post_w, s->y, out, f->post_eps, f->post_plus_one);
+        if (f->scale != 1.0)
+            for (int64_t j = 0; j < out; j++)
+                s->y[j] *= (float)f->scale;
+        if (add)
+            for (int64_t j = 0; j < out; j++)
+                h[j] += s->y[j];
+    }
+}
+
+int lg_ffn_scratch(int64_t d, int64_t ff, int64_t out, int threads, struct lg_ffn_scratch *s) {
+    d = d > 0 ? d : 1, ff = ff > 0 ? ff : 1, out = out > 0 ? out : 1;
+    s->x = malloc((size_t)(d + ff + (threads > 1 ? threads - 1 : 0) * out + out) * sizeof *s->x);
+    s->xq = malloc((size_t)d * sizeof *s->xq);
+    s->units = malloc((size_t)ff * sizeof *s->units);
+    s->stats = malloc(3 * sizeof *s->stats);
+    if (!s->x || !s->xq || !s->units || !s->stats) {
+        free(s->x);
+        free(s->xq);
+        free(s->units);
+        free(s->stats);
+        return -1;
+    }
+    s->g = s->x + d, s->partial = s->g + ff, s->y = s->partial + (threads > 1 ? threads - 1 : 0) * out;
+    return 0;
+}
+
+/* One row x (d) through f in a team of nt threads of its own, into the caller's g (ff; NULL: a buffer) and y (out);
+ * returns the units active, or −1 if buffers could not be allocated. */
+static int64_t one_row(const struct lg_ffn *f, const float *x, float *g, float *y, int64_t d, int nt) {
+    struct lg_ffn_scratch s;
+    if (lg_ffn_scratch(d, f->ff, f->out, nt, &s) != 0)
+        return -1;
+    s.y = y, s.g = g ? g : s.g;
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    lg_ffn_team(f, (float *)x, 0, d, &s);  /* add = 0: x only read */
+    free(s.x);
+    free(s.xq);
+    free(s.units);
+    free(s.stats);
+    return s.active;
 }

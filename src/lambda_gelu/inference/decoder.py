@@ -15,12 +15,14 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
 - for each new token, one C call per layer from the input norm to the attention's residual (the projections, the
   rotary embedding, the cache write, the attention, Gemma 2's and 3's norm after it) and one for each of the FFN's
   norms, where the model allows it (float32 on CPU, RMS norms of the Llama or Gemma kind, Qwen3's and Gemma 3's
-  per-head ones too, Gemma 4's of the values; ``fused=False``: the torch path above, its reference);
+  per-head ones too, Gemma 4's of the values; ``fused=False``: the torch path above, its reference); and where every
+  FFN is a sparse gated block (:func:`~lambda_gelu.inference.sparse.sparsify_`'s), one C call for the whole token,
+  every layer's attention and FFN and the final norm (:mod:`~lambda_gelu.inference.token_step`);
 - the next token from the output layer through its int8 screen (:class:`~lambda_gelu.inference.screened_argmax.ScreenedArgmax`:
   the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
 
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
-``generate``. The layouts it runs, each model checked on a probe prompt at construction (its own forward's logits
+``generate`` (in the one call, its kernel reads the module's own rows). The layouts it runs, each model checked on a probe prompt at construction (its own forward's logits
 against this one's, the C step included; another layout, or other logits, is refused with one line):
 
 - the Llama family's: Llama, Mistral and Qwen2 with their sliding windows, Qwen3's per-head query/key norms, SmolLM,
@@ -56,6 +58,7 @@ from .._native import pointer
 from . import layout
 from .derived import Made
 from .gated import quantize_rows
+from .token_step import TokenStep
 from .screened_argmax import ScreenedArgmax
 
 __all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
@@ -92,6 +95,11 @@ class LeanDecoder:
             bytes, which bound decoding at batch 1), their input rounded to 16 bits and summed exactly in integers
             by the C step; the torch path (the prompt, and ``fused=False``) computes with the same rows dequantized.
             The weights' rounding is a quantization: it changes logits, and its cost is measured, not bounded.
+        one_call: each new token in one C call, every layer and the final norm (:mod:`~lambda_gelu.inference.token_step`),
+            where the C step applies and every layer's FFN is a sparse gated block its kernels read (int8, or float32
+            with its gate's screen: :func:`~lambda_gelu.inference.sparse.sparsify_`'s); :attr:`one_call` says
+            whether it does. ``False``: a C call per layer for the attention and the FFN's norm, and the FFN module
+            called, its reference.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
     one on a probe prompt beyond :data:`PROBE_TOLERANCE` (with ``int8_attention``: the float32 decoder against the
@@ -101,7 +109,7 @@ class LeanDecoder:
     """
 
     def __init__(self, model: torch.nn.Module, max_length: int = 2048, screen_head: bool = True, fused: bool = True,
-                 int8_attention: bool = False):
+                 int8_attention: bool = False, one_call: bool = True):
         if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
             raise ValueError(f"max_length is a number of tokens ≥ 2, got {max_length!r}")
         problem = layout.layout_problem(model)
@@ -109,6 +117,7 @@ class LeanDecoder:
             config = model.config
             self.model, self.max_length = model, max_length
             self.screen_head, self.fused, self.int8_attention = bool(screen_head), bool(fused), bool(int8_attention)
+            self.one_call = bool(one_call)
             self.windows = [layout.window(layer.self_attn, config) for layer in model.model.layers]
             self.softcaps = [getattr(layer.self_attn, "attn_logit_softcapping", None) for layer in model.model.layers]
             self.final_softcap = getattr(config, "final_logit_softcapping", None)
@@ -148,7 +157,6 @@ class LeanDecoder:
     def refresh(self) -> None:
         """Stack the query/key/value weights again, tabulate the rotary embedding and copy the output layer's rows to
         int8."""
-        self._made = Made(self._sources())
         weight, rotary = self.model.model.layers[0].self_attn.o_proj.weight, self.model.model.rotary_emb
         position = torch.arange(self.max_length, device=weight.device)[None]
         tables, zero = {}, torch.zeros((), dtype=weight.dtype, device=weight.device)
@@ -199,6 +207,9 @@ class LeanDecoder:
         self.head = ScreenedArgmax(self.model.lm_head) if self.screen_head else None
         self._steps = self._fused_steps() if self.fused else None
         self.fused = self._steps is not None
+        self._token = TokenStep.build(self) if self.one_call and self.fused else None  # makes stale FFN copies again
+        self.one_call = self._token is not None
+        self._made = Made(self._sources())  # as they are now: the FFNs' copies included
 
     def _sources(self) -> list[Tensor]:
         return [*self.model.parameters(), *self.model.buffers()]
@@ -251,6 +262,8 @@ class LeanDecoder:
         """:meth:`_forward` for one token, by the C decoding step."""
         kernels, inner, d = _native.library(), self.model.model, self.model.config.hidden_size
         h = inner.embed_tokens(ids) * self.embedding_multiplier
+        if self._token is not None and self._token.int8_attention == self.int8_attention:  # (the probe turns it)
+            return self._token(h.reshape(d).contiguous(), start, keys, values)
         per_layer = self._per_layer_inputs(ids, h)
         h = h.reshape(d).contiguous()
         x, y = torch.empty(1, 1, d, dtype=h.dtype), torch.empty(d, dtype=h.dtype)

@@ -1,0 +1,70 @@
+/* A whole token of a decoder in one call (lambda_gelu.inference.token): every layer's attention (decode.c) and sparse
+ * gated FFN (gated.c) and the final norm in one parallel region, the team's threads meeting at barriers between the
+ * steps instead of a parallel region, a Python call and a few torch calls for each — at batch 1 on a small model,
+ * as much time as reading the weights. Its reference is the same decoder's layer-by-layer path. */
+#include "token.h"
+
+/* A layer: its attention, its rotary tables (positions × rotary_dim), its sliding window (0: none), its FFN. */
+struct lg_layer {
+    struct lg_attention attention;
+    const float *cos, *sin;
+    int64_t window;
+    struct lg_ffn ffn;
+};
+
+/* The sizes of the structs the Python side mirrors, for it to check its own against. */
+void lg_token_sizes(int64_t *sizes) {
+    sizes[0] = sizeof(struct lg_attention), sizes[1] = sizeof(struct lg_ffn), sizes[2] = sizeof(struct lg_layer);
+    sizes[3] = offsetof(struct lg_layer, ffn), sizes[4] = offsetof(struct lg_ffn, ff);
+}
+
+/* The token at position pos through the n layers, in place on its hidden state h (d), writing its keys and values
+ * into each layer's caches (k_caches[i], v_caches[i]: (kv_heads, length, head_dim); a layer that shares an earlier
+ * layer's is given that layer's), then out = rms_norm(h)·final_w (final_eps, final_plus_one). Each layer's FFN writes
+ * its output's width d; a layer with a window reads its caches from the window's first position. Returns 0, or −1 if
+ * buffers could not be allocated (h, the caches and out unchanged). */
+int lg_decode_token(float *h, const struct lg_layer *layers, int64_t n, float *const *k_caches,
+                    float *const *v_caches, int64_t length, int64_t pos, int64_t d, const float *final_w,
+                    double final_eps, int final_plus_one, float *out, int max_threads) {
+    int nt = max_threads > 1 ? max_threads : 1;
+    struct lg_attention widest = {0};  /* the scratch is sized for the largest layer */
+    widest.kv_heads = 1;
+    int64_t ff = 1;
+    for (int64_t i = 0; i < n; i++) {
+        const struct lg_attention *a = &layers[i].attention;
+        widest.heads = a->heads > widest.heads ? a->heads : widest.heads;
+        widest.head_dim = a->head_dim > widest.head_dim ? a->head_dim : widest.head_dim;
+        widest.kv_heads = a->kv_heads > widest.kv_heads ? a->kv_heads : widest.kv_heads;
+        ff = layers[i].ffn.ff > ff ? layers[i].ffn.ff : ff;
+    }
+    struct lg_attention_scratch as;
+    struct lg_ffn_scratch fs;
+    if (lg_attention_scratch(&widest, d, pos, &as) != 0)
+        return -1;
+    if (lg_ffn_scratch(d, ff, d, nt, &fs) != 0) {
+        free(as.x);
+        free(as.xq);
+        return -1;
+    }
+    #pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        for (int64_t i = 0; i < n; i++) {
+            const struct lg_layer *layer = &layers[i];
+            int64_t window = layer->window, rotary = layer->attention.rotary_dim, head_dim = layer->attention.head_dim;
+            int64_t first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;  /* the window's first position */
+            lg_attention_team(&layer->attention, h, layer->cos + pos * rotary, layer->sin + pos * rotary,
+                              k_caches[i] + first * head_dim, v_caches[i] + first * head_dim, pos - first, length, d,
+                              &as);
+            lg_ffn_team(&layer->ffn, h, 1, d, &fs);
+        }
+        #pragma omp single
+        lg_rms_norm_f32(h, final_w, out, d, final_eps, final_plus_one);
+    }
+    free(as.x);
+    free(as.xq);
+    free(fs.x);
+    free(fs.xq);
+    free(fs.units);
+    free(fs.stats);
+    return 0;
+}
