@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <omp.h>
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
 
 /* fmaf where the CPU has it (one rounding, vectorized); elsewhere, as on baseline x86-64, fmaf would
  * be a slow library call, so a multiply and an add (two roundings: the tests' bounds allow for both). */

@@ -29,10 +29,17 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
     }
 }
 
-/* y[0..m) = the rows r0..r0 + m (m ≤ 4) of a projection, w·x + b (b may be NULL): from the int8 rows q with scales
- * s over x̃ with scale t (x rounded to int16, int8.h) where q is given, else from the float32 rows w over x. */
+/* y[0..m) = the rows r0..r0 + m (m ≤ 4) of a projection of `rows` rows, w·x + b (b may be NULL): from the int8 rows q
+ * with scales s over x̃ with scale t (x rounded to int16, int8.h) where q is given, else from the float32 rows w over
+ * x; the rows SCREEN_AHEAD further on are requested meanwhile (a thread's rows are read in order). */
 static inline void project4(const float *w, const int8_t *q, const float *s, const float *b, const float *x,
-                            const int16_t *xq, double t, int64_t r0, int m, int64_t d, float *y) {
+                            const int16_t *xq, double t, int64_t r0, int m, int64_t rows, int64_t d, float *y) {
+    if (r0 + SCREEN_AHEAD + 4 <= rows) {
+        if (q)
+            prefetch_bytes(q + (r0 + SCREEN_AHEAD) * d, 4 * d);
+        else
+            prefetch_row(w + (r0 + SCREEN_AHEAD) * d, 4 * d);
+    }
     if (q) {
         int32_t sums[4];
         sums_i8_i16(q + r0 * d, m, d, xq, sums);
@@ -76,6 +83,10 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
     int16_t *xq = s->xq, *oq = s->oq;
     double tx = 0.0, to = 0.0;
     int qkv_int8 = 0, o_int8 = 0;
+    if (a->qkv_q)
+        prefetch_share(a->qkv_q, rows, d);
+    else
+        prefetch_share(a->qkv, rows, d * (int64_t)sizeof *a->qkv);
     #pragma omp single copyprivate(tx, qkv_int8)
     {
         if (a->eps < 0.0)
@@ -87,7 +98,7 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
     #pragma omp for schedule(static)
     for (int64_t r0 = 0; r0 < rows; r0 += 4)
         project4(a->qkv, qkv_int8 ? a->qkv_q : NULL, a->qkv_s, a->qkv_b, x, xq, tx, r0,
-                 rows - r0 < 4 ? (int)(rows - r0) : 4, d, p + r0);
+                 rows - r0 < 4 ? (int)(rows - r0) : 4, rows, d, p + r0);
     if (a->whole) {  /* one norm over every query head, one over every key head */
         #pragma omp single
         {
@@ -117,6 +128,10 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
             memcpy(v_cache + at, value, (size_t)head_dim * sizeof *p);
         }
     }
+    if (a->o_q)
+        prefetch_share(a->o_q, d, nq);
+    else
+        prefetch_share(a->o_w, d, nq * (int64_t)sizeof *a->o_w);
     #pragma omp for schedule(static)
     for (int64_t j = 0; j < heads; j++) {
         const float *q = p + j * head_dim, *keys = k_cache + (j / group) * length * head_dim;
@@ -146,7 +161,7 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
     for (int64_t r0 = 0; r0 < d; r0 += 4) {
         int m = d - r0 < 4 ? (int)(d - r0) : 4;
         float out[4];
-        project4(a->o_w, o_int8 ? a->o_q : NULL, a->o_s, a->o_b, o, oq, to, r0, m, nq, out);
+        project4(a->o_w, o_int8 ? a->o_q : NULL, a->o_s, a->o_b, o, oq, to, r0, m, d, nq, out);
         for (int i = 0; i < m; i++) {
             if (a->post_w)
                 y[r0 + i] = out[i];

@@ -369,6 +369,48 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
     return n_active;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 widen8(const int8_t *p) {  /* eight int8 as float32 */
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+#endif
+
+/* acc (out) += Σ over the m ≤ 4 units k[0..m) of g[k]·(s_u·(up[k]·x) + u_b)·s_w·downᵀ[k]: their up rows summed side by
+ * side (x read once for the four) and their downᵀ rows added to acc in one pass over it, in the units' order (the
+ * sums unit_i8 makes one unit at a time). */
+static inline void units4_i8(const struct lg_ffn *f, const int64_t *k, int m, const float *g, const float *x,
+                             const int16_t *xq, double t, int in_float, int64_t d, float *restrict acc) {
+    int64_t out = f->out;
+    float h[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int8_t *w[4];
+    if (m == 4 && !in_float) {
+        int32_t sums[4];
+        dot4p_i8_i16(f->up_q + k[0] * d, f->up_q + k[1] * d, f->up_q + k[2] * d, f->up_q + k[3] * d, d, xq, sums);
+        for (int i = 0; i < 4; i++)
+            h[i] = (float)((double)f->up_s[k[i]] * t * sums[i]);
+    } else
+        for (int i = 0; i < m; i++)
+            h[i] = row_i8(f->up_q + k[i] * d, f->up_s[k[i]], x, xq, t, in_float, d);
+    for (int i = 0; i < 4; i++) {
+        w[i] = f->down_q + k[i < m ? i : 0] * out;
+        h[i] = i < m ? g[k[i]] * (f->up_b ? h[i] + f->up_b[k[i]] : h[i]) * f->down_s[k[i]] : 0.0f;
+    }
+    const int8_t *restrict w0 = w[0], *restrict w1 = w[1], *restrict w2 = w[2], *restrict w3 = w[3];
+    float h0 = h[0], h1 = h[1], h2 = h[2], h3 = h[3];
+    int64_t j = 0;
+#if defined(__AVX2__) && defined(__FMA__)  /* the loop below eight at a time, int8 widened in one step, not 3 */
+    __m256 v0 = _mm256_set1_ps(h0), v1 = _mm256_set1_ps(h1), v2 = _mm256_set1_ps(h2), v3 = _mm256_set1_ps(h3);
+    for (; j + 8 <= out; j += 8) {
+        __m256 a = _mm256_fmadd_ps(v0, widen8(w0 + j), _mm256_loadu_ps(acc + j));
+        a = _mm256_fmadd_ps(v1, widen8(w1 + j), a);
+        a = _mm256_fmadd_ps(v3, widen8(w3 + j), _mm256_fmadd_ps(v2, widen8(w2 + j), a));
+        _mm256_storeu_ps(acc + j, a);
+    }
+#endif
+    for (; j < out; j++)
+        acc[j] = FMA(h3, (float)w3[j], FMA(h2, (float)w2[j], FMA(h1, (float)w1[j], FMA(h0, (float)w0[j], acc[j]))));
+}
+
 /* One token's FFN inside a team (token.h). Each thread takes a share of the units, four at a time, in order: int8,
  * their gates summed (dot4_i8_i16) and each unit found active has its up and downᵀ rows requested then and summed
  * UNITS_AHEAD units later, while the next gate rows stream in (one pass over the block, no list between the gate and
@@ -402,17 +444,11 @@ static int64_t int8_units(const struct lg_ffn *f, const float *x, const int16_t 
                 prefetch_bytes(f->down_q + k * out, out);
             }
         }
-        for (; queued - done > UNITS_AHEAD; done++) {
-            int64_t k = units[done];
-            unit_i8(f->up_q + k * d, f->up_s[k], f->up_b ? f->up_b[k] : 0.0f, f->down_q + k * out, f->down_s[k], g[k],
-                    x, xq, t, in_float, d, out, acc);
-        }
+        for (; queued - done >= UNITS_AHEAD + 4; done += 4)
+            units4_i8(f, units + done, 4, g, x, xq, t, in_float, d, acc);
     }
-    for (; done < queued; done++) {
-        int64_t k = units[done];
-        unit_i8(f->up_q + k * d, f->up_s[k], f->up_b ? f->up_b[k] : 0.0f, f->down_q + k * out, f->down_s[k], g[k], x,
-                xq, t, in_float, d, out, acc);
-    }
+    for (; done < queued; done += 4)
+        units4_i8(f, units + done, queued - done < 4 ? (int)(queued - done) : 4, g, x, xq, t, in_float, d, acc);
     return queued;
 }
 
@@ -420,6 +456,7 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
     int t = omp_get_thread_num(), threads = omp_get_num_threads(), in_float = 0;
     int64_t ff = f->ff, out = f->out, lo, hi, n_active;
     double *stats = s->stats;  /* x's norm, its residual and its scale */
+    prefetch_share(f->gate_q, ff, d);
     #pragma omp single copyprivate(in_float)
     {
         if (f->eps < 0.0)

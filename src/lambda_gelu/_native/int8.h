@@ -3,21 +3,27 @@
 #pragma once
 #include "common.h"
 
-/* Σ q[i·d + j]·b[j] over j for the four int8 rows q, q + d, q + 2d, q + 3d at once, b an int16 vector, into s[0..3]:
+/* Σ q_i[j]·b[j] over j for four int8 rows q0..q3 at once (dot4: q, q + d, q + 2d, q + 3d), b an int16 vector, into
+ * s[0..3]:
  * exact integer sums, as long as d·127·max|b| < 2³¹ (screen_scale). Products of int16 operands, written so, become
  * the vector unit's multiply-adds of 16-bit pairs (several times faster than int8 rows converted to float, which at
  * batch 1 left the screen waiting on its own arithmetic, not on memory); an OpenMP simd reduction here, or the
  * products taken in 32 bits, vectorized three to four times slower. */
-static inline void dot4_i8_i16(const int8_t *q, int64_t d, const int16_t *b, int32_t *s) {
+static inline void dot4p_i8_i16(const int8_t *q0, const int8_t *q1, const int8_t *q2, const int8_t *q3, int64_t d,
+                                const int16_t *b, int32_t *s) {
     int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     for (int64_t j = 0; j < d; j++) {
         int32_t bj = b[j];
-        s0 += (int16_t)q[j] * bj;
-        s1 += (int16_t)q[d + j] * bj;
-        s2 += (int16_t)q[2 * d + j] * bj;
-        s3 += (int16_t)q[3 * d + j] * bj;
+        s0 += (int16_t)q0[j] * bj;
+        s1 += (int16_t)q1[j] * bj;
+        s2 += (int16_t)q2[j] * bj;
+        s3 += (int16_t)q3[j] * bj;
     }
     s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
+static inline void dot4_i8_i16(const int8_t *q, int64_t d, const int16_t *b, int32_t *s) {
+    dot4p_i8_i16(q, q + d, q + 2 * d, q + 3 * d, d, b, s);
 }
 
 static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
@@ -95,4 +101,14 @@ static inline double screen_margin(double product, double b, float r, float nq, 
 static inline void prefetch_bytes(const int8_t *row, int64_t n) {
     for (int64_t j = 0; j < n; j += 64)
         __builtin_prefetch(row + j, 0, 2);
+}
+
+/* Requests the first rows (as many as SCREEN_AHEAD + 4) of the calling thread's share, split in fours, of `rows`
+ * rows of `width` bytes from base, before the thread waits at a barrier or on a serial step: its first reads then
+ * start from cache, where the requests made SCREEN_AHEAD rows ahead inside its loop take over. */
+static inline void prefetch_share(const void *base, int64_t rows, int64_t width) {
+    int64_t lo, hi;
+    split(rows, 4, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+    int64_t n = (hi - lo < SCREEN_AHEAD + 4 ? hi - lo : SCREEN_AHEAD + 4) * width;
+    prefetch_bytes((const int8_t *)base + lo * width, n);
 }

@@ -95,10 +95,10 @@ class LeanDecoder:
             bytes, which bound decoding at batch 1), their input rounded to 16 bits and summed exactly in integers
             by the C step; the torch path (the prompt, and ``fused=False``) computes with the same rows dequantized.
             The weights' rounding is a quantization: it changes logits, and its cost is measured, not bounded.
-        one_call: each new token in one C call, every layer and the final norm (:mod:`~lambda_gelu.inference.token_step`),
-            where the C step applies and every layer's FFN is a sparse gated block its kernels read (int8, or float32
-            with its gate's screen: :func:`~lambda_gelu.inference.sparse.sparsify_`'s); :attr:`one_call` says
-            whether it does. ``False``: a C call per layer for the attention and the FFN's norm, and the FFN module
+        one_call: each new token in one C call, every layer and the final norm
+            (:mod:`~lambda_gelu.inference.token_step`), where the C step applies and every layer's FFN is a sparse
+            gated block its kernels read (int8, or float32 with its gate's screen:
+            :func:`~lambda_gelu.inference.sparse.sparsify_`'s); :attr:`one_call` says whether it does. ``False``: a C call per layer for the attention and the FFN's norm, and the FFN module
             called, its reference.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
