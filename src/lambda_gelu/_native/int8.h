@@ -55,15 +55,23 @@ static int round_rows_i16(const float *x, int64_t n, int64_t d, int16_t *xq, dou
     int bad = 0;
     for (int64_t r = 0; r < n; r++) {
         const float *xr = x + r * d;
-        double largest = 0.0;
+        int16_t *out = xq + r * d;
+        float largest = 0.0f, nonfinite = 0.0f;  /* max |x|, exact in float; x·0 is 0 but for a NaN or an infinity */
+        #pragma omp simd reduction(max:largest) reduction(+:nonfinite)
         for (int64_t j = 0; j < d; j++) {
-            bad |= !isfinite(xr[j]);
-            largest = fabs((double)xr[j]) > largest ? fabs((double)xr[j]) : largest;
+            largest = fabsf(xr[j]) > largest ? fabsf(xr[j]) : largest;
+            nonfinite += xr[j] * 0.0f;
         }
-        t[r] = largest / top;
-        for (int64_t j = 0; j < d; j++) {
-            double v = t[r] > 0.0 && isfinite(t[r]) ? nearbyint(xr[j] / t[r]) : 0.0;
-            xq[r * d + j] = (int16_t)(v > top ? top : v < -top ? -top : v == v ? v : 0.0);
+        bad |= nonfinite != 0.0f || nonfinite != nonfinite;
+        double tr = t[r] = (double)largest / top;
+        if (!(tr > 0.0 && isfinite(tr))) {
+            memset(out, 0, (size_t)d * sizeof *out);
+            continue;
+        }
+        for (int64_t j = 0; j < d; j++) {  /* rint: to nearest, ties to even, as nearbyint and torch.round */
+            double v = rint((double)xr[j] / tr);
+            v = v > top ? top : v < -top ? -top : v;
+            out[j] = (int16_t)(v == v ? v : 0.0);
         }
     }
     return bad;
