@@ -1,7 +1,8 @@
 """`lambda-gelu export DIR --gguf FILE`: a converted Llama written as GGUF is computed — by transformers' GGUF reader,
 which like llama.cpp fixes the Llama FFN's activation as SiLU — as the ReLU model: its logits within the bound the
 hardness gives and its greedy tokens, in float32; quantized types within their own rounding. Written plainly (λ = 1),
-the same file gives other tokens: the fault the hardness fixes."""
+the same file gives other tokens: the fault the hardness fixes. The same for a converted Gemma 3, whose FFN both
+readers fix as tanh-GELU."""
 import json
 import os
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from lambda_gelu.cli import main
-from lambda_gelu.deploy.gguf import SILU_GAP, export_gguf, gguf_lambda
+from lambda_gelu.deploy.gguf import GELU_GAP, SILU_GAP, export_gguf, gguf_lambda, llama_cpp_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -28,6 +29,29 @@ def relu_llama(tmp_path_factory):
         vocab_size=len(tiny_gguf.vocabulary()[0]), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, hidden_act="relu", max_position_embeddings=128,
         eos_token_id=0, pad_token_id=1, bos_token_id=2)).eval()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    ids = tokenizer("Return the number of items in a container.", return_tensors="pt")["input_ids"]
+    return path, model, ids
+
+
+@pytest.fixture(scope="module")
+def relu_gemma3(tmp_path_factory):
+    """A small converted Gemma 3 (hidden_activation relu) as llama.cpp's gemma3 graph fixes the layout: every sixth
+    layer global, the local ones sliding over 16 positions at rotary base 10000, queries scaled by 1/√head_dim."""
+    import tiny_gguf
+    path = tmp_path_factory.mktemp("export") / "gemma3-relu"
+    tokenizer = tiny_gguf.bpe_tokenizer()
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        vocab_size=len(tiny_gguf.vocabulary()[0]), hidden_size=64, intermediate_size=256, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=256, query_pre_attn_scalar=256, sliding_window=16,
+        hidden_activation="relu", max_position_embeddings=128, eos_token_id=0, pad_token_id=1, bos_token_id=2)).eval()
+    with torch.no_grad():  # norms' weights, 0 at initialisation: 1 + w must be written as llama.cpp reads it
+        for name, w in model.named_parameters():
+            if "norm" in name:
+                w.add_(0.3 * torch.randn(w.shape, generator=torch.Generator().manual_seed(1)))
+        model.lm_head.weight.mul_(10)  # tied to the embedding: sharper logits, greedy tokens far from ties
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     ids = tokenizer("Return the number of items in a container.", return_tensors="pt")["input_ids"]
@@ -108,17 +132,58 @@ def test_what_cannot_be_exported_is_one_line_and_writes_nothing(relu_llama, tmp_
 def test_llama_cpp_decodes_the_export_with_the_relu_models_tokens(relu_llama, tmp_path):
     """llama.cpp itself (llama-cpp-python, the [llamacpp] extra), greedy: the float32 export gives the ReLU model's
     tokens; the plain file does not."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     directory, model, ids = relu_llama
     want = _greedy(model, ids)[ids.shape[1]:]
+    assert _llama_cpp_greedy(export_gguf(directory, tmp_path / "relu.gguf", "f32").path, ids, len(want)) == want
+    plain = export_gguf(directory, tmp_path / "plain.gguf", "f32", hardness=1).path
+    assert _llama_cpp_greedy(plain, ids, len(want)) != want
 
-    def decode(path):
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=128, n_threads=2, verbose=False, logits_all=False)
-        out = []
-        for token in llm.generate(ids[0].tolist(), top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
-            out.append(token)
-            if len(out) == len(want):
-                return out
-        return out
-    assert decode(export_gguf(directory, tmp_path / "relu.gguf", "f32").path) == want
-    assert decode(export_gguf(directory, tmp_path / "plain.gguf", "f32", hardness=1).path) != want
+
+def _llama_cpp_greedy(path, ids, n):
+    """llama.cpp's greedy tokens after the prompt ``ids`` from the GGUF file at ``path`` (skips without it)."""
+    pytest.importorskip("llama_cpp")
+    llm = llama_cpp_model(path, 128, 2)
+    out = []
+    for token in llm.generate(ids[0].tolist(), top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
+        out.append(token)
+        if len(out) == n:
+            break
+    return out
+
+
+def test_gemma3_float32_export_is_the_relu_model_within_its_bound(relu_gemma3):
+    """transformers' reader computes Gemma 3's gates as tanh-GELU, as llama.cpp does: the export at λ gives the ReLU
+    model's logits within GELU_GAP/λ a unit, and its greedy tokens past the 16-position window."""
+    directory, model, ids = relu_gemma3
+    exported = export_gguf(directory, directory.parent / "gemma3.gguf", "f32")
+    assert exported.architecture == "gemma3" and exported.hardness == 1024
+    back = _read(exported.path)
+    assert back.config.hidden_activation == "gelu_pytorch_tanh"
+    with torch.no_grad():
+        want, got = model(ids).logits, back(ids).logits
+    assert float((got - want).abs().max()) <= 50 * GELU_GAP / 1024 * float(want.abs().max())
+    assert _greedy(back, ids) == _greedy(model, ids)
+
+
+def test_a_gemma3_llama_cpp_computes_otherwise_is_refused_in_one_line(relu_gemma3, tmp_path, capsys):
+    directory, _, _ = relu_gemma3
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in directory.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    config = json.loads((directory / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(config | {"query_pre_attn_scalar": 128}))
+    assert main(["export", str(other), "--gguf", str(tmp_path / "x.gguf")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "1/√128" in err
+    assert not (tmp_path / "x.gguf").exists()
+
+
+def test_llama_cpp_decodes_the_gemma3_export_with_the_relu_models_tokens(relu_gemma3, tmp_path):
+    """llama.cpp's gemma3 graph (its GELU, its windows, its 1 + w norms) on the float32 export: the ReLU model's
+    greedy tokens, past the window; the plain file's are others."""
+    directory, model, ids = relu_gemma3
+    want = _greedy(model, ids)[ids.shape[1]:]
+    assert _llama_cpp_greedy(export_gguf(directory, tmp_path / "relu.gguf", "f32").path, ids, len(want)) == want
+    plain = export_gguf(directory, tmp_path / "plain.gguf", "f32", hardness=1).path
+    assert _llama_cpp_greedy(plain, ids, len(want)) != want

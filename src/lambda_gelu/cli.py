@@ -5,7 +5,7 @@
     lambda-gelu generate DIR "prompt" [--max-new-tokens N] [--sample] [--int8] [--chat]
                                         a converted causal LM decoded by the sparse fast path; tokens/s on stderr
     lambda-gelu export DIR --gguf FILE [--type f32|f16|bf16|q8_0|q4_0]
-                                        a converted Llama as GGUF that llama.cpp computes as the ReLU model
+                                        a converted Llama or Gemma 3 as GGUF that llama.cpp computes as ReLU
     lambda-gelu deploy DIR [--original MODEL]
                                         a converted checkpoint in ONNX Runtime, fp32 and int8, against its original
     lambda-gelu verify MODEL.onnx PROPERTY.vnnlib [--time-limit S]
@@ -65,8 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--threads", type=int, default=None)
     gen.set_defaults(func=_generate)
 
-    exp = sub.add_parser("export", help="write a converted Llama-family checkpoint as a GGUF file that llama.cpp "
-                         "computes as the ReLU model (its gates as SiLU at a large hardness)")
+    exp = sub.add_parser("export", help="write a converted Llama-family or Gemma 3 checkpoint as a GGUF file that "
+                         "llama.cpp computes as the ReLU model (its gates as SiLU or GELU at a large hardness)")
     exp.add_argument("checkpoint", metavar="DIR", help="a `lambda-gelu reluize` --out directory of a causal LM")
     exp.add_argument("--gguf", required=True, metavar="FILE", help="the GGUF file to write")
     exp.add_argument("--type", default="f32", choices=("f32", "f16", "bf16", "q8_0", "q4_0"),

@@ -1,21 +1,26 @@
 """A converted checkpoint as a GGUF file that llama.cpp — and what is built on it — computes as the ReLU model
 (``lambda-gelu export DIR --gguf FILE``; the ``[gguf]`` extra).
 
-llama.cpp fixes a family's FFN activation by its architecture (the Llama family's ``silu(gate)·up``) and its own
-converter never reads ``hidden_act``: a ReLU Llama written as is runs there silently as SiLU. The limit that makes
-λ-SiLU ReLU, read backwards, fixes it without changing llama.cpp: a SiLU gate at hardness λ is ReLU within a bound,
+llama.cpp fixes a family's FFN activation by its architecture (the Llama family's ``silu(gate)·up``, Gemma 3's
+``gelu(gate)·up``, tanh-approximated) and its own converter never reads ``hidden_act``: a ReLU Llama written as is
+runs there silently as SiLU. The limit that makes λ-SiLU and λ-GELU ReLU, read backwards, fixes it without changing
+llama.cpp: a gate f(z) = z·s(z) at hardness λ is ReLU within a bound,
 
-    silu(λg)/λ = g·σ(λg),   |g·σ(λg) − relu(g)| ≤ max_t t·σ(−t) / λ = 0.2785/λ,
+    f(λg)/λ = g·s(λg),   |g·s(λg) − relu(g)| ≤ max_t |t·s(t) − relu(t)| / λ
+                                              = 0.2785/λ (SiLU, s = σ), 0.1805/λ (llama.cpp's GELU: :data:`GELU_GAP`),
 
-so the file holds the gate's weights ×λ and ``up``'s and ``down``'s ×1/√λ each: llama.cpp's ``down(silu(gate)·up)``
-is then ``down(g·σ(λg)·u)``, within 0.2785/λ·|u| of ``down(relu(g)·u)`` a unit. λ is the largest of
-:data:`LAMBDAS` at which no weight of the file type leaves its range: float16 keeps the gate's largest weight ×λ far below
-its maximum; Q8_0 and Q4_0 keep their blocks' float16 scales normal as well; float32 and bfloat16 take the largest.
+so the file holds the gate's weights ×λ and ``up``'s and ``down``'s ×1/√λ each: llama.cpp's ``down(f(gate)·up)`` is
+then ``down(g·s(λg)·u)``, within that bound ·|u| of ``down(relu(g)·u)`` a unit. λ is the largest of :data:`LAMBDAS`
+at which no weight of the file type leaves its range: float16 keeps the gate's largest weight ×λ far below its
+maximum; Q8_0 and Q4_0 keep their blocks' float16 scales normal as well; float32 and bfloat16 take the largest.
 
-Written: the Llama family's layout (``LlamaForCausalLM``, ``MistralForCausalLM``: llama.cpp's ``llama`` architecture,
-the query and key rows in llama.cpp's order), its hyper-parameters, and the tokenizer — the original GGUF's own
-``tokenizer.*`` fields where the conversion read one, else the checkpoint's byte-level BPE tokenizer with its merges,
-special tokens and chat template. Norms stay float32; a matrix whose rows do not fill the type's blocks is float16.
+Written (:data:`ARCHITECTURES`, one row each): the Llama family's layout (``LlamaForCausalLM``,
+``MistralForCausalLM``: llama.cpp's ``llama``, the query and key rows in its order of rotated pairs) and Gemma 3's
+(``Gemma3ForCausalLM``: ``gemma3``, its norms' weights as 1 + w, its sliding and global layers as llama.cpp fixes
+them — every sixth layer global, local layers' rotary base 10000, queries scaled by 1/√head_dim — which a checkpoint
+must match), their hyper-parameters, and the tokenizer — the original GGUF's own ``tokenizer.*`` fields where the
+conversion read one, else the checkpoint's byte-level BPE tokenizer with its merges, special tokens and chat template.
+Norms stay float32; a matrix whose rows do not fill the type's blocks is float16.
 """
 from __future__ import annotations
 
@@ -33,9 +38,14 @@ from ..families import gguf_architecture, gguf_classes
 from ..hf.load import load, model_directory, quiet_transformers
 from ..hf.save import REPORT
 
-__all__ = ["export_gguf", "Exported", "TYPES", "LAMBDAS", "SILU_GAP", "gguf_lambda"]
+__all__ = ["export_gguf", "Exported", "TYPES", "LAMBDAS", "SILU_GAP", "GELU_GAP", "ARCHITECTURES", "gguf_lambda",
+           "llama_cpp_model"]
 
 SILU_GAP = 0.27846454276  # max_t t·σ(−t): how far g·σ(λg) strays from relu(g), times λ
+# max_t |t·Φ̃(t) − relu(t)| for the tanh approximation Φ̃ (0.170041), plus what llama.cpp's GELU adds below |t| = 10,
+# where it reads a table at t rounded to float16 and returns float16 (its slope ≤ 1.13 times 10·2⁻¹¹, and 10·2⁻¹¹);
+# beyond, it returns t or 0 exactly
+GELU_GAP = 0.17005 + 1.13 * 10 * 2.0 ** -11 + 10 * 2.0 ** -11
 LAMBDAS = (1024.0, 512.0, 256.0, 128.0, 64.0, 32.0, 16.0)  # the hardness tried, largest first
 TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 _F16_TINY, _F16_MAX = 6.104e-05, 65504.0  # float16's smallest normal and largest value
@@ -48,7 +58,31 @@ _LLAMA = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "outp
           "blk.{}.ffn_norm": "model.layers.{}.post_attention_layernorm",
           "blk.{}.ffn_gate": "model.layers.{}.mlp.gate_proj", "blk.{}.ffn_up": "model.layers.{}.mlp.up_proj",
           "blk.{}.ffn_down": "model.layers.{}.mlp.down_proj"}
-_TENSORS = {"llama": _LLAMA}  # llama.cpp architecture → its tensors; which classes are written as which: the families table
+_GEMMA3 = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+           "blk.{}.attn_norm": "model.layers.{}.input_layernorm", "blk.{}.attn_q": "model.layers.{}.self_attn.q_proj",
+           "blk.{}.attn_k": "model.layers.{}.self_attn.k_proj", "blk.{}.attn_v": "model.layers.{}.self_attn.v_proj",
+           "blk.{}.attn_output": "model.layers.{}.self_attn.o_proj",
+           "blk.{}.attn_q_norm": "model.layers.{}.self_attn.q_norm",
+           "blk.{}.attn_k_norm": "model.layers.{}.self_attn.k_norm",
+           "blk.{}.post_attention_norm": "model.layers.{}.post_attention_layernorm",
+           "blk.{}.ffn_norm": "model.layers.{}.pre_feedforward_layernorm",
+           "blk.{}.post_ffw_norm": "model.layers.{}.post_feedforward_layernorm",
+           "blk.{}.ffn_gate": "model.layers.{}.mlp.gate_proj", "blk.{}.ffn_up": "model.layers.{}.mlp.up_proj",
+           "blk.{}.ffn_down": "model.layers.{}.mlp.down_proj"}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What llama.cpp's graph of an architecture fixes, as export writes for it."""
+    tensors: dict[str, str]  # GGUF name (per block where it has {}) → the module's weight in the transformers model
+    gap: float               # its gate's max_t |f(t) − relu(t)|: the bound at λ is gap/λ
+    pairs: bool              # queries and keys rotated in neighbouring pairs: their rows permuted from transformers'
+    norm_shift: float        # added to every norm's weight (Gemma's norms multiply by 1 + w; llama.cpp's by w)
+
+
+# llama.cpp architecture → what it fixes; which transformers classes are written as which: the families table
+ARCHITECTURES = {"llama": Architecture(_LLAMA, SILU_GAP, pairs=True, norm_shift=0.0),
+                 "gemma3": Architecture(_GEMMA3, GELU_GAP, pairs=False, norm_shift=1.0)}
 
 
 @dataclass
@@ -56,11 +90,13 @@ class Exported:
     path: Path
     file_type: str
     hardness: float                # λ the gate is written at (1: the model's own activation, as it is)
-    bound: float                   # 0.2785/λ: the gap between g·σ(λg) and relu(g), per unit of |up|
+    bound: float                   # gap/λ: how far llama.cpp's gate at λ is from relu(g), per unit of |up|
+    architecture: str = "llama"    # llama.cpp's
 
     def summary(self) -> str:
-        return (f"{self.path}: {self.file_type}, the ReLU gates as llama.cpp's SiLU at λ = {self.hardness:g} (each "
-                f"unit within {self.bound:.2g}·|up| of ReLU)")
+        gate = "SiLU" if self.architecture == "llama" else "GELU"
+        return (f"{self.path}: {self.file_type}, {self.architecture}, the ReLU gates as llama.cpp's {gate} at λ = "
+                f"{self.hardness:g} (each unit within {self.bound:.2g}·|up| of ReLU)")
 
 
 def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type: str = "f32", *,
@@ -84,16 +120,21 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
     loaded = load(model_directory(str(directory)), str(directory), progress=False)
     model, config = loaded.model.float().eval(), loaded.model.config
     architecture = gguf_architecture(type(model).__name__)
-    if architecture not in _TENSORS:
-        raise CheckpointError(f"{directory} holds a {type(model).__name__}: export writes the Llama family's layout "
-                              f"({', '.join(gguf_classes())}) for now")
-    if config.hidden_act != "relu":
-        raise CheckpointError(f"{directory}'s gates are {config.hidden_act}, not ReLU: it is not a converted "
+    if architecture not in ARCHITECTURES:
+        raise CheckpointError(f"{directory} holds a {type(model).__name__}: export writes "
+                              f"{', '.join(gguf_classes())} for now")
+    activation = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if activation != "relu":
+        raise CheckpointError(f"{directory}'s gates are {activation}, not ReLU: it is not a converted "
                               "checkpoint; convert it first (lambda-gelu reluize MODEL --out DIR)")
     if getattr(config, "mlp_bias", False) or getattr(config, "attention_bias", False):
         raise CheckpointError(f"{directory} has biases in its FFN or attention (mlp_bias, attention_bias), which "
-                              "llama.cpp's Llama layout does not read: it cannot be exported as this model")
-    names = _TENSORS[architecture]
+                              f"llama.cpp's {architecture} layout does not read: it cannot be exported as this model")
+    if architecture == "gemma3" and (problem := _gemma3_problem(config)):
+        raise CheckpointError(f"{directory}'s Gemma 3 {problem}, which llama.cpp fixes otherwise: it cannot be "
+                              "exported as this model")
+    arch = ARCHITECTURES[architecture]
+    names = arch.tensors
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     gates = [state[f"model.layers.{i}.mlp.gate_proj.weight"] for i in range(config.num_hidden_layers)]
     ups = [state[f"model.layers.{i}.mlp.{p}_proj.weight"] for i in range(config.num_hidden_layers)
@@ -105,7 +146,7 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
     tmp = Path(tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.absolute().parent)[1])
     try:
         writer = gguf.GGUFWriter(str(tmp), architecture)
-        _hyperparameters(writer, config, file_type, gguf)
+        _hyperparameters(writer, config, architecture, file_type, gguf)
         _tokenizer(writer, loaded, directory, gguf)
         for gguf_name, hf_name in names.items():
             for i in range(config.num_hidden_layers) if "{}" in gguf_name else [None]:
@@ -113,9 +154,11 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
                 if key not in state:
                     continue  # lm_head tied to the embedding: llama.cpp reads token_embd then
                 w = state[key]
-                if gguf_name.endswith("attn_q"):
+                if w.ndim == 1 and "norm" in gguf_name:
+                    w = w + arch.norm_shift
+                elif gguf_name.endswith("attn_q") and arch.pairs:
                     w = _permute(w, config.num_attention_heads)
-                elif gguf_name.endswith("attn_k"):
+                elif gguf_name.endswith("attn_k") and arch.pairs:
                     w = _permute(w, config.num_key_value_heads)
                 elif gguf_name.endswith("ffn_gate"):
                     w = w * lam
@@ -129,7 +172,55 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
-    return Exported(target, file_type, lam, SILU_GAP / lam)
+    return Exported(target, file_type, lam, arch.gap / lam, architecture)
+
+
+def llama_cpp_model(path: str | os.PathLike, n_ctx: int = 512, threads: int | None = None, **options):
+    """The GGUF file at ``path`` loaded in llama.cpp (``llama_cpp.Llama``, given ``options`` too; the ``[llamacpp]``
+    extra) with its extra weight buffers off: llama.cpp's AMX buffers stop some Intel CPUs with an illegal instruction,
+    and ``Llama`` takes no option for them (it ignores keywords it does not know), so its default model parameters
+    are set so for the call; the plain CPU kernels run everywhere."""
+    import llama_cpp
+    import llama_cpp.llama_cpp as low
+    defaults = low.llama_model_default_params
+
+    def without_extra_buffers():
+        params = defaults()
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = False
+        return params
+    low.llama_model_default_params = without_extra_buffers
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_threads=threads,
+                               n_threads_batch=threads, verbose=False, **options)
+    finally:
+        low.llama_model_default_params = defaults
+
+
+def _rope_theta(config, kind: str | None = None) -> float:
+    """The rotary base of the config's layers (of ``kind``: Gemma 3's "full_attention" or "sliding_attention")."""
+    parameters = getattr(config, "rope_parameters", None) or {}
+    if kind is not None and isinstance(parameters.get(kind), dict):
+        parameters = parameters[kind]
+    return float(getattr(config, "rope_theta", None) or parameters.get("rope_theta", 10000.0))
+
+
+def _gemma3_problem(config) -> str | None:
+    """What of a Gemma 3 config llama.cpp's ``gemma3`` graph does not compute as transformers does (None: nothing)."""
+    head_dim = config.head_dim
+    pattern = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(config.num_hidden_layers)]
+    full = (getattr(config, "rope_parameters", None) or {}).get("full_attention") or {}
+    if config.query_pre_attn_scalar != head_dim:
+        return f"scales its queries by 1/√{config.query_pre_attn_scalar:g}, not 1/√head_dim"
+    if list(config.layer_types) != pattern:
+        return "has global layers other than every sixth"
+    if _rope_theta(config, "sliding_attention") != 10000.0:
+        return "turns its local layers at a rotary base other than 10000"
+    if full.get("rope_type", "default") != "default":
+        return f"scales its rotary embedding ({full.get('rope_type')})"
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
+        return "soft-caps its logits"
+    return None
 
 
 def gguf_lambda(gates: list[np.ndarray], scaled: list[np.ndarray], file_type: str) -> float:
@@ -171,9 +262,13 @@ def _add(writer, name: str, w: np.ndarray, file_type: str, gguf) -> None:
         writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
 
 
-def _hyperparameters(writer, config, file_type: str, gguf) -> None:
+def _hyperparameters(writer, config, architecture: str, file_type: str, gguf) -> None:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if architecture == "gemma3":  # heads wider than hidden_size / heads; the local layers' window
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_sliding_window(config.sliding_window)
     writer.add_name(getattr(config, "_name_or_path", "") or "lambda-gelu ReLU model")
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -182,8 +277,7 @@ def _hyperparameters(writer, config, file_type: str, gguf) -> None:
     writer.add_head_count(heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(getattr(config, "rope_theta", None) or
-                                    (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)))
+    writer.add_rope_freq_base(_rope_theta(config, "full_attention" if architecture == "gemma3" else None))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
