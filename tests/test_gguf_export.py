@@ -139,6 +139,27 @@ def test_llama_cpp_decodes_the_export_with_the_relu_models_tokens(relu_llama, tm
     assert _llama_cpp_greedy(plain, ids, len(want)) != want
 
 
+def test_llama_cpp_decodes_an_export_with_gate_thresholds_as_the_relu_model(relu_llama, tmp_path):
+    """A --gate-zeros conversion's gates have biases (lowered thresholds): llama.cpp's llama layout reads them, the
+    gate's ×λ and up's ×1/√λ with their weights, down's as it is, and gives the ReLU model's greedy tokens."""
+    directory, _, ids = relu_llama
+    biased = tmp_path / "biased"
+    config = json.loads((directory / "config.json").read_text()) | {"mlp_bias": True}
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{
+        k: v for k, v in config.items() if k not in ("architectures", "transformers_version")})).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # a threshold well below 0 (most units zero), and biases on up and down
+            layer.mlp.gate_proj.bias.fill_(-0.05)
+            layer.mlp.up_proj.bias.normal_(0, 0.05)
+            layer.mlp.down_proj.bias.normal_(0, 0.05)
+    model.save_pretrained(biased)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (biased / f).write_bytes((directory / f).read_bytes())
+    want = _greedy(model, ids)[ids.shape[1]:]
+    assert _llama_cpp_greedy(export_gguf(biased, tmp_path / "relu.gguf", "f32").path, ids, len(want)) == want
+
+
 def _llama_cpp_greedy(path, ids, n):
     """llama.cpp's greedy tokens after the prompt ``ids`` from the GGUF file at ``path`` (skips without it)."""
     pytest.importorskip("llama_cpp")

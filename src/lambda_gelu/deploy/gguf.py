@@ -20,7 +20,8 @@ Written (:data:`ARCHITECTURES`, one row each): the Llama family's layout (``Llam
 them — every sixth layer global, local layers' rotary base 10000, queries scaled by 1/√head_dim — which a checkpoint
 must match), their hyper-parameters, and the tokenizer — the original GGUF's own ``tokenizer.*`` fields where the
 conversion read one, else the checkpoint's byte-level BPE tokenizer with its merges, special tokens and chat template.
-Norms stay float32; a matrix whose rows do not fill the type's blocks is float16.
+The Llama family's biases travel too (a ``--gate-zeros`` conversion's gate thresholds: the gate's ×λ, up's ×1/√λ,
+down's as it is). Norms and biases stay float32; a matrix whose rows do not fill the type's blocks is float16.
 """
 from __future__ import annotations
 
@@ -78,11 +79,12 @@ class Architecture:
     gap: float               # its gate's max_t |f(t) − relu(t)|: the bound at λ is gap/λ
     pairs: bool              # queries and keys rotated in neighbouring pairs: their rows permuted from transformers'
     norm_shift: float        # added to every norm's weight (Gemma's norms multiply by 1 + w; llama.cpp's by w)
+    biases: bool             # it reads the projections' biases (a --gate-zeros conversion's gate thresholds)
 
 
 # llama.cpp architecture → what it fixes; which transformers classes are written as which: the families table
-ARCHITECTURES = {"llama": Architecture(_LLAMA, SILU_GAP, pairs=True, norm_shift=0.0),
-                 "gemma3": Architecture(_GEMMA3, GELU_GAP, pairs=False, norm_shift=1.0)}
+ARCHITECTURES = {"llama": Architecture(_LLAMA, SILU_GAP, pairs=True, norm_shift=0.0, biases=True),
+                 "gemma3": Architecture(_GEMMA3, GELU_GAP, pairs=False, norm_shift=1.0, biases=False)}
 
 
 @dataclass
@@ -127,7 +129,8 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
     if activation != "relu":
         raise CheckpointError(f"{directory}'s gates are {activation}, not ReLU: it is not a converted "
                               "checkpoint; convert it first (lambda-gelu reluize MODEL --out DIR)")
-    if getattr(config, "mlp_bias", False) or getattr(config, "attention_bias", False):
+    if not ARCHITECTURES[architecture].biases and (getattr(config, "mlp_bias", False)
+                                                   or getattr(config, "attention_bias", False)):
         raise CheckpointError(f"{directory} has biases in its FFN or attention (mlp_bias, attention_bias), which "
                               f"llama.cpp's {architecture} layout does not read: it cannot be exported as this model")
     if architecture == "gemma3" and (problem := _gemma3_problem(config)):
@@ -150,21 +153,11 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
         _tokenizer(writer, loaded, directory, gguf)
         for gguf_name, hf_name in names.items():
             for i in range(config.num_hidden_layers) if "{}" in gguf_name else [None]:
-                key = hf_name.format(i) + ".weight"
-                if key not in state:
-                    continue  # lm_head tied to the embedding: llama.cpp reads token_embd then
-                w = state[key]
-                if w.ndim == 1 and "norm" in gguf_name:
-                    w = w + arch.norm_shift
-                elif gguf_name.endswith("attn_q") and arch.pairs:
-                    w = _permute(w, config.num_attention_heads)
-                elif gguf_name.endswith("attn_k") and arch.pairs:
-                    w = _permute(w, config.num_key_value_heads)
-                elif gguf_name.endswith("ffn_gate"):
-                    w = w * lam
-                elif gguf_name.endswith(("ffn_up", "ffn_down")):
-                    w = w / math.sqrt(lam)
-                _add(writer, gguf_name.format(i) + ".weight", w, file_type, gguf)
+                for part in ("weight", "bias"):
+                    key = f"{hf_name.format(i)}.{part}"
+                    if key in state:  # not lm_head tied to the embedding (llama.cpp reads token_embd then)
+                        _add(writer, f"{gguf_name.format(i)}.{part}", _written(state[key], gguf_name, part, arch,
+                                                                               config, lam), file_type, gguf)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -221,6 +214,21 @@ def _gemma3_problem(config) -> str | None:
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
         return "soft-caps its logits"
     return None
+
+
+def _written(w: np.ndarray, name: str, part: str, arch: "Architecture", config, lam: float) -> np.ndarray:
+    """A weight or bias as the file holds it: norms shifted as the architecture reads them, queries' and keys' rows
+    in its rotation's order, the gate's ×λ and up's ×1/√λ (weight and bias), down's weight ×1/√λ (its bias, added
+    after, as it is)."""
+    if "norm" in name:
+        return w + arch.norm_shift
+    if name.endswith(("attn_q", "attn_k")) and arch.pairs:
+        return _permute(w, config.num_attention_heads if name.endswith("attn_q") else config.num_key_value_heads)
+    if name.endswith("ffn_gate"):
+        return w * lam
+    if name.endswith("ffn_up") or name.endswith("ffn_down") and part == "weight":
+        return w / math.sqrt(lam)
+    return w
 
 
 def gguf_lambda(gates: list[np.ndarray], scaled: list[np.ndarray], file_type: str) -> float:
