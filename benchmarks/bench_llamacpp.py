@@ -1,7 +1,8 @@
 """Decoding at batch 1 against llama.cpp, on the same CPU, in the same run: llama.cpp (llama-cpp-python) on the
-original model at F32, F16, Q8_0, Q4_0 and Q4_1, and the project's decoder (LeanDecoder) on the converted model at
-each precision it offers, dense and sparse; plus each variant's bytes read per token and the machine's measured
-memory bandwidth, so that every figure also reads as a share of its own physical bound.
+original model at F32, F16, Q8_0, Q4_0 and Q4_1, the project's decoder (LeanDecoder) on the converted model at each
+precision it offers, dense and sparse, and llama.cpp on the converted model as `lambda-gelu export` writes it (F32,
+Q8_0); plus each variant's bytes read per token and the machine's measured memory bandwidth, so that every figure
+also reads as a share of its own physical bound.
 
     lambda-gelu reluize smollm2-135m-instruct --out runs/smollm2-relu          # 30 minutes
     pip install 'lambda-gelu[llamacpp]'                                          # builds llama.cpp: ~8 minutes
@@ -13,8 +14,9 @@ changes nothing of the time). Every variant decodes the same prompt's token ids 
 on ``--threads`` threads; llama.cpp in a Python loop around ``Llama.eval`` (the argmax of its logits each token),
 LeanDecoder by its ``generate``. A round times each variant once, in a rotating order; the figures are medians over
 the rounds, decoding only (the prompt's forward left out: LeanDecoder's as the difference between ``new_tokens + 1``
-and 1 token in the same round). Tokens are compared with each decoder's own reference: llama.cpp's with its F32
-original's, ours with the converted model's dense float32.
+and 1 token in the same round). Tokens are compared with each decoder's own reference: llama.cpp's on the original
+with its F32 original's, ours and the exports with the converted model's dense float32 (the ReLU model's). The
+perplexities: each decoder against its own float32, the exports against the converted model in float32.
 
 Bytes per token: what a token's decoding must read at least — every weight it uses once (llama.cpp: each tensor of
 the file at its type, the tied embedding read whole as the output layer; ours: the weights at their precision, of a
@@ -39,6 +41,7 @@ from _common import header, print_table, save
 
 PROMPT = "The standard library of Python provides modules for reading files, talking to networks and"
 TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+EXPORTS = ("F32", "Q8_0")  # the converted model as `lambda-gelu export` writes it, run by llama.cpp
 
 
 def bandwidth(threads: int, gib: float = 1.0, reps: int = 7) -> float:
@@ -86,13 +89,8 @@ class LlamaCpp:
     """One GGUF file in llama.cpp, decoding greedily from a prompt of token ids."""
 
     def __init__(self, path: Path, threads: int):
-        import llama_cpp
-        kwargs = dict(model_path=str(path), n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
-                      verbose=False)
-        try:  # AMX weight buffers stop some Intel CPUs with an illegal instruction: the plain kernels instead
-            self.llm = llama_cpp.Llama(**kwargs, use_extra_bufts=False)
-        except TypeError:
-            self.llm = llama_cpp.Llama(**kwargs)
+        from lambda_gelu.deploy.gguf import llama_cpp_model
+        self.llm = llama_cpp_model(path, 512, threads)  # its plain CPU kernels (no AMX buffers)
         self.vocab = self.llm.n_vocab()
 
     def decode(self, prompt: list[int], n: int) -> tuple[list[int], float]:
@@ -176,9 +174,8 @@ def torch_nll(model, sentences: list[list[int]]) -> tuple[float, int]:
 
 def llama_nll(path: Path, threads: int, sentences: list[list[int]]) -> tuple[float, int]:
     """The same under llama.cpp, from every position's logits of each sentence."""
-    import llama_cpp
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_batch=256, n_threads=threads, logits_all=True,
-                          verbose=False)
+    from lambda_gelu.deploy.gguf import llama_cpp_model
+    llm = llama_cpp_model(path, 256, threads, logits_all=True)
     total, count = 0.0, 0
     for ids in sentences:
         llm.reset()
@@ -238,6 +235,7 @@ def main():
     args = p.parse_args()
 
     import transformers
+    from lambda_gelu.deploy.gguf import export_gguf
     from lambda_gelu.inference.sparse import sparsify_
     torch.set_num_threads(args.threads)
     report = json.loads((Path(args.model) / "reluize_report.json").read_text())
@@ -255,8 +253,11 @@ def main():
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)
     files = {kind: requantized(original, kind, work) for kind in TYPES}
+    exports = {kind: export_gguf(args.model, work / f"converted-{kind.lower()}.gguf", kind.lower(),
+                                 overwrite=True).path for kind in EXPORTS}
     length = len(prompt) + args.new_tokens + 2
     variants = {f"llama.cpp, original, {kind}": LlamaCpp(path, args.threads) for kind, path in files.items()}
+    variants |= {f"llama.cpp, converted export, {kind}": LlamaCpp(path, args.threads) for kind, path in exports.items()}
     variants |= {"ours, converted, dense, float32": Ours(model, length),
                  "ours, converted, sparse, float32": Ours(sparse, length),
                  "ours, converted, sparse, int8": Ours(sparse8, length, int8=True)}
@@ -280,14 +281,19 @@ def main():
     kv_f16 = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
     per_token = {f"llama.cpp, original, {kind}": llama_bytes(gguf_bytes(path)) + int(kv_f16 * positions)
                  for kind, path in files.items()}
+    per_token |= {f"llama.cpp, converted export, {kind}": llama_bytes(gguf_bytes(path)) + int(kv_f16 * positions)
+                  for kind, path in exports.items()}
     per_token |= {"ours, converted, dense, float32": our_bytes(model, None, 4, positions),
                   "ours, converted, sparse, float32": our_bytes(model, reads, 4, positions),
                   "ours, converted, sparse, int8": our_bytes(model, reads, 1, positions)}
-    reference = {"llama.cpp": tokens["llama.cpp, original, F32"], "ours": tokens["ours, converted, dense, float32"]}
+    relu = tokens["ours, converted, dense, float32"]  # the converted model's: ours and its export's reference
+
+    def reference(name):
+        return tokens["llama.cpp, original, F32"] if name.startswith("llama.cpp, original") else relu
     head = header() | {"llama_cpp": __import__("llama_cpp").__version__}
     rows, results = [], {}
     for name in names:
-        same = sum(a == b for a, b in zip(tokens[name], reference[name.split(",")[0]]))
+        same = sum(a == b for a, b in zip(tokens[name], reference(name)))
         share = speed[name] * per_token[name] / bw
         results[name] = {"tokens_per_s": speed[name], "seconds": times[name], "bytes_per_token": per_token[name],
                          "share_of_bandwidth_bound": share, "same_tokens": same}
@@ -305,8 +311,11 @@ def main():
     sentences = held_out(tokenizer, args.sentences)
     nll = {"ours, float32": torch_nll(model, sentences), "ours, int8": torch_nll(int8_weights(model), sentences)}
     nll |= {f"llama.cpp, {kind}": llama_nll(path, args.threads, sentences) for kind, path in files.items()}
+    nll |= {f"llama.cpp, export {kind}": llama_nll(path, args.threads, sentences) for kind, path in exports.items()}
     perplexity = {name: float(np.exp(total / count)) for name, (total, count) in nll.items()}
     costs = {"ours, int8": perplexity["ours, int8"] / perplexity["ours, float32"]}
+    costs |= {f"llama.cpp, export {kind}": perplexity[f"llama.cpp, export {kind}"] / perplexity["ours, float32"]
+              for kind in EXPORTS}  # the converted model written for llama.cpp, against that model in float32
     costs |= {f"llama.cpp, {kind}": perplexity[f"llama.cpp, {kind}"] / perplexity["llama.cpp, F32"]
               for kind in TYPES if kind != "F32"}
     print(f"held-out perplexity ({len(sentences)} docstring sentences): "

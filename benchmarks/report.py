@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,6 +239,41 @@ def _llamacpp_section(d: dict) -> list[str]:
     return lines + [""]
 
 
+def _llamacpp_goals(d: dict) -> list[tuple[str, str, bool]]:
+    """Against llama.cpp, same run: the decoder at each precision against llama.cpp's original at the same one, each
+    at a share of its bandwidth bound, and the export in llama.cpp: the ReLU model's tokens, Q8_0's perplexity cost."""
+    v, n = d["variants"], d["new_tokens"]
+    zeros = statistics.mean(d["gate_zeros"].values()) if d.get("gate_zeros") else float("nan")
+    where = f"{d['model']}, {zeros:.0%} gate zeros, {_cpu(d)}"
+
+    def ratio(ours, theirs):
+        o, t = v[f"ours, converted, {ours}"]["seconds"], v[f"llama.cpp, original, {theirs}"]["seconds"]
+        return statistics.median(b / a for a, b in zip(o, t))
+    rows = []
+    for ours, theirs, floor in (("sparse, int8", "Q8_0", 1.4), ("sparse, float32", "F32", 1.4),
+                                ("sparse, int8", "Q4_0", 1.3), ("sparse, int8", "Q4_1", 1.3)):
+        r = ratio(ours, theirs)
+        label = " (no 4-bit path: int8)" if theirs.startswith("Q4") else ""
+        rows.append((f"{where}: ours {ours.split(', ')[1]} ≥ {floor}× llama.cpp's {theirs} original{label}",
+                     f"{r:.2f}×", r >= floor))
+    if round(zeros, 2) >= 0.85:  # a --gate-zeros 0.85 conversion, 85% to the percent
+        r = ratio("sparse, int8", "Q8_0")
+        rows.append((f"{where}: ours int8 ≥ 2× llama.cpp's Q8_0 original", f"{r:.2f}×", r >= 2))
+    for name in ("ours, converted, sparse, float32", "ours, converted, sparse, int8"):
+        share = v[name]["share_of_bandwidth_bound"]
+        rows.append((f"{where}: {name.removeprefix('ours, converted, ')} at ≥ 60% of its bandwidth bound",
+                     f"{share:.0%}", share >= 0.6))
+    export = v.get("llama.cpp, converted export, F32")
+    if export is not None:
+        rows.append((f"{where}: its F32 export in llama.cpp gives the ReLU model's greedy tokens",
+                     f"{export['same_tokens']}/{n}", export["same_tokens"] == n))
+    cost, theirs = d["quantization_cost"].get("llama.cpp, export Q8_0"), d["quantization_cost"].get("llama.cpp, Q8_0")
+    if cost is not None and theirs is not None:
+        rows.append((f"{where}: its Q8_0 export's perplexity cost ≤ llama.cpp's Q8_0 cost on the original",
+                     f"×{cost:.4f} (theirs ×{theirs:.4f})", cost <= theirs))
+    return rows
+
+
 def _cpu(d: dict) -> str:
     return d["machine"].split(", ")[-1]
 
@@ -426,6 +462,8 @@ def goals() -> list[str]:
         lean = d["paths"]["lean"]
         rows.append(("decoding with `LeanDecoder` at batch 1 ≥ 1.25× dense tokens/s, same tokens",
                      f"{lean['speedup']:.2f}×", lean["speedup"] >= 1.25 and lean["same_tokens"]))
+    for path in sorted(RESULTS.glob("llamacpp*.json")):
+        rows += _llamacpp_goals(json.loads(path.read_text()))
     return ["## Goals", "", "Computed from the tables above; a ratio within 5% counts as *not slower* (the noise "
             "between repetitions here).", "", "| goal | measured | met |", "|---|---|---|",
             *[f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in rows], ""]
