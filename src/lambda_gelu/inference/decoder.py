@@ -22,8 +22,9 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
   the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
 
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
-``generate`` (in the one call, its kernel reads the module's own rows). The layouts it runs, each model checked on a probe prompt at construction (its own forward's logits
-against this one's, the C step included; another layout, or other logits, is refused with one line):
+``generate`` (in the one call, its kernel reads the module's own rows). The layouts it runs, each model checked on a
+probe prompt at construction (its own forward's logits against this one's, the C step included; another layout, or
+other logits, is refused with one line):
 
 - the Llama family's: Llama, Mistral and Qwen2 with their sliding windows, Qwen3's per-head query/key norms, SmolLM,
   SmolLM3's layers without rotary embedding; Phi-3's stacked projections, Phi-4-mini's rotary embedding over part of
@@ -98,8 +99,8 @@ class LeanDecoder:
         one_call: each new token in one C call, every layer and the final norm
             (:mod:`~lambda_gelu.inference.token_step`), where the C step applies and every layer's FFN is a sparse
             gated block its kernels read (int8, or float32 with its gate's screen:
-            :func:`~lambda_gelu.inference.sparse.sparsify_`'s); :attr:`one_call` says whether it does. ``False``: a C call per layer for the attention and the FFN's norm, and the FFN module
-            called, its reference.
+            :func:`~lambda_gelu.inference.sparse.sparsify_`'s); :attr:`one_call` says whether it does. ``False``:
+            a C call per layer for the attention and the FFN's norm, and the FFN module called, its reference.
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
     one on a probe prompt beyond :data:`PROBE_TOLERANCE` (with ``int8_attention``: the float32 decoder against the

@@ -57,7 +57,8 @@ def _layout_matches(kernels) -> bool:
 def ffn_problem(layer, width: int) -> str | None:
     """Why one C call cannot compute this decoder layer's FFN (None if it can): it is a :class:`SparseGatedMLP` the
     C kernels read (int8, or float32 sparse with its screen), alone (no experts or shared block beside it), of the
-    model's width, in a layer without Gemma 4's per-layer inputs or output scale."""
+    model's width, in a layer without Gemma 4's per-layer inputs or output scale. A block whose weights changed since
+    it made its copies makes them again first (the call reads those copies by address)."""
     mlp = getattr(layer, "mlp", None)
     if type(mlp) is not SparseGatedMLP:
         return "an FFN that is not a SparseGatedMLP"
