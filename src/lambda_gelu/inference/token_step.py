@@ -96,9 +96,9 @@ class TokenStep:
                 ffn_problem(layer, width) for layer in inner.layers):
             return None
         layers, held = [], []
-        for i, (layer, step, (cos, sin), window, softcap, head_dim, kv_heads) in enumerate(zip(
+        for layer, step, (cos, sin), window, softcap, head_dim, kv_heads in zip(
                 inner.layers, steps, decoder.rotary, decoder.windows, decoder.softcaps, decoder.head_dims,
-                decoder.kv_heads)):
+                decoder.kv_heads):
             norm, norms, qkv, qkv_b, o_w, o_b, ffn_norm, ffn_post, int8 = step
             q_w, q_eps, q_plus_one, k_w, k_eps, k_plus_one, post_w, post_eps, post_plus_one, v_eps, shares, whole, \
                 late = norms
