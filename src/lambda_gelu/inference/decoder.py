@@ -59,6 +59,7 @@ from .._native import pointer
 from . import layout
 from .derived import Made
 from .gated import quantize_rows
+from .sampling import settings_warpers
 from .token_step import TokenStep
 from .screened_argmax import ScreenedArgmax
 
@@ -397,9 +398,7 @@ class LeanDecoder:
         from ``model.generation_config`` as ``generate`` takes it (transformers' default top_k is 50), then one
         ``torch.multinomial`` a token from torch's global generator (``torch.manual_seed`` repeats a draw). Sampling
         computes every logit; only greedy decoding takes the output layer's screen."""
-        config = self.model.generation_config
-        warpers = _warpers(*(_setting(config, name, given) for name, given in (
-            ("temperature", temperature), ("top_k", top_k), ("top_p", top_p)))) if do_sample else None
+        warpers = settings_warpers(self.model.generation_config, temperature, top_k, top_p) if do_sample else None
         if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
             raise ValueError(f"LeanDecoder decodes one sequence: input_ids of shape (1, T ≥ 1), got "
                              f"{tuple(input_ids.shape)}")
@@ -475,37 +474,6 @@ class LeanDecoder:
         gap = float((ours - theirs).abs().max() / theirs.abs().max().clamp(min=1e-6))
         return None if gap <= PROBE_TOLERANCE else (f"gives other logits over its int8 attention rows in C than in "
                                                     f"torch (by {gap:.2g} of their scale)")
-
-
-def _setting(config, name: str, given):
-    """A sampling setting as ``generate`` takes it: given, else the model's generation config's, else transformers'
-    default (which transformers 5 leaves unset in the config and fills in at ``generate``)."""
-    if given is not None:
-        return given
-    value = getattr(config, name, None)
-    return value if value is not None else getattr(type(config), "_get_default_generation_params", dict)().get(name)
-
-
-def _warpers(temperature: float | None, top_k: int | None, top_p: float | None):
-    """transformers' warpers for these settings, in the order and on the conditions its ``generate`` applies them
-    (None: that warper left out)."""
-    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
-                                                        TopKLogitsWarper, TopPLogitsWarper)
-    temperature = 1.0 if temperature is None else temperature
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-        raise ValueError(f"temperature is a number > 0 (do_sample=False for greedy decoding), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
-        raise ValueError(f"top_k is a number of tokens ≥ 0 (0 or None: no top-k), got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p is a probability in (0, 1] (1 or None: no top-p), got {top_p!r}")
-    warpers = LogitsProcessorList()
-    if temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(float(temperature)))
-    if top_k:
-        warpers.append(TopKLogitsWarper(top_k))
-    if top_p is not None and top_p < 1.0:
-        warpers.append(TopPLogitsWarper(float(top_p)))
-    return warpers
 
 
 def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
