@@ -184,13 +184,17 @@ int lg_attention_scratch(const struct lg_attention *a, int64_t d, int64_t pos, s
     s->x = malloc((size_t)(2 * d + rows + nq + a->heads * (pos + 1)) * sizeof *s->x);
     s->xq = malloc((size_t)(d + nq) * sizeof *s->xq);
     if (!s->x || !s->xq) {
-        free(s->x);
-        free(s->xq);
+        lg_attention_scratch_free(s);
         return -1;
     }
     s->p = s->x + d, s->o = s->p + rows, s->scores = s->o + nq, s->y = s->scores + a->heads * (pos + 1);
     s->oq = s->xq + d;
     return 0;
+}
+
+void lg_attention_scratch_free(struct lg_attention_scratch *s) {
+    free(s->x);
+    free(s->xq);
 }
 
 int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_one, const float *q_norm_w,
@@ -211,7 +215,6 @@ int lg_decode_attention_f32(float *h, const float *norm_w, double eps, int plus_
     int nt = max_threads > 1 ? max_threads : 1;
     #pragma omp parallel num_threads(nt) if (nt > 1)
     lg_attention_team(&a, h, cos, sin, k_cache, v_cache, pos, length, d, &s);
-    free(s.x);
-    free(s.xq);
+    lg_attention_scratch_free(&s);
     return 0;
 }

@@ -504,14 +504,18 @@ int lg_ffn_scratch(int64_t d, int64_t ff, int64_t out, int threads, struct lg_ff
     s->units = malloc((size_t)ff * sizeof *s->units);
     s->stats = malloc(3 * sizeof *s->stats);
     if (!s->x || !s->xq || !s->units || !s->stats) {
-        free(s->x);
-        free(s->xq);
-        free(s->units);
-        free(s->stats);
+        lg_ffn_scratch_free(s);
         return -1;
     }
     s->g = s->x + d, s->partial = s->g + ff, s->y = s->partial + (threads > 1 ? threads - 1 : 0) * out;
     return 0;
+}
+
+void lg_ffn_scratch_free(struct lg_ffn_scratch *s) {  /* g, partial and y lie in x's block */
+    free(s->x);
+    free(s->xq);
+    free(s->units);
+    free(s->stats);
 }
 
 /* One row x (d) through f in a team of nt threads of its own, into the caller's g (ff; NULL: a buffer) and y (out);
@@ -523,9 +527,6 @@ static int64_t one_row(const struct lg_ffn *f, const float *x, float *g, float *
     s.y = y, s.g = g ? g : s.g;
     #pragma omp parallel num_threads(nt) if (nt > 1)
     lg_ffn_team(f, (float *)x, 0, d, &s);  /* add = 0: x only read */
-    free(s.x);
-    free(s.xq);
-    free(s.units);
-    free(s.stats);
+    lg_ffn_scratch_free(&s);
     return s.active;
 }

@@ -1,6 +1,6 @@
-/* A whole token of a decoder in one call (lambda_gelu.inference.token): every layer's attention (decode.c) and sparse
- * gated FFN (gated.c) and the final norm in one parallel region, the team's threads meeting at barriers between the
- * steps instead of a parallel region, a Python call and a few torch calls for each — at batch 1 on a small model,
+/* A whole token of a decoder in one call (lambda_gelu.inference.token_step): every layer's attention (decode.c) and
+ * sparse gated FFN (gated.c) and the final norm in one parallel region, the team's threads meeting at barriers between
+ * the steps instead of a parallel region, a Python call and a few torch calls for each — at batch 1 on a small model,
  * as much time as reading the weights. Its reference is the same decoder's layer-by-layer path. */
 #include "token.h"
 
@@ -42,8 +42,7 @@ int lg_decode_token(float *h, const struct lg_layer *layers, int64_t n, float *c
     if (lg_attention_scratch(&widest, d, pos, &as) != 0)
         return -1;
     if (lg_ffn_scratch(d, ff, d, nt, &fs) != 0) {
-        free(as.x);
-        free(as.xq);
+        lg_attention_scratch_free(&as);
         return -1;
     }
     #pragma omp parallel num_threads(nt) if (nt > 1)
@@ -60,11 +59,7 @@ int lg_decode_token(float *h, const struct lg_layer *layers, int64_t n, float *c
         #pragma omp single
         lg_rms_norm_f32(h, final_w, out, d, final_eps, final_plus_one);
     }
-    free(as.x);
-    free(as.xq);
-    free(fs.x);
-    free(fs.xq);
-    free(fs.units);
-    free(fs.stats);
+    lg_attention_scratch_free(&as);
+    lg_ffn_scratch_free(&fs);
     return 0;
 }

@@ -1,7 +1,7 @@
 /* A decoder layer as the one-call token step reads it (token.c): its attention (decode.c) and its sparse gated FFN
  * (gated.c), each a function that every thread of an OpenMP team calls, so that a whole token runs in one parallel
  * region; the per-layer entry points open a region of their own around the same functions. The Python side mirrors
- * these structs (lambda_gelu.inference.token) and checks their sizes against lg_token_sizes. */
+ * these structs (lambda_gelu.inference.token_step) and checks their sizes against lg_token_sizes. */
 #pragma once
 #include <stddef.h>
 #include "common.h"
@@ -23,8 +23,9 @@ struct lg_attention {
  * outputs, their scores, the output before its norm; x and the heads' outputs as int16. */
 struct lg_attention_scratch { float *x, *p, *o, *scores, *y; int16_t *xq, *oq; };
 
-/* Allocates that scratch for the layer's sizes (or larger) and positions 0..pos (free s->x, s->xq); −1 if it cannot. */
+/* Allocates that scratch for the layer's sizes (or larger) and positions 0..pos; −1 if it cannot (nothing held). */
 int lg_attention_scratch(const struct lg_attention *a, int64_t d, int64_t pos, struct lg_attention_scratch *s);
+void lg_attention_scratch_free(struct lg_attention_scratch *s);
 
 /* One token's attention at position pos (counted in the caches from their pointers' first position), in place on
  * h (d): called by every thread of a team. */
@@ -49,8 +50,9 @@ struct lg_ffn {
  * block's output; `active` counts the units active. */
 struct lg_ffn_scratch { float *x, *g, *partial, *y; int16_t *xq; int64_t *units; double *stats; int64_t active; };
 
-/* Allocates that scratch (free s->x, s->xq, s->units, s->stats); −1 if it cannot. */
+/* Allocates that scratch; −1 if it cannot (nothing held). */
 int lg_ffn_scratch(int64_t d, int64_t ff, int64_t out, int threads, struct lg_ffn_scratch *s);
+void lg_ffn_scratch_free(struct lg_ffn_scratch *s);
 
 /* y = the FFN of h (d) into s->y (out wide), and h += y if `add` (out = d): called by every thread of a team. */
 void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg_ffn_scratch *s);
