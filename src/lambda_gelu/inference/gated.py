@@ -135,7 +135,7 @@ def screened_in(mlp: "SparseGatedMLP", x: Tensor) -> Tensor:
     reference, and what a benchmark counts the rows read with."""
     x = x.reshape(-1, x.shape[-1]).double()
     xq, t = int16_rows(x)
-    bias = mlp.gate_proj.bias
+    bias = mlp._parts()[0].bias  # the gate's, wherever the layout keeps it
     a = (xq @ mlp.gate_q.double().t()) * mlp.gate_s.double() * t + (0.0 if bias is None else bias.double())
     margin = mlp.gate_r.double() * x.norm(dim=1, keepdim=True) + mlp.gate_n.double() * (x - t * xq).norm(
         dim=1, keepdim=True)
