@@ -256,8 +256,9 @@ def main():
     exports = {kind: export_gguf(args.model, work / f"converted-{kind.lower()}.gguf", kind.lower(),
                                  overwrite=True).path for kind in EXPORTS}
     length = len(prompt) + args.new_tokens + 2
-    variants = {f"llama.cpp, original, {kind}": LlamaCpp(path, args.threads) for kind, path in files.items()}
-    variants |= {f"llama.cpp, converted export, {kind}": LlamaCpp(path, args.threads) for kind, path in exports.items()}
+    gguf_files = {f"llama.cpp, original, {kind}": path for kind, path in files.items()}
+    gguf_files |= {f"llama.cpp, converted export, {kind}": path for kind, path in exports.items()}
+    variants = {name: LlamaCpp(path, args.threads) for name, path in gguf_files.items()}
     variants |= {"ours, converted, dense, float32": Ours(model, length),
                  "ours, converted, sparse, float32": Ours(sparse, length),
                  "ours, converted, sparse, int8": Ours(sparse8, length, int8=True)}
@@ -279,10 +280,7 @@ def main():
     positions = len(prompt) + args.new_tokens / 2
     cfg = model.config
     kv_f16 = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
-    per_token = {f"llama.cpp, original, {kind}": llama_bytes(gguf_bytes(path)) + int(kv_f16 * positions)
-                 for kind, path in files.items()}
-    per_token |= {f"llama.cpp, converted export, {kind}": llama_bytes(gguf_bytes(path)) + int(kv_f16 * positions)
-                  for kind, path in exports.items()}
+    per_token = {name: llama_bytes(gguf_bytes(path)) + int(kv_f16 * positions) for name, path in gguf_files.items()}
     per_token |= {"ours, converted, dense, float32": our_bytes(model, None, 4, positions),
                   "ours, converted, sparse, float32": our_bytes(model, reads, 4, positions),
                   "ours, converted, sparse, int8": our_bytes(model, reads, 1, positions)}
