@@ -191,10 +191,15 @@ def llama_cpp_model(path: str | os.PathLike, n_ctx: int = 512, threads: int | No
 
 
 def _rope_theta(config, kind: str | None = None) -> float:
-    """The rotary base of the config's layers (of ``kind``: Gemma 3's "full_attention" or "sliding_attention")."""
+    """The rotary base of the config's layers (of ``kind``: Gemma 3's "full_attention" or "sliding_attention"), the
+    kind's own where the config keeps one (transformers 5's ``rope_parameters[kind]``, or Gemma 3's older
+    ``rope_local_base_freq``) before the config's one base."""
     parameters = getattr(config, "rope_parameters", None) or {}
-    if kind is not None and isinstance(parameters.get(kind), dict):
-        parameters = parameters[kind]
+    own = parameters.get(kind) if kind is not None else None
+    if isinstance(own, dict) and own.get("rope_theta") is not None:
+        return float(own["rope_theta"])
+    if kind == "sliding_attention" and getattr(config, "rope_local_base_freq", None) is not None:
+        return float(config.rope_local_base_freq)
     return float(getattr(config, "rope_theta", None) or parameters.get("rope_theta", 10000.0))
 
 
