@@ -2,8 +2,8 @@
 
 At batch 1 a small language model spends a sizeable share of each token in Python: ``generate`` runs its logits
 processors, stopping criteria and cache bookkeeping, and each decoder layer a few dozen small operations. That
-share does not shrink when the FFN blocks are sparsified (:func:`lambda_gelu.inference.sparse.sparsify_`), so it caps what
-their speed-up can give end to end. :class:`LeanDecoder` runs the same model, its own modules and weights, with
+share does not shrink when the FFN blocks are sparsified (:func:`lambda_gelu.inference.sparse.sparsify_`), so it caps
+what their speed-up can give end to end. :class:`LeanDecoder` runs the same model, its own modules and weights, with
 
 - one matrix product for the query, key and value projections (their weights stacked once, at construction, or
   Phi-3's layer that holds them stacked);
@@ -18,8 +18,9 @@ their speed-up can give end to end. :class:`LeanDecoder` runs the same model, it
   per-head ones too, Gemma 4's of the values; ``fused=False``: the torch path above, its reference); and where every
   FFN is a sparse gated block (:func:`~lambda_gelu.inference.sparse.sparsify_`'s), one C call for the whole token,
   every layer's attention and FFN and the final norm (:mod:`~lambda_gelu.inference.token_step`);
-- the next token from the output layer through its int8 screen (:class:`~lambda_gelu.inference.screened_argmax.ScreenedArgmax`:
-  the largest logit's index, reading the float32 rows of the few that can hold it), and nothing else between tokens.
+- the next token from the output layer through its int8 screen
+  (:class:`~lambda_gelu.inference.screened_argmax.ScreenedArgmax`: the largest logit's index, reading the float32 rows
+  of the few that can hold it), and nothing else between tokens.
 
 The decoder layers' own ``mlp`` modules are called as they are, so a sparsified FFN block runs here as in
 ``generate`` (in the one call, its kernel reads the module's own rows). The layouts it runs, each model checked on a
@@ -105,8 +106,8 @@ class LeanDecoder:
 
     Raises ``ValueError`` with one line if the model is not of that layout or its own forward disagrees with this
     one on a probe prompt beyond :data:`PROBE_TOLERANCE` (with ``int8_attention``: the float32 decoder against the
-    model's forward, and the int8 C step against the int8 torch path). The stacked query/key/value weights and the output layer's
-    int8 rows are copies, made again by :meth:`generate` once a weight or buffer of the model has changed
+    model's forward, and the int8 C step against the int8 torch path). The stacked query/key/value weights and the
+    output layer's int8 rows are copies, made again by :meth:`generate` once a weight or buffer of the model has changed
     (:class:`~lambda_gelu.inference.derived.Made`).
     """
 
@@ -169,7 +170,8 @@ class LeanDecoder:
             if kind not in tables:  # one table a kind, shared by its layers
                 cos, sin = rotary(zero, position) if kind is None else rotary(zero, position, kind)
                 tables[kind, "theirs"] = cos, sin = cos[0].to(weight.dtype), sin[0].to(weight.dtype)
-                if layout.paired_table(cos):  # Cohere's repeats each angle twice in a row: as halves, for the pairs' order
+                # Cohere's repeats each angle twice in a row: as halves, for the pairs' order
+                if layout.paired_table(cos):
                     cos, sin = (torch.cat([t[..., 0::2]] * 2, -1) for t in (cos, sin))
                 tables[kind] = cos, sin
                 tables[kind, "unturned"] = torch.ones_like(cos), torch.zeros_like(sin)  # cos 1, sin 0: turns by 0
@@ -240,7 +242,8 @@ class LeanDecoder:
             # Gemma 4's norm of the values, without weight (eps < 0: none, as for a norm before the attention or FFN)
             values = layout.rms_norm(a.v_norm, head_dim) if hasattr(a, "v_norm") else unnormed
             before, after, ffn_before, ffn_after = layout.norms(layer)
-            norms = (layout.rms_norm(before) if before else unnormed, layout.rms_norm(ffn_before) if ffn_before else unnormed,
+            norms = (layout.rms_norm(before) if before else unnormed,
+                     layout.rms_norm(ffn_before) if ffn_before else unnormed,
                      layout.rms_norm(after) if after else none, layout.rms_norm(ffn_after) if ffn_after else none)
             whole = layout.whole_width(a, head_dim)  # OLMo 2's norms over every head's query at once, and key
             tensors = [weight, bias, a.o_proj.weight, a.o_proj.bias]

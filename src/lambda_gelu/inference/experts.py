@@ -102,9 +102,9 @@ class SparseExperts(nn.Module):
 
     Holds the experts' own ``gate_up_proj`` and ``down_proj`` parameters (so ``state_dict()`` is theirs) and, as
     non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight changed
-    (:class:`~lambda_gelu.inference.derived.Made`), each expert's ``downᵀ`` (one more copy of ``down_proj``) and the gates'
-    int8 screen (a quarter more of the gates' bytes), or with ``int8=True`` the three matrices' int8 rows and scales.
-    Build it from the experts module: ``SparseExperts(model.model.layers[0].mlp.experts)``."""
+    (:class:`~lambda_gelu.inference.derived.Made`), each expert's ``downᵀ`` (one more copy of ``down_proj``) and the
+    gates' int8 screen (a quarter more of the gates' bytes), or with ``int8=True`` the three matrices' int8 rows and
+    scales. Build it from the experts module: ``SparseExperts(model.model.layers[0].mlp.experts)``."""
 
     def __init__(self, experts: nn.Module, int8: bool = False):
         super().__init__()

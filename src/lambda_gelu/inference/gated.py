@@ -165,12 +165,12 @@ class SparseGatedMLP(nn.Module):
 
     Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the
     dense block's) and, as non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight
-    or bias changed (:class:`~lambda_gelu.inference.derived.Made`; a copy or a pickle makes its own), ``downᵀ`` (one more copy of
-    ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
-    ``down_q`` holds the rows of ``downᵀ``). In float32, ``screen=True`` (the default) also holds the gate's screen
-    (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``, ``gate_n``, a quarter more of the gate's bytes) and
-    decoding reads the float32 gate rows only of the units it does not rule out; ``screen=False`` reads every gate
-    row. ``sparse=False`` computes every unit, a baseline for what the skipping buys: the same C loop without it
+    or bias changed (:class:`~lambda_gelu.inference.derived.Made`; a copy or a pickle makes its own), ``downᵀ`` (one
+    more copy of ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``,
+    ``gate_s``, ...; ``down_q`` holds the rows of ``downᵀ``). In float32, ``screen=True`` (the default) also holds the
+    gate's screen (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``, ``gate_n``, a quarter more of the gate's
+    bytes) and decoding reads the float32 gate rows only of the units it does not rule out; ``screen=False`` reads every
+    gate row. ``sparse=False`` computes every unit, a baseline for what the skipping buys: the same C loop without it
     (decoding sizes, and int8), the dense block elsewhere. ``max_density``: the share of active units above which a
     batch of more than :data:`FUSED_ROWS` rows runs the dense block. Build it with :meth:`from_dense`.
     """
@@ -204,7 +204,8 @@ class SparseGatedMLP(nn.Module):
     @torch.no_grad()
     def _derive(self) -> None:
         """The buffers made from the layers' weights: ``downᵀ`` and the gate's screen, or the int8 rows and scales;
-        made again by :meth:`forward` once a weight or bias has changed (:class:`~lambda_gelu.inference.derived.Made`)."""
+        made again by :meth:`forward` once a weight or bias has changed
+        (:class:`~lambda_gelu.inference.derived.Made`)."""
         gate, up, down = (layer.weight for layer in self._parts())
         self._made, self._screened = Made(self._sources()), None
         if not self.int8:
@@ -359,8 +360,8 @@ def gated_mlps(model: nn.Module):
 @torch.no_grad()
 def formula_problem(mlp: nn.Module, layout: GatedLayout) -> str | None:
     """Why ``mlp``'s own forward is not ``down(relu(gate(x)) * up(x))`` on a probe input, or replacing it could change
-    a result otherwise (:func:`lambda_gelu.core.convert.replacement_problem`), or None; its projections are checked as any
-    sparse layer's (:func:`lambda_gelu.inference.sparse._kept_as_is`)."""
+    a result otherwise (:func:`lambda_gelu.core.convert.replacement_problem`), or None; its projections are checked as
+    any sparse layer's (:func:`lambda_gelu.inference.sparse._kept_as_is`)."""
     gate, up, down = gated_parts(mlp, layout)
     if problem := replacement_problem(mlp, "SparseGatedMLP", ()):
         return problem

@@ -1,6 +1,6 @@
 """What a decoder layer holds and where, for :class:`~lambda_gelu.inference.decoder.LeanDecoder`: read from its modules'
-names (the families table's norm layouts, the projections, the cache a layer reads) or found by trying them on a probe input
-(a norm's kind, whether a layer turns its queries and keys and how, by halves or in neighbouring pairs), and which
+names (the families table's norm layouts, the projections, the cache a layer reads) or found by trying them on a probe
+input (a norm's kind, whether a layer turns its queries and keys and how, by halves or in neighbouring pairs), and which
 layers hold what the decoder's C step does not compute. The decoder computes; this module says what.
 """
 from __future__ import annotations
@@ -110,7 +110,8 @@ def whole_width(attention, head_dim: int) -> bool:
 
 def norms(layer) -> tuple[nn.Module | None, ...] | None:
     """The layer's norms before its attention, after it, before its FFN and after it (None: none there), as the
-    first of the families table's norm layouts (:func:`lambda_gelu.families.norm_layouts`) it has places them; None if it has none of them."""
+    first of the families table's norm layouts (:func:`lambda_gelu.families.norm_layouts`) it has places them; None if
+    it has none of them."""
     for names in norm_layouts():
         if all(n is None or hasattr(layer, n) for n in names) and (names[0] or not hasattr(layer, "input_layernorm")):
             return tuple(None if n is None else getattr(layer, n) for n in names)

@@ -54,9 +54,9 @@ def screened_argmax_reference(x: Tensor, weight: Tensor, bias: Tensor | None,
 class ScreenedArgmax:
     """``layer(x).argmax(-1)`` for a ``nn.Linear`` (see the module's docstring), each row of x one call of the C
     kernel. Building it copies the layer's rows to int8 (a quarter more of the weight's bytes) if the weight is
-    float32 on CPU; a call after the weight changed copies them again first (:class:`~lambda_gelu.inference.derived.Made`).
-    :attr:`rows_read` is the number of float32 rows the last row of x read (the layer's ``out_features`` where the
-    layer computed them all)."""
+    float32 on CPU; a call after the weight changed copies them again first
+    (:class:`~lambda_gelu.inference.derived.Made`). :attr:`rows_read` is the number of float32 rows the last row of x
+    read (the layer's ``out_features`` where the layer computed them all)."""
 
     def __init__(self, layer: nn.Linear):
         if not isinstance(layer, nn.Linear):

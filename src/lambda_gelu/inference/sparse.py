@@ -178,9 +178,9 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     Qwen2/3-MoE, OLMoE, DeepSeek, ...) and every other linear layer whose input comes straight from an ``nn.ReLU`` by
     a :class:`SparseLinear`; returns their qualified names. Recognised: ``nn.Linear`` right after
     ``nn.ReLU`` in an ``nn.Sequential``; the second FFN projection of Hugging Face ungated FFNs as
-    the families table names them (:mod:`lambda_gelu.families`) (GPT-2's ``mlp.c_proj``, a ``Conv1D``; GPT-NeoX's, StarCoder2's, Phi's,
-    GPT-J's, OPT's and BART's, T5 v1.0's) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose activation
-    is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``); the gated FFNs of
+    the families table names them (:mod:`lambda_gelu.families`) (GPT-2's ``mlp.c_proj``, a ``Conv1D``; GPT-NeoX's,
+    StarCoder2's, Phi's, GPT-J's, OPT's and BART's, T5 v1.0's) and of BERT/MPNet/RoBERTa layers (``output.dense``) whose
+    activation is ReLU (after :func:`lambda_gelu.reluize`, or ``hidden_act="relu"``); the gated FFNs of
     the families table's gated layouts whose own forward is ``down(relu(gate(x)) * up(x))``.
     Layers whose input is not
     guaranteed to come from a ReLU are left alone, and so is every layer that SparseLinear would not
