@@ -458,6 +458,32 @@ def test_the_int8_block_is_its_dequantized_reference_within_rounding_and_near_th
             assert (got - want).norm() <= 0.03 * want.norm()
 
 
+def test_the_int8_blocks_up_and_down_rows_lie_side_by_side_and_the_kernels_read_them_by_their_stride():
+    """Unit k's up row then its downᵀ row, one run of bytes; the kernels take the rows' stride, so two separate
+    matrices with one stride give the very same sums, and rows with two strides go to the reference."""
+    from lambda_gelu.inference.gated import sparse_gated_int8_reference, unit_stride
+    model = _relu_llama()
+    dense = copy.deepcopy(model.model.layers[0].mlp)
+    sparsify_(model, min_weights=0, int8=True)
+    mlp, x = model.model.layers[0].mlp, torch.randn(3, 32)
+    up_q, down_q = mlp.up_q, mlp.down_q
+    assert down_q.data_ptr() == up_q.data_ptr() + up_q.shape[1]
+    assert unit_stride(up_q, down_q) == up_q.shape[1] + down_q.shape[1]
+    with torch.inference_mode():
+        side_by_side = [mlp(x[:1]), mlp(x)]  # decoding's one-pass call, and the batch's
+        mlp._buffers["up_q"], mlp._buffers["down_q"] = up_q.clone(), down_q.clone()
+        mlp._screened = mlp._int8_call()
+        assert unit_stride(mlp.up_q, mlp.down_q) == 32 and mlp._screened is not None
+        apart = [mlp(x[:1]), mlp(x)]
+        mlp._buffers["down_q"] = down_q[:, :16]  # 16 wide, 32 apart: no stride both share
+        assert unit_stride(mlp.up_q, mlp.down_q) is None and mlp._int8_call() is None
+    for a, b in zip(side_by_side, apart):
+        assert torch.equal(a, b)
+    q = dict(mlp._buffers, down_q=down_q)
+    reference = sparse_gated_int8_reference(x, q, dense.gate_proj, dense.up_proj, dense.down_proj)
+    torch.testing.assert_close(side_by_side[1], reference, rtol=1e-4, atol=1e-5)
+
+
 def test_the_int8_block_carries_a_nan_or_an_infinity_in_x_as_the_dense_block_does():
     """Its integer sums take x rounded to 16 bits, which nothing non-finite rounds to: such a call sums in float."""
     from lambda_gelu.inference.gated import sparse_gated_int8_reference

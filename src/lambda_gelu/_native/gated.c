@@ -139,8 +139,9 @@ int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float
     return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
 /* Sparse gated FFN over int8 weights (lambda_gelu.inference.gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
- * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q; the biases (or null)
- * stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding (round_rows_i16), so that every q·x̃ is an
+ * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q, unit k's up and downᵀ
+ * rows `stride` bytes after unit k − 1's (unit_rows keeps them side by side: an active unit's two rows are one run of
+ * bytes, not two reads far apart); the biases (or null) stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding (round_rows_i16), so that every q·x̃ is an
  * exact integer sum, several times faster than int8 converted to float (a call whose x holds a NaN or an infinity
  * sums x itself in float, which carries them). The gate is computed here too, g = relu(x · gateᵀ + gate_b) into the
  * caller's g (n, ff) — each unit's row read once for the whole batch, the units split over the threads — then the
@@ -155,7 +156,7 @@ static inline float dot_i8(const int8_t *a, const float *b, int64_t n) {
 }
 
 struct gated_i8_ctx { const float *x, *g, *up_s, *up_b, *down_s; const int8_t *up_q, *down_q; const int16_t *xq;
-                      const double *t; int64_t n, d, ff, out; int dense, in_float; };
+                      const double *t; int64_t n, d, ff, out, stride; int dense, in_float; };
 
 /* s·(q·x) for one int8 row: the exact integer sum over x̃ scaled back (t), or, if x is not finite, in float. */
 static inline float row_i8(const int8_t *q, float s, const float *x, const int16_t *xq, double t, int in_float,
@@ -175,19 +176,19 @@ static inline void unit_i8(const int8_t *u_row, float s_u, float u_b, const int8
 
 static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
     const struct gated_i8_ctx *q = c;
-    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out;
+    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out, stride = q->stride;
     for (int64_t k = 0; k < n * out; k++)
         acc[k] = 0.0f;
     for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++) {
-        prefetch_bytes(q->up_q + active[a] * d, d);
-        prefetch_bytes(q->down_q + active[a] * out, out);
+        prefetch_bytes(q->up_q + active[a] * stride, d);
+        prefetch_bytes(q->down_q + active[a] * stride, out);
     }
     for (int64_t a = a0; a < a1; a++) {
         int64_t k = active[a];
-        const int8_t *u_row = q->up_q + k * d, *w = q->down_q + k * out;
+        const int8_t *u_row = q->up_q + k * stride, *w = q->down_q + k * stride;
         if (a + PREFETCH_ROWS < a1) {
-            prefetch_bytes(q->up_q + active[a + PREFETCH_ROWS] * d, d);
-            prefetch_bytes(q->down_q + active[a + PREFETCH_ROWS] * out, out);
+            prefetch_bytes(q->up_q + active[a + PREFETCH_ROWS] * stride, d);
+            prefetch_bytes(q->down_q + active[a + PREFETCH_ROWS] * stride, out);
         }
         for (int64_t r = 0; r < n; r++) {
             float gk = q->g[r * ff + k];
@@ -203,11 +204,11 @@ static int64_t one_row(const struct lg_ffn *f, const float *x, float *g, float *
 int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *gate_s, const float *gate_b,
                            const int8_t *up_q, const float *up_s, const float *up_b, const int8_t *down_q,
                            const float *down_s, const float *down_b, float *g, float *y, int64_t n, int64_t d,
-                           int64_t ff, int64_t out, int dense, int max_threads, int64_t grain) {
+                           int64_t ff, int64_t out, int64_t stride, int dense, int max_threads, int64_t grain) {
     if (n == 1 && !dense) {  /* decoding: the gate and the active units in one pass, lg_ffn_team's */
         struct lg_ffn f = {.eps = -1.0, .scale = 1.0, .int8 = 1, .gate_q = gate_q, .up_q = up_q, .down_q = down_q,
                            .gate_s = gate_s, .up_s = up_s, .down_s = down_s, .gate_b = gate_b, .up_b = up_b,
-                           .down_b = down_b, .ff = ff, .out = out};
+                           .down_b = down_b, .ff = ff, .out = out, .stride = stride};
         return one_row(&f, x, g, y, d, gate_threads(n, d, ff, max_threads, grain));
     }
     int16_t *xq = malloc((size_t)(n > 0 ? n : 1) * (d > 0 ? d : 1) * sizeof *xq);
@@ -240,7 +241,8 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
             }
         }
     }
-    struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, xq, t, n, d, ff, out, dense, in_float};
+    struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, xq, t, n, d, ff, out, stride, dense,
+                               in_float};
     int64_t n_active = gated_units(gated_i8_rows, &ctx, g, down_b, y, n, d, ff, out, ff, dense, max_threads, grain);
     free(xq);
     free(t);
@@ -380,19 +382,19 @@ static inline __m256 widen8(const int8_t *p) {  /* eight int8 as float32 */
  * sums unit_i8 makes one unit at a time). */
 static inline void units4_i8(const struct lg_ffn *f, const int64_t *k, int m, const float *g, const float *x,
                              const int16_t *xq, double t, int in_float, int64_t d, float *restrict acc) {
-    int64_t out = f->out;
+    int64_t out = f->out, stride = f->stride;
     float h[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const int8_t *w[4];
+    const int8_t *w[4], *up = f->up_q;
     if (m == 4 && !in_float) {
         int32_t sums[4];
-        dot4p_i8_i16(f->up_q + k[0] * d, f->up_q + k[1] * d, f->up_q + k[2] * d, f->up_q + k[3] * d, d, xq, sums);
+        dot4p_i8_i16(up + k[0] * stride, up + k[1] * stride, up + k[2] * stride, up + k[3] * stride, d, xq, sums);
         for (int i = 0; i < 4; i++)
             h[i] = (float)((double)f->up_s[k[i]] * t * sums[i]);
     } else
         for (int i = 0; i < m; i++)
-            h[i] = row_i8(f->up_q + k[i] * d, f->up_s[k[i]], x, xq, t, in_float, d);
+            h[i] = row_i8(up + k[i] * stride, f->up_s[k[i]], x, xq, t, in_float, d);
     for (int i = 0; i < 4; i++) {
-        w[i] = f->down_q + k[i < m ? i : 0] * out;
+        w[i] = f->down_q + k[i < m ? i : 0] * stride;
         h[i] = i < m ? g[k[i]] * (f->up_b ? h[i] + f->up_b[k[i]] : h[i]) * f->down_s[k[i]] : 0.0f;
     }
     const int8_t *restrict w0 = w[0], *restrict w1 = w[1], *restrict w2 = w[2], *restrict w3 = w[3];
@@ -440,8 +442,8 @@ static int64_t int8_units(const struct lg_ffn *f, const float *x, const int16_t 
             g[k] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
             if (g[k] != 0.0f) {
                 units[queued++] = k;
-                prefetch_bytes(f->up_q + k * d, d);
-                prefetch_bytes(f->down_q + k * out, out);
+                prefetch_bytes(f->up_q + k * f->stride, d);
+                prefetch_bytes(f->down_q + k * f->stride, out);
             }
         }
         for (; queued - done >= UNITS_AHEAD + 4; done += 4)

@@ -34,13 +34,13 @@ from .. import _native
 from ..core.convert import replacement_problem
 from ..families import expert_parameters
 from .derived import Made
-from .gated import FUSED_ROWS, quantize_rows, screen_rows, sparse_gated_int8_reference
+from .gated import (FUSED_ROWS, INT8_BUFFERS, quantize_rows, screen_rows, sparse_gated_int8_reference, unit_rows,
+                    unit_stride)
 
 __all__ = ["SparseExperts", "sparse_experts_reference", "relu_experts", "experts_problem"]
 
 # how transformers' experts decorator (use_experts_implementation) says the layout differs from (E, 2I, H), (E, H, I)
 # with no bias: where an attribute exists, the value each must have
-_INT8_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")
 _UNBIASED = SimpleNamespace(bias=None)  # an expert's projection as the gated block's int8 reference reads one
 _LAYOUT = {"is_transposed": False, "is_concatenated": True, "has_gate": True, "has_bias": False,
            "has_post_expert_norm": False}
@@ -90,7 +90,7 @@ def _int8_reference(x: Tensor, b: dict[str, Tensor], units: int, top_k_index: Te
     ``downᵀ``; ``units`` rows an expert), weighted and added as :func:`sparse_experts_reference` adds them."""
     out = torch.zeros_like(x)
     for e, tokens, slots in _routed(top_k_index, b["gate_s"].numel() // units):
-        rows = {name: b[name][e * units:(e + 1) * units] for name in _INT8_BUFFERS}
+        rows = {name: b[name][e * units:(e + 1) * units] for name in INT8_BUFFERS}
         y = sparse_gated_int8_reference(x[tokens], rows, _UNBIASED, _UNBIASED, _UNBIASED)
         out.index_add_(0, tokens, (y * top_k_weights[tokens, slots, None]).to(out.dtype))
     return out
@@ -143,19 +143,21 @@ class SparseExperts(nn.Module):
             for name, parts in zip(("gate_q", "gate_s", "gate_r", "gate_n"), zip(*screens)):
                 self.register_buffer(name, torch.cat(parts).contiguous(), persistent=False)
             return
-        for name, w in (("gate", gate_up[:, :units]), ("up", gate_up[:, units:]), ("down", down_t)):
-            q, s = quantize_rows(w.reshape(e * units, h))
-            self.register_buffer(f"{name}_q", q, persistent=False)
-            self.register_buffer(f"{name}_s", s, persistent=False)
+        (gate_q, gate_s), (up_q, up_s), (down_q, down_s) = (
+            quantize_rows(w.reshape(e * units, h)) for w in (gate_up[:, :units], gate_up[:, units:], down_t))
+        up_q, down_q = unit_rows(up_q, down_q)
+        for name, t in zip(INT8_BUFFERS, (gate_q, gate_s, up_q, up_s, down_q, down_s)):
+            self.register_buffer(name, t, persistent=False)
 
     def __getstate__(self) -> dict:
         """A copy or a pickle holds its own tensors at other addresses: it makes its copies again at its first call."""
         return {**self.__dict__, "_made": None, "_addresses": None}
 
     def _kernels(self, x: Tensor):
-        """The C kernels where they can read x and the weights as they are, else None."""
+        """The C kernels where they can read x and the weights (and their int8 rows) as they are, else None."""
         if not (x.dtype is torch.float32 and x.is_cpu and all(
-                t.dtype is torch.float32 and t.is_contiguous() for t in self._sources())):
+                t.dtype is torch.float32 and t.is_contiguous() for t in self._sources())) or (
+                self.int8 and unit_stride(self.up_q, self.down_q) is None):
             return None
         return _native.library()
 
@@ -163,18 +165,19 @@ class SparseExperts(nn.Module):
         """Expert ``e``'s addresses for the C call: into the parameters and the buffers, its rows alone."""
         if self._addresses is None:
             b = self._buffers
-            names = _INT8_BUFFERS if self.int8 else (
+            names = INT8_BUFFERS if self.int8 else (
                 "gate_q", "gate_s", "gate_r", "gate_n", "down_t")
-            self._addresses = (self.gate_up.data_ptr(), {n: (b[n].data_ptr(), b[n].element_size()) for n in names})
+            self._addresses = (self.gate_up.data_ptr(), {n: (b[n].data_ptr(), b[n].element_size() * b[n].stride(0))
+                                                         for n in names})  # a row's bytes apart, for each
         base, bufs = self._addresses
         units, h = self.intermediate_dim, self.hidden_dim
         rows = e * units  # the expert's first row in the stacked buffers
 
         def at(name):
-            address, size = bufs[name]
-            return address + rows * size * (h if name.endswith("_q") or name == "down_t" else 1)
+            address, row = bufs[name]
+            return address + rows * row
         if self.int8:
-            return tuple(at(n) for n in _INT8_BUFFERS)
+            return tuple(at(n) for n in INT8_BUFFERS)
         gate, up = base + 2 * rows * h * 4, base + (2 * rows + units) * h * 4
         return gate, at("gate_q"), at("gate_s"), at("gate_r"), at("gate_n"), up, at("down_t")
 
@@ -187,7 +190,7 @@ class SparseExperts(nn.Module):
             gq, gs, uq, us, dq, ds = self._expert_call(e)
             g = torch.empty(n, units, dtype=torch.float32)
             done = kernels.sparse_gated_i8(xs.data_ptr(), gq, gs, None, uq, us, None, dq, ds, None, g.data_ptr(),
-                                           y.data_ptr(), n, h, units, h, 0, *threads)
+                                           y.data_ptr(), n, h, units, h, self.up_q.stride(0), 0, *threads)
         else:
             gate, gq, gs, gr, gn, up, down_t = self._expert_call(e)
             done = kernels.sparse_gated_screened_f32(xs.data_ptr(), gate, None, gq, gs, gr, gn, up, None, down_t, None,

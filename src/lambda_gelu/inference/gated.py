@@ -42,10 +42,12 @@ from ..families import Gated, gated_layouts
 from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "Rows", "gated_parts", "sparse_gated_reference",
-           "sparse_gated_int8_reference", "quantize_rows", "screen_rows", "int16_rows", "screened_in", "gated_mlps"]
+           "sparse_gated_int8_reference", "quantize_rows", "unit_rows", "unit_stride", "screen_rows", "int16_rows",
+           "screened_in", "gated_mlps"]
 
 
 GatedLayout = Gated  # where a gated FFN keeps its parts: one of the families table's rows
+INT8_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")  # an int8 block's rows and scales
 FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too; beyond, torch's matrix product does
 
 
@@ -100,6 +102,23 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     s = w.abs().amax(1) / 127
     s = torch.where(s > 0, s, torch.ones_like(s))
     return torch.round(w / s[:, None]).clamp_(-127, 127).to(torch.int8).contiguous(), s.contiguous()
+
+
+def unit_rows(up_q: Tensor, down_q: Tensor) -> tuple[Tensor, Tensor]:
+    """The int8 rows of up (ff, d) and of downᵀ (ff, out) as two views of one block (ff, d + out) whose row k is unit
+    k's up row then its downᵀ row: an active unit's two rows are one run of bytes, where two matrices put them far
+    apart (measured side by side, a few percent more tokens a second decoding SmolLM2). The C kernels take the
+    block's row stride (:func:`unit_stride`)."""
+    block = torch.cat([up_q, down_q], 1)
+    return block[:, :up_q.shape[1]], block[:, up_q.shape[1]:]
+
+
+def unit_stride(up_q: Tensor, down_q: Tensor) -> int | None:
+    """The bytes from one unit's up row to the next's, and from one downᵀ row to the next's, as the C kernels read
+    them (None where the two differ or a row is not contiguous: say, copies no longer side by side)."""
+    if up_q.stride(0) != down_q.stride(0) or up_q.stride(1) != 1 or down_q.stride(1) != 1:
+        return None
+    return up_q.stride(0)
 
 
 def screen_rows(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -167,10 +186,10 @@ class SparseGatedMLP(nn.Module):
     dense block's) and, as non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight
     or bias changed (:class:`~lambda_gelu.inference.derived.Made`; a copy or a pickle makes its own), ``downᵀ`` (one
     more copy of ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``,
-    ``gate_s``, ...; ``down_q`` holds the rows of ``downᵀ``). In float32, ``screen=True`` (the default) also holds the
-    gate's screen (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``, ``gate_n``, a quarter more of the gate's
-    bytes) and decoding reads the float32 gate rows only of the units it does not rule out; ``screen=False`` reads every
-    gate row. ``sparse=False`` computes every unit, a baseline for what the skipping buys: the same C loop without it
+    ``gate_s``, ...; ``down_q`` holds the rows of ``downᵀ``, beside ``up_q``'s in one block: :func:`unit_rows`). In
+    float32, ``screen=True`` (the default) also holds the gate's screen (:func:`screen_rows`: ``gate_q``, ``gate_s``,
+    ``gate_r``, ``gate_n``, a quarter more of the gate's bytes) and decoding reads the float32 gate rows only of the
+    units it does not rule out; ``screen=False`` reads every gate row. ``sparse=False`` computes every unit, a baseline for what the skipping buys: the same C loop without it
     (decoding sizes, and int8), the dense block elsewhere. ``max_density``: the share of active units above which a
     batch of more than :data:`FUSED_ROWS` rows runs the dense block. Build it with :meth:`from_dense`.
     """
@@ -215,10 +234,10 @@ class SparseGatedMLP(nn.Module):
                     self.register_buffer(name, t, persistent=False)
                 self._screened = self._screened_call()
             return
-        for name, w in (("gate", gate), ("up", up), ("down", down.t())):
-            q, s = quantize_rows(w)
-            self.register_buffer(f"{name}_q", q, persistent=False)
-            self.register_buffer(f"{name}_s", s, persistent=False)
+        (gate_q, gate_s), (up_q, up_s), (down_q, down_s) = (quantize_rows(w) for w in (gate, up, down.t()))
+        up_q, down_q = unit_rows(up_q, down_q)
+        for name, t in zip(INT8_BUFFERS, (gate_q, gate_s, up_q, up_s, down_q, down_s)):
+            self.register_buffer(name, t, persistent=False)
         self._screened = self._int8_call()
 
     def __getstate__(self) -> dict:
@@ -249,7 +268,7 @@ class SparseGatedMLP(nn.Module):
         apply: at decoding sizes a token's block is then one check and one C call, as the float32 block's."""
         gate, up, down = self._parts()
         kernels, b = _native.library(), self._buffers
-        if kernels is None or not biases_fit(gate, up, down):
+        if kernels is None or not biases_fit(gate, up, down) or unit_stride(b["up_q"], b["down_q"]) is None:
             return None
         self._scratch = torch.empty(FUSED_ROWS, gate.out_features, dtype=torch.float32)
         return kernels.sparse_gated_i8, (
@@ -319,10 +338,13 @@ class SparseGatedMLP(nn.Module):
             x2 = x.reshape(-1, x.shape[-1]).contiguous()
             y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
             if call(x2.data_ptr(), *addresses, y.data_ptr(), len(x2), x2.shape[1], gate.out_features,
-                    down.out_features, int(not self.sparse), torch.get_num_threads(), _native.GRAIN) < 0:
+                    down.out_features, b["up_q"].stride(0), int(not self.sparse), torch.get_num_threads(),
+                    _native.GRAIN) < 0:
                 raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
             return y.reshape(*x.shape[:-1], down.out_features)
-        kernels = _native.library() if x.dtype is torch.float32 and x.is_cpu and biases_fit(gate, up, down) else None
+        stride = unit_stride(b["up_q"], b["down_q"])
+        kernels = _native.library() if (x.dtype is torch.float32 and x.is_cpu and biases_fit(gate, up, down)
+                                        and stride is not None) else None
         if kernels is None:
             return sparse_gated_int8_reference(x, b, gate, up, down).to(x.dtype)
         x2 = x.reshape(-1, x.shape[-1]).contiguous()
@@ -331,7 +353,7 @@ class SparseGatedMLP(nn.Module):
         if kernels.sparse_gated_i8(x2.data_ptr(), b["gate_q"].data_ptr(), b["gate_s"].data_ptr(), pointer(gate.bias),
                                    b["up_q"].data_ptr(), b["up_s"].data_ptr(), pointer(up.bias), b["down_q"].data_ptr(),
                                    b["down_s"].data_ptr(), pointer(down.bias), g.data_ptr(), y.data_ptr(), len(x2),
-                                   x2.shape[1], gate.out_features, down.out_features, int(not self.sparse),
+                                   x2.shape[1], gate.out_features, down.out_features, stride, int(not self.sparse),
                                    torch.get_num_threads(), _native.GRAIN) < 0:
             raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
         return y.reshape(*x.shape[:-1], down.out_features)
