@@ -2,6 +2,7 @@
 plain reference, and λ-GELU inside a user's torch.compile'd model: no graph breaks."""
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -101,6 +102,28 @@ def test_the_two_builds_are_different_code():
     native, baseline = _native.Kernels("native"), _native.Kernels("baseline")
     assert native.path != baseline.path
     assert "-march=native" in _native._flags("native") and "-march=native" not in _native._flags("baseline")
+
+
+@pytest.mark.skipif(_native._ARCH not in ("x86_64", "amd64"), reason="x86's instruction sets")
+@pytest.mark.parametrize("march, isa, want", [
+    ("sapphirerapids", "native", r"vpdpwssd\s.*%zmm"),  # AVX-512 VNNI: multiply, add pairs and accumulate at once
+    ("skylake-avx512", "native", r"vpmaddwd\s.*%zmm"),  # AVX-512 without VNNI
+    ("haswell", "native", r"vpmaddwd\s.*%ymm"),  # AVX2
+    ("x86-64", "baseline", r"\spmaddwd\s.*%xmm"),  # the architecture's baseline, SSE2
+])
+@pytest.mark.parametrize("unit", ["gated.c", "decode.c", "argmax.c"])
+def test_the_int8_sums_compile_to_each_x86_cpus_own_multiply_adds(march, isa, want, unit, tmp_path):
+    """The int8 × int16 sums (the int8 FFN, attention and output screen) are plain C loops the compiler vectorizes
+    for the CPU it builds for: checked on the assembly for each target, which need not be this machine's."""
+    cc = os.environ.get("CC", "cc")
+    flags = [f for f in _native._flags(isa) if not f.startswith("-march=") and f not in ("-shared", "-fPIC")]
+    out = tmp_path / "unit.s"
+    done = subprocess.run([cc, *flags, f"-march={march}", "-S", str(_native.HERE / unit), "-o", str(out)],
+                          capture_output=True, text=True)
+    if done.returncode != 0 and "-march=" in done.stderr:  # an older compiler that does not know the target
+        pytest.skip(f"{cc} does not know -march={march}")
+    assert done.returncode == 0, done.stderr[-800:]
+    assert re.search(want, out.read_text())
 
 
 def test_unknown_instruction_set_is_a_clear_error():

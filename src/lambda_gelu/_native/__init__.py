@@ -9,6 +9,11 @@ call through ``torch.compile`` costs ~0.1-0.3 ms of guards. A plain C loop, auto
 this CPU (``-march=native``) and parallelized with the OpenMP runtime PyTorch has already loaded,
 does the same memory traffic as ``F.gelu`` and is called through ``ctypes`` in microseconds.
 
+The int8 paths' sums (``int8.h``) are such loops too, of int16 products summed in int32: the compiler makes them
+VNNI's ``vpdpwssd`` for an AVX-512 VNNI CPU, ``vpmaddwd`` on AVX-512 or AVX2 registers elsewhere, SSE2's ``pmaddwd`` in
+the baseline build (the tests check each target's assembly). Only the widening of int8 rows to float32 is written
+with AVX2 intrinsics, the plain loop beside it.
+
 The instruction set is explicit: ``LAMBDA_GELU_CPU=native`` (the default) or ``baseline`` (the
 architecture's baseline ISA, for a cache or an image shared by different CPUs). The two builds round
 differently (fused multiply-adds, vector widths, summation order): both are tested against the
