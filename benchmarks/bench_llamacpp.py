@@ -14,7 +14,8 @@ changes nothing of the time). Every variant decodes the same prompt's token ids 
 on ``--threads`` threads; llama.cpp in a Python loop around ``Llama.eval`` (the argmax of its logits each token),
 LeanDecoder by its ``generate``. A round times each variant once, in a rotating order; the figures are medians over
 the rounds, decoding only (the prompt's forward left out: LeanDecoder's as the difference between ``new_tokens + 1``
-and 1 token in the same round). Tokens are compared with each decoder's own reference: llama.cpp's on the original
+and 1 token in the same round); the time to the first token (the prompt's forward and that token's argmax) is
+reported beside them. Tokens are compared with each decoder's own reference: llama.cpp's on the original
 with its F32 original's, ours and the exports with the converted model's dense float32 (the ReLU model's). The
 perplexities: each decoder against its own float32, the exports against the converted model in float32.
 
@@ -93,18 +94,22 @@ class LlamaCpp:
         self.llm = llama_cpp_model(path, 512, threads)  # its plain CPU kernels (no AMX buffers)
         self.vocab = self.llm.n_vocab()
 
-    def decode(self, prompt: list[int], n: int) -> tuple[list[int], float]:
-        """``n`` greedy tokens after ``prompt``, and the seconds they took (the prompt's forward not counted)."""
+    def decode(self, prompt: list[int], n: int) -> tuple[list[int], float, float]:
+        """``n`` greedy tokens after ``prompt``, the seconds they took (the prompt's forward not counted) and the
+        seconds to the first one (the prompt's forward and that token's argmax)."""
         llm = self.llm
         llm.reset()
-        llm.eval(prompt)
         tokens, t = [], time.perf_counter()
+        llm.eval(prompt)
+        first = None
         for _ in range(n):
             logits = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(self.vocab,))
             token = int(logits.argmax())
+            if first is None:
+                first, t = time.perf_counter() - t, time.perf_counter()
             tokens.append(token)
             llm.eval([token])
-        return tokens, time.perf_counter() - t
+        return tokens, time.perf_counter() - t, first
 
 
 class Ours:
@@ -115,7 +120,8 @@ class Ours:
         self.decoder = LeanDecoder(model, max_length=max_length, int8_attention=int8)
 
     @torch.inference_mode()
-    def decode(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+    def decode(self, prompt: list[int], n: int) -> tuple[list[int], float, float]:
+        """As :meth:`LlamaCpp.decode`: the first token is ``generate``'s of one token."""
         ids = torch.tensor([prompt])
         t = time.perf_counter()
         self.decoder.generate(ids, 1)
@@ -123,7 +129,7 @@ class Ours:
         t = time.perf_counter()
         out = self.decoder.generate(ids, n + 1)
         whole = time.perf_counter() - t
-        return out[0, len(prompt):len(prompt) + n].tolist(), whole - first
+        return out[0, len(prompt):len(prompt) + n].tolist(), whole - first, first
 
 
 @torch.inference_mode()
@@ -263,17 +269,19 @@ def main():
                  "ours, converted, sparse, float32": Ours(sparse, length),
                  "ours, converted, sparse, int8": Ours(sparse8, length, int8=True)}
 
-    times = {name: [] for name in variants}
+    times, firsts = {name: [] for name in variants}, {name: [] for name in variants}
     tokens = {}
     names = list(variants)
     for r in range(args.rounds + 1):  # the first round warms every variant up and is not counted
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            got, seconds = variants[name].decode(prompt, args.new_tokens)
+            got, seconds, first = variants[name].decode(prompt, args.new_tokens)
             tokens.setdefault(name, got)
             if r:
                 times[name].append(seconds)
+                firsts[name].append(first)
     speed = {name: args.new_tokens / statistics.median(ts) for name, ts in times.items()}
+    first_ms = {name: 1e3 * statistics.median(ts) for name, ts in firsts.items()}
 
     bw = bandwidth(args.threads)
     reads = ffn_reads(model, sparse, prompt, tokens["ours, converted, dense, float32"])
@@ -294,13 +302,15 @@ def main():
         same = sum(a == b for a, b in zip(tokens[name], reference(name)))
         share = speed[name] * per_token[name] / bw
         results[name] = {"tokens_per_s": speed[name], "seconds": times[name], "bytes_per_token": per_token[name],
-                         "share_of_bandwidth_bound": share, "same_tokens": same}
+                         "share_of_bandwidth_bound": share, "same_tokens": same, "first_token_ms": first_ms[name],
+                         "first_token_seconds": firsts[name]}
         rows.append([name, f"{speed[name]:.1f}", f"{per_token[name] / 1e6:.1f}", f"{bw / per_token[name]:.1f}",
-                     f"{share:.0%}", f"{same}/{args.new_tokens}"])
+                     f"{share:.0%}", f"{same}/{args.new_tokens}", f"{first_ms[name]:.0f}"])
     print_table(f"decoding at batch 1, {args.new_tokens} tokens after {len(prompt)}, {args.rounds} rounds; memory "
                 f"bandwidth {bw / 1e9:.1f} GB/s; FFN reads: {reads['gate_rows_read']:.1%} of gate rows, "
                 f"{reads['active']:.1%} of units active", head, rows,
-                ["decoder, model, precision", "tokens/s", "MB/token", "bound tokens/s", "of bound", "same tokens"])
+                ["decoder, model, precision", "tokens/s", "MB/token", "bound tokens/s", "of bound", "same tokens",
+                 "first token, ms"])
     for ours, theirs in (("sparse, float32", "F32"), ("sparse, int8", "Q8_0"), ("sparse, int8", "Q4_0"),
                          ("sparse, int8", "Q4_1")):
         ratio = [t / o for o, t in zip(times[f"ours, converted, {ours}"], times[f"llama.cpp, original, {theirs}"])]

@@ -216,12 +216,14 @@ def _llamacpp_section(d: dict) -> list[str]:
              f"{d.get('code')}). Memory bandwidth measured {d['bandwidth'] / 1e9:.1f} GB/s (a 1 GiB read on the same "
              f"threads); while decoding, the int8 screen left {reads['gate_rows_read']:.1%} of the gate rows to read "
              f"and {reads['active']:.1%} of the units were active. *Of bound*: tokens/s × bytes per token / "
-             "bandwidth (where a variant's bytes fit in the last-level cache, DRAM is not its bound).", "",
-             "| decoder, model, precision | tokens/s | MB per token | of bound | greedy tokens as its reference |",
-             "|---|---|---|---|---|"]
-    for name, v in d["variants"].items():
+             "bandwidth (where a variant's bytes fit in the last-level cache, DRAM is not its bound). *First token*: "
+             "the prompt's forward and that token's argmax.", "",
+             "| decoder, model, precision | tokens/s | MB per token | of bound | greedy tokens as its reference "
+             "| first token, ms |", "|---|---|---|---|---|---|"]
+    for name, v in d["variants"].items():  # results from before the first token was timed: "—"
+        first = f"{v['first_token_ms']:.0f}" if "first_token_ms" in v else "—"
         lines.append(f"| {name} | {v['tokens_per_s']:.1f} | {v['bytes_per_token'] / 1e6:.1f} | "
-                     f"{v['share_of_bandwidth_bound']:.0%} | {v['same_tokens']}/{d['new_tokens']} |")
+                     f"{v['share_of_bandwidth_bound']:.0%} | {v['same_tokens']}/{d['new_tokens']} | {first} |")
     pairs = (("sparse, float32", "F32"), ("sparse, int8", "Q8_0"), ("sparse, int8", "Q4_0"), ("sparse, int8", "Q4_1"))
     lines += ["", "Side by side, round by round (llama.cpp's time over ours; median, and the rounds' range):", ""]
     v = d["variants"]
