@@ -156,7 +156,7 @@ static inline float dot_i8(const int8_t *a, const float *b, int64_t n) {
 }
 
 struct gated_i8_ctx { const float *x, *g, *up_s, *up_b, *down_s; const int8_t *up_q, *down_q; const int16_t *xq;
-                      const double *t; int64_t n, d, ff, out, stride; int dense, in_float; };
+                      const double *t; float *widened; int64_t n, d, ff, out, stride; int dense, in_float; };
 
 /* s·(q·x) for one int8 row: the exact integer sum over x̃ scaled back (t), or, if x is not finite, in float. */
 static inline float row_i8(const int8_t *q, float s, const float *x, const int16_t *xq, double t, int in_float,
@@ -164,19 +164,36 @@ static inline float row_i8(const int8_t *q, float s, const float *x, const int16
     return in_float ? s * dot_i8(q, x, d) : (float)((double)s * t * dot_i8_i16(q, xq, d));
 }
 
-/* acc (out) += g·(s_u·(u_row·x) + u_b)·s_w·w for one unit of gate g, up row u_row (scale s_u) and downᵀ row w (scale
- * s_w). */
-static inline void unit_i8(const int8_t *u_row, float s_u, float u_b, const int8_t *w, float s_w, float g,
-                           const float *x, const int16_t *xq, double t, int in_float, int64_t d, int64_t out,
-                           float *acc) {
-    float h = g * (row_i8(u_row, s_u, x, xq, t, in_float, d) + u_b) * s_w;
-    for (int64_t j = 0; j < out; j++)
-        acc[j] = FMA(h, (float)w[j], acc[j]);
+/* One unit k for the m ≤ 4 rows rs[0..m) of x (n rows): acc's row r (out wide) += g[r, k]·(s_u·(up[k]·x_r) + u_b)·
+ * s_w·downᵀ[k], downᵀ[k] given widened to float32 in w; the up sums of four rows side by side (the unit's row read and
+ * widened once for them), in float where x is not finite. */
+static inline void unit_rows_i8(const struct gated_i8_ctx *q, int64_t k, const int64_t *rs, int m, const float *w,
+                                float *acc) {
+    int64_t d = q->d, ff = q->ff, out = q->out;
+    const int8_t *u_row = q->up_q + k * q->stride;
+    float u[4];
+    if (m == 4 && !q->in_float) {
+        int32_t sums[4];
+        dot4x_i8_i16(u_row, q->xq + rs[0] * d, q->xq + rs[1] * d, q->xq + rs[2] * d, q->xq + rs[3] * d, d, sums);
+        for (int i = 0; i < 4; i++)
+            u[i] = (float)((double)q->up_s[k] * q->t[rs[i]] * sums[i]);
+    } else
+        for (int i = 0; i < m; i++)
+            u[i] = row_i8(u_row, q->up_s[k], q->x + rs[i] * d, q->xq + rs[i] * d, q->t[rs[i]], q->in_float, d);
+    for (int i = 0; i < m; i++) {
+        float h = q->g[rs[i] * ff + k] * (u[i] + (q->up_b ? q->up_b[k] : 0.0f)) * q->down_s[k], *y = acc + rs[i] * out;
+        for (int64_t j = 0; j < out; j++)
+            y[j] = FMA(h, w[j], y[j]);
+    }
 }
 
+/* What a thread sums over the active units [a0, a1) for the n rows of x: each unit's downᵀ row widened to float32
+ * once (into the thread's slice of q->widened), then summed into its rows where g ≠ 0 (every row if dense), four at a
+ * time. */
 static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
     const struct gated_i8_ctx *q = c;
     int64_t n = q->n, d = q->d, ff = q->ff, out = q->out, stride = q->stride;
+    float *w = q->widened + (int64_t)omp_get_thread_num() * out;
     for (int64_t k = 0; k < n * out; k++)
         acc[k] = 0.0f;
     for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++) {
@@ -184,18 +201,23 @@ static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int6
         prefetch_bytes(q->down_q + active[a] * stride, out);
     }
     for (int64_t a = a0; a < a1; a++) {
-        int64_t k = active[a];
-        const int8_t *u_row = q->up_q + k * stride, *w = q->down_q + k * stride;
+        int64_t k = active[a], rs[4];
+        const int8_t *w_q = q->down_q + k * stride;
         if (a + PREFETCH_ROWS < a1) {
             prefetch_bytes(q->up_q + active[a + PREFETCH_ROWS] * stride, d);
             prefetch_bytes(q->down_q + active[a + PREFETCH_ROWS] * stride, out);
         }
-        for (int64_t r = 0; r < n; r++) {
-            float gk = q->g[r * ff + k];
-            if (gk != 0.0f || q->dense)
-                unit_i8(u_row, q->up_s[k], q->up_b ? q->up_b[k] : 0.0f, w, q->down_s[k], gk, q->x + r * d,
-                        q->xq + r * d, q->t[r], q->in_float, d, out, acc + r * out);
-        }
+        for (int64_t j = 0; j < out; j++)
+            w[j] = (float)w_q[j];
+        int m = 0;
+        for (int64_t r = 0; r < n; r++)
+            if (q->g[r * ff + k] != 0.0f || q->dense) {
+                rs[m++] = r;
+                if (m == 4)
+                    unit_rows_i8(q, k, rs, m, w, acc), m = 0;
+            }
+        if (m)
+            unit_rows_i8(q, k, rs, m, w, acc);
     }
 }
 
@@ -213,9 +235,11 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
     }
     int16_t *xq = malloc((size_t)(n > 0 ? n : 1) * (d > 0 ? d : 1) * sizeof *xq);
     double *t = malloc((size_t)(n > 0 ? n : 1) * sizeof *t);
-    if (!xq || !t) {
+    float *widened = malloc((size_t)(max_threads > 1 ? max_threads : 1) * (out > 0 ? out : 1) * sizeof *widened);
+    if (!xq || !t || !widened) {
         free(xq);
         free(t);
+        free(widened);
         return -1;
     }
     int in_float = round_rows_i16(x, n, d, xq, t);  /* a NaN or an infinity is carried by float sums only */
@@ -241,11 +265,12 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
             }
         }
     }
-    struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, xq, t, n, d, ff, out, stride, dense,
+    struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, xq, t, widened, n, d, ff, out, stride, dense,
                                in_float};
     int64_t n_active = gated_units(gated_i8_rows, &ctx, g, down_b, y, n, d, ff, out, ff, dense, max_threads, grain);
     free(xq);
     free(t);
+    free(widened);
     return n_active;
 }
 
@@ -379,7 +404,7 @@ static inline __m256 widen8(const int8_t *p) {  /* eight int8 as float32 */
 
 /* acc (out) += Σ over the m ≤ 4 units k[0..m) of g[k]·(s_u·(up[k]·x) + u_b)·s_w·downᵀ[k]: their up rows summed side by
  * side (x read once for the four) and their downᵀ rows added to acc in one pass over it, in the units' order (the
- * sums unit_i8 makes one unit at a time). */
+ * sums unit_rows_i8 makes one unit at a time). */
 static inline void units4_i8(const struct lg_ffn *f, const int64_t *k, int m, const float *g, const float *x,
                              const int16_t *xq, double t, int in_float, int64_t d, float *restrict acc) {
     int64_t out = f->out, stride = f->stride;

@@ -22,6 +22,21 @@ static inline void dot4p_i8_i16(const int8_t *q0, const int8_t *q1, const int8_t
     s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
 }
 
+/* The same sums for one int8 row q and four int16 vectors b0..b3 (four rows of x): q read and widened once for the
+ * four. */
+static inline void dot4x_i8_i16(const int8_t *q, const int16_t *b0, const int16_t *b1, const int16_t *b2,
+                                const int16_t *b3, int64_t d, int32_t *s) {
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t j = 0; j < d; j++) {
+        int32_t qj = (int16_t)q[j];
+        s0 += qj * b0[j];
+        s1 += qj * b1[j];
+        s2 += qj * b2[j];
+        s3 += qj * b3[j];
+    }
+    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
 static inline void dot4_i8_i16(const int8_t *q, int64_t d, const int16_t *b, int32_t *s) {
     dot4p_i8_i16(q, q + d, q + 2 * d, q + 3 * d, d, b, s);
 }
