@@ -139,14 +139,14 @@ int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float
     return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
 /* Sparse gated FFN over int8 weights (lambda_gelu.inference.gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
- * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q, unit k's up and downᵀ
- * rows `stride` bytes after unit k − 1's (unit_rows keeps them side by side: an active unit's two rows are one run of
- * bytes, not two reads far apart); the biases (or null) stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding (round_rows_i16), so that every q·x̃ is an
- * exact integer sum, several times faster than int8 converted to float (a call whose x holds a NaN or an infinity
- * sums x itself in float, which carries them). The gate is computed here too, g = relu(x · gateᵀ + gate_b) into the
- * caller's g (n, ff) — each unit's row read once for the whole batch, the units split over the threads — then the
- * active units as in the float32 kernel, reading a quarter of its bytes.
- * `dense` nonzero: every unit is computed, zero or not (the same int8 block without the sparsity, to compare). */
+ * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q, unit k's up and downᵀ rows
+ * `stride` bytes after unit k − 1's (unit_rows keeps them side by side: an active unit's two rows are one run of bytes,
+ * not two reads far apart); the biases (or null) stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding
+ * (round_rows_i16), so that every q·x̃ is an exact integer sum, several times faster than int8 converted to float (a
+ * call whose x holds a NaN or an infinity sums x itself in float, which carries them). The gate is computed here too,
+ * g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff) — each unit's row read once for the whole batch, the units
+ * split over the threads — then the active units as in the float32 kernel, reading a quarter of its bytes. `dense`
+ * nonzero: every unit is computed, zero or not (the same int8 block without the sparsity, to compare). */
 static inline float dot_i8(const int8_t *a, const float *b, int64_t n) {
     float s = 0.0f;
     #pragma omp simd reduction(+:s)

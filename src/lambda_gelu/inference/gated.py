@@ -182,16 +182,17 @@ def sparse_gated_int8_reference(x: Tensor, quantized: dict[str, Tensor], gate: n
 class SparseGatedMLP(nn.Module):
     """A gated FFN whose gate is an exact ReLU, computed from its active units; inference only.
 
-    Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the
-    dense block's) and, as non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight
-    or bias changed (:class:`~lambda_gelu.inference.derived.Made`; a copy or a pickle makes its own), ``downᵀ`` (one
-    more copy of ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``,
-    ``gate_s``, ...; ``down_q`` holds the rows of ``downᵀ``, beside ``up_q``'s in one block: :func:`unit_rows`). In
-    float32, ``screen=True`` (the default) also holds the gate's screen (:func:`screen_rows`: ``gate_q``, ``gate_s``,
-    ``gate_r``, ``gate_n``, a quarter more of the gate's bytes) and decoding reads the float32 gate rows only of the
-    units it does not rule out; ``screen=False`` reads every gate row. ``sparse=False`` computes every unit, a baseline for what the skipping buys: the same C loop without it
-    (decoding sizes, and int8), the dense block elsewhere. ``max_density``: the share of active units above which a
-    batch of more than :data:`FUSED_ROWS` rows runs the dense block. Build it with :meth:`from_dense`.
+    Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the dense
+    block's) and, as non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight or bias
+    changed (:class:`~lambda_gelu.inference.derived.Made`; a copy or a pickle makes its own), ``downᵀ`` (one more copy
+    of ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
+    ``down_q`` holds the rows of ``downᵀ``, beside ``up_q``'s in one block: :func:`unit_rows`). In float32,
+    ``screen=True`` (the default) also holds the gate's screen (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``,
+    ``gate_n``, a quarter more of the gate's bytes) and decoding reads the float32 gate rows only of the units it does
+    not rule out; ``screen=False`` reads every gate row. ``sparse=False`` computes every unit, a baseline for what the
+    skipping buys: the same C loop without it (decoding sizes, and int8), the dense block elsewhere. ``max_density``:
+    the share of active units above which a batch of more than :data:`FUSED_ROWS` rows runs the dense block. Build it
+    with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
