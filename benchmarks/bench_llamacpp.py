@@ -196,8 +196,9 @@ def llama_nll(path: Path, threads: int, sentences: list[list[int]]) -> tuple[flo
 
 def int8_weights(model):
     """A copy of ``model`` with the weights its int8 path reads — the attention's projections and the gated FFNs'
-    three matrices — replaced by their int8 rows dequantized (quantize_rows): its quality, computed in float32 (the
-    int8 path also rounds each input to 16 bits, which changes far less)."""
+    three matrices — replaced by their int8 rows dequantized (quantize_rows of each layer's weight, down's rows its
+    outputs, as the int8 block holds them: a test checks it): its quality, computed in float32 (the int8 path also
+    rounds each input to 16 bits, which changes far less)."""
     from lambda_gelu.inference.gated import quantize_rows
     copy8 = copy.deepcopy(model)
     with torch.no_grad():

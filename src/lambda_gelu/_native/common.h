@@ -43,28 +43,28 @@ static inline void prefetch_row(const float *row, int64_t n) {
 typedef void (*rows_fn)(const void *ctx, float *acc, const int64_t *active, int64_t a0, int64_t a1);
 
 /* Inside a parallel region, once every thread has summed its share into y (thread 0) or its partial (thread t into
- * partial + (t − 1)·size): thread t of `threads` adds up its slice of the `size` sums, plus bias[k % out] if given. */
-static inline void add_partials(float *y, const float *partial, const float *bias, int64_t size, int64_t out, int t,
-                         int threads) {
+ * partial + (t − 1)·size): thread t of `threads` adds up its slice of the `size` sums, times scale[k % out] if given
+ * (int8 rows with one scale per output), plus bias[k % out] if given. */
+static inline void add_partials(float *y, const float *partial, const float *scale, const float *bias, int64_t size,
+                                int64_t out, int t, int threads) {
     int64_t per = (size + threads - 1) / threads;
     int64_t k0 = t * per < size ? t * per : size, k1 = k0 + per < size ? k0 + per : size;
     for (int64_t k = k0; k < k1; k++) {
         float sum = y[k];
         for (int u = 1; u < threads; u++)
             sum += partial[(int64_t)(u - 1) * size + k];
-        y[k] = sum + (bias ? bias[k % out] : 0.0f);
+        y[k] = (scale ? sum * scale[k % out] : sum) + (bias ? bias[k % out] : 0.0f);
     }
 }
 
 /* y (n, out) = Σ over the active units of what `rows` sums for each, on nt threads (each sums a share of the units
- * into a partial, added at the end), plus bias if given; −1 if the partial sums could not be allocated, else 0. */
-static inline int parallel_rows(rows_fn rows, const void *ctx, float *y, const float *bias, const int64_t *active,
-                         int64_t n_active, int64_t n, int64_t out, int nt) {
+ * into a partial, added at the end), times scale and plus bias where given (add_partials); −1 if the partial sums
+ * could not be allocated, else 0. */
+static inline int parallel_rows(rows_fn rows, const void *ctx, float *y, const float *scale, const float *bias,
+                                const int64_t *active, int64_t n_active, int64_t n, int64_t out, int nt) {
     if (nt <= 1) {  /* no parallel region: entering one, even for one thread, costs as much as a small layer */
         rows(ctx, y, active, 0, n_active);
-        if (bias)
-            for (int64_t k = 0; k < n * out; k++)
-                y[k] += bias[k % out];
+        add_partials(y, NULL, scale, bias, n * out, out, 0, 1);
         return 0;
     }
     float *partial = malloc((size_t)(nt - 1) * n * out * sizeof *partial);  /* the other threads' sums */
@@ -78,7 +78,7 @@ static inline int parallel_rows(rows_fn rows, const void *ctx, float *y, const f
         int64_t a1 = a0 + chunk < n_active ? a0 + chunk : n_active;
         rows(ctx, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, active, a0, a1);
         #pragma omp barrier
-        add_partials(y, partial, bias, n * out, out, t, threads);
+        add_partials(y, partial, scale, bias, n * out, out, t, threads);
     }
     free(partial);
     return 0;

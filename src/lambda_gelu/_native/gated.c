@@ -66,11 +66,12 @@ static void gated_rows(const void *c, float *acc, const int64_t *active, int64_t
 
 /* A gated block's sum over its units (every unit if `dense`, else those active in some row of g (n, ff)): if there
  * are at most `max_active`, `rows` sums them into y with `ctx` on up to max_threads threads (one per `grain`
- * multiply-adds), adds `bias` (down's, or null) and their count is returned; if more, that count and y untouched
- * (the caller runs the dense block); −1 if buffers could not be allocated. */
-static int64_t gated_units(rows_fn rows, const void *ctx, const float *g, const float *bias, float *y, int64_t n,
-                           int64_t d, int64_t ff, int64_t out, int64_t max_active, int dense, int max_threads,
-                           int64_t grain) {
+ * multiply-adds), scales each output by `scale` (int8 downᵀ rows' per-output scales, or null), adds `bias` (down's,
+ * or null) and their count is returned; if more, that count and y untouched (the caller runs the dense block); −1 if
+ * buffers could not be allocated. */
+static int64_t gated_units(rows_fn rows, const void *ctx, const float *g, const float *scale, const float *bias,
+                           float *y, int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active, int dense,
+                           int max_threads, int64_t grain) {
     int64_t *active = malloc((size_t)(ff > 0 ? ff : 1) * sizeof *active);
     if (!active)
         return -1;
@@ -83,7 +84,7 @@ static int64_t gated_units(rows_fn rows, const void *ctx, const float *g, const 
     if (n_active <= max_active) {
         int64_t work = n_active * (d + out) * (n > 1 ? n : 1) / grain;
         int nt = work < max_threads ? (int)work : max_threads;
-        if (parallel_rows(rows, ctx, y, bias, active, n_active, n, out, nt) != 0)
+        if (parallel_rows(rows, ctx, y, scale, bias, active, n_active, n, out, nt) != 0)
             n_active = -1;
     }
     free(active);
@@ -94,7 +95,7 @@ static int64_t sparse_gated_f32(int dense, const float *x, const float *g, const
                                 const float *down_t, const float *down_b, float *y, int64_t n, int64_t d, int64_t ff,
                                 int64_t out, int64_t max_active, int max_threads, int64_t grain) {
     struct gated_ctx ctx = {x, g, up, up_b, down_t, n, d, ff, out, dense};
-    return gated_units(gated_rows, &ctx, g, down_b, y, n, d, ff, out, max_active, dense, max_threads, grain);
+    return gated_units(gated_rows, &ctx, g, NULL, down_b, y, n, d, ff, out, max_active, dense, max_threads, grain);
 }
 
 /* One call: the sparse block from g = relu(gate(x)) (n, ff), already computed; up_b and down_b: the biases, or null. */
@@ -138,9 +139,10 @@ int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float
         relu_gates_f32(gate + k * d, gate_b ? gate_b[k] : 0.0f, x, n, d, g + k, ff);
     return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
-/* Sparse gated FFN over int8 weights (lambda_gelu.inference.gated, SparseGatedMLP(int8=True)): gate, up (ff, d) and
- * downᵀ (ff, out) are rows of int8 q, each with a float32 scale s, standing for the row s·q, unit k's up and downᵀ rows
- * `stride` bytes after unit k − 1's (unit_rows keeps them side by side: an active unit's two rows are one run of bytes,
+/* Sparse gated FFN over int8 weights (lambda_gelu.inference.gated, SparseGatedMLP(int8=True)): gate and up (ff, d)
+ * are rows of int8 q, each with a float32 scale s, standing for the row s·q; downᵀ (ff, out) is int8 rows q with one
+ * float32 scale per output (down's own rows, quantized as rows: downᵀ[k, j] = q[k, j]·s[j], applied once to each
+ * output's sum, not to each unit's row); unit k's up and downᵀ rows `stride` bytes after unit k − 1's (unit_rows keeps them side by side: an active unit's two rows are one run of bytes,
  * not two reads far apart); the biases (or null) stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding
  * (round_rows_i16), so that every q·x̃ is an exact integer sum, several times faster than int8 converted to float (a
  * call whose x holds a NaN or an infinity sums x itself in float, which carries them). The gate is computed here too,
@@ -155,7 +157,7 @@ static inline float dot_i8(const int8_t *a, const float *b, int64_t n) {
     return s;
 }
 
-struct gated_i8_ctx { const float *x, *g, *up_s, *up_b, *down_s; const int8_t *up_q, *down_q; const int16_t *xq;
+struct gated_i8_ctx { const float *x, *g, *up_s, *up_b; const int8_t *up_q, *down_q; const int16_t *xq;
                       const double *t; float *widened; int64_t n, d, ff, out, stride; int dense, in_float; };
 
 /* s·(q·x) for one int8 row: the exact integer sum over x̃ scaled back (t), or, if x is not finite, in float. */
@@ -165,7 +167,7 @@ static inline float row_i8(const int8_t *q, float s, const float *x, const int16
 }
 
 /* One unit k for the m ≤ 4 rows rs[0..m) of x (n rows): acc's row r (out wide) += g[r, k]·(s_u·(up[k]·x_r) + u_b)·
- * s_w·downᵀ[k], downᵀ[k] given widened to float32 in w; the up sums of four rows side by side (the unit's row read and
+ * q_down[k], the int8 downᵀ row given widened to float32 in w (its per-output scales come when the sums are added); the up sums of four rows side by side (the unit's row read and
  * widened once for them), in float where x is not finite. */
 static inline void unit_rows_i8(const struct gated_i8_ctx *q, int64_t k, const int64_t *rs, int m, const float *w,
                                 float *acc) {
@@ -181,7 +183,7 @@ static inline void unit_rows_i8(const struct gated_i8_ctx *q, int64_t k, const i
         for (int i = 0; i < m; i++)
             u[i] = row_i8(u_row, q->up_s[k], q->x + rs[i] * d, q->xq + rs[i] * d, q->t[rs[i]], q->in_float, d);
     for (int i = 0; i < m; i++) {
-        float h = q->g[rs[i] * ff + k] * (u[i] + (q->up_b ? q->up_b[k] : 0.0f)) * q->down_s[k], *y = acc + rs[i] * out;
+        float h = q->g[rs[i] * ff + k] * (u[i] + (q->up_b ? q->up_b[k] : 0.0f)), *y = acc + rs[i] * out;
         for (int64_t j = 0; j < out; j++)
             y[j] = FMA(h, w[j], y[j]);
     }
@@ -265,9 +267,9 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
             }
         }
     }
-    struct gated_i8_ctx ctx = {x, g, up_s, up_b, down_s, up_q, down_q, xq, t, widened, n, d, ff, out, stride, dense,
-                               in_float};
-    int64_t n_active = gated_units(gated_i8_rows, &ctx, g, down_b, y, n, d, ff, out, ff, dense, max_threads, grain);
+    struct gated_i8_ctx ctx = {x, g, up_s, up_b, up_q, down_q, xq, t, widened, n, d, ff, out, stride, dense, in_float};
+    int64_t n_active = gated_units(gated_i8_rows, &ctx, g, down_s, down_b, y, n, d, ff, out, ff, dense, max_threads,
+                                   grain);
     free(xq);
     free(t);
     free(widened);
@@ -383,7 +385,7 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
             int64_t left = screen_units(&screen, lo, hi, cand + lo);
             n_active += screened_rows(&ctx, t == 0 ? y : partial + (int64_t)(t - 1) * n * out, cand + lo, left);
             #pragma omp barrier
-            add_partials(y, partial, down_b, n * out, out, t, threads);
+            add_partials(y, partial, NULL, down_b, n * out, out, t, threads);
         }
     } else {
         n_active = -1;
@@ -402,9 +404,9 @@ static inline __m256 widen8(const int8_t *p) {  /* eight int8 as float32 */
 }
 #endif
 
-/* acc (out) += Σ over the m ≤ 4 units k[0..m) of g[k]·(s_u·(up[k]·x) + u_b)·s_w·downᵀ[k]: their up rows summed side by
- * side (x read once for the four) and their downᵀ rows added to acc in one pass over it, in the units' order (the
- * sums unit_rows_i8 makes one unit at a time). */
+/* acc (out) += Σ over the m ≤ 4 units k[0..m) of g[k]·(s_u·(up[k]·x) + u_b)·q_down[k] (the int8 downᵀ rows, their
+ * per-output scales applied by add_partials): their up rows summed side by side (x read once for the four) and their
+ * downᵀ rows added to acc in one pass over it, in the units' order (the sums unit_rows_i8 makes one unit at a time). */
 static inline void units4_i8(const struct lg_ffn *f, const int64_t *k, int m, const float *g, const float *x,
                              const int16_t *xq, double t, int in_float, int64_t d, float *restrict acc) {
     int64_t out = f->out, stride = f->stride;
@@ -420,7 +422,7 @@ static inline void units4_i8(const struct lg_ffn *f, const int64_t *k, int m, co
             h[i] = row_i8(up + k[i] * stride, f->up_s[k[i]], x, xq, t, in_float, d);
     for (int i = 0; i < 4; i++) {
         w[i] = f->down_q + k[i < m ? i : 0] * stride;
-        h[i] = i < m ? g[k[i]] * (f->up_b ? h[i] + f->up_b[k[i]] : h[i]) * f->down_s[k[i]] : 0.0f;
+        h[i] = i < m ? g[k[i]] * (f->up_b ? h[i] + f->up_b[k[i]] : h[i]) : 0.0f;
     }
     const int8_t *restrict w0 = w[0], *restrict w1 = w[1], *restrict w2 = w[2], *restrict w3 = w[3];
     float h0 = h[0], h1 = h[1], h2 = h[2], h3 = h[3];
@@ -509,7 +511,7 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
     #pragma omp atomic
     s->active += n_active;
     #pragma omp barrier
-    add_partials(s->y, s->partial, f->down_b, out, out, t, threads);
+    add_partials(s->y, s->partial, f->int8 ? f->down_s : NULL, f->down_b, out, out, t, threads);
     #pragma omp barrier
     #pragma omp single
     {

@@ -75,7 +75,7 @@ int64_t lg_sparse_linear_f32(const float *x, const float *wt, const float *bias,
         int64_t work = n_active * out * (n > 1 ? n : 1) / grain;
         int nt = work < max_threads ? (int)work : max_threads;
         struct linear_ctx ctx = {x, wt, n, in, out};
-        if (parallel_rows(linear_rows, &ctx, y, bias, active, n_active, n, out, nt) != 0)
+        if (parallel_rows(linear_rows, &ctx, y, NULL, bias, active, n_active, n, out, nt) != 0)
             n_active = -1;
     }
     free(active);

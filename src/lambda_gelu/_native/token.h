@@ -34,10 +34,10 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
 
 /* A sparse gated FFN with an exact ReLU gate (lambda_gelu.inference.gated.SparseGatedMLP) for one token: the norm
  * before it (eps < 0: none) and the one after it (post_w NULL: none), its output's scale (Granite's; 1: none), and its
- * rows: with int8, gate_q, up_q, down_q (downᵀ's rows) with scales gate_s, up_s, down_s, unit k's up row at
- * up_q + k·stride and its downᵀ row at down_q + k·stride (unit_rows: one block of rows [up | downᵀ], stride d + out);
- * else the float32 rows gate, up, down_t (downᵀ) with the gate's int8 screen gate_q, gate_s, gate_r, gate_n
- * (screen_rows). Biases may be NULL. */
+ * rows: with int8, gate_q, up_q, down_q (downᵀ's rows) with scales gate_s, up_s (a row each) and down_s (an output
+ * each), unit k's up row at up_q + k·stride and its downᵀ row at down_q + k·stride (unit_rows: one block of rows
+ * [up | downᵀ], stride d + out); else the float32 rows gate, up, down_t (downᵀ) with the gate's int8 screen gate_q,
+ * gate_s, gate_r, gate_n (screen_rows). Biases may be NULL. */
 struct lg_ffn {
     const float *norm_w, *post_w;
     double eps, post_eps, scale;

@@ -87,10 +87,13 @@ def _int8_reference(x: Tensor, b: dict[str, Tensor], units: int, top_k_index: Te
     """The int8 experts in plain torch: each expert the gated block's int8 reference
     (:func:`~lambda_gelu.inference.gated.sparse_gated_int8_reference`, x rounded to 16 bits a row as the C kernel reads
     it) over its rows of the int8 rows and scales in ``b`` (``gate_q``, ``gate_s``, ... ``down_q`` the rows of each
-    ``downᵀ``; ``units`` rows an expert), weighted and added as :func:`sparse_experts_reference` adds them."""
+    ``downᵀ``; ``units`` rows an expert, and of ``down_s`` its ``hidden`` outputs' scales), weighted and added as
+    :func:`sparse_experts_reference` adds them."""
     out = torch.zeros_like(x)
+    hidden = b["down_q"].shape[1]
     for e, tokens, slots in _routed(top_k_index, b["gate_s"].numel() // units):
-        rows = {name: b[name][e * units:(e + 1) * units] for name in INT8_BUFFERS}
+        rows = {name: b[name][e * units:(e + 1) * units] for name in INT8_BUFFERS if name != "down_s"}
+        rows["down_s"] = b["down_s"][e * hidden:(e + 1) * hidden]
         y = sparse_gated_int8_reference(x[tokens], rows, _UNBIASED, _UNBIASED, _UNBIASED)
         out.index_add_(0, tokens, (y * top_k_weights[tokens, slots, None]).to(out.dtype))
     return out
@@ -136,16 +139,17 @@ class SparseExperts(nn.Module):
         e, h, units = self.down.shape
         gate_up = self.gate_up.detach()
         self._made, self._addresses = Made(self._sources()), None
-        down_t = self.down.detach().transpose(1, 2).reshape(e * units, h).contiguous()
         if not self.int8:
+            down_t = self.down.detach().transpose(1, 2).reshape(e * units, h).contiguous()
             self.register_buffer("down_t", down_t, persistent=False)
             screens = [screen_rows(gate_up[i, :units]) for i in range(e)]  # an expert at a time: float64 copies
             for name, parts in zip(("gate_q", "gate_s", "gate_r", "gate_n"), zip(*screens)):
                 self.register_buffer(name, torch.cat(parts).contiguous(), persistent=False)
             return
-        (gate_q, gate_s), (up_q, up_s), (down_q, down_s) = (
-            quantize_rows(w.reshape(e * units, h)) for w in (gate_up[:, :units], gate_up[:, units:], down_t))
-        up_q, down_q = unit_rows(up_q, down_q)
+        (gate_q, gate_s), (up_q, up_s) = (quantize_rows(w.reshape(e * units, h))
+                                           for w in (gate_up[:, :units], gate_up[:, units:]))
+        down_q, down_s = quantize_rows(self.down.detach().reshape(e * h, units))  # each expert's outputs: one scale each
+        up_q, down_q = unit_rows(up_q, down_q.reshape(e, h, units).transpose(1, 2).reshape(e * units, h))
         for name, t in zip(INT8_BUFFERS, (gate_q, gate_s, up_q, up_s, down_q, down_s)):
             self.register_buffer(name, t, persistent=False)
 
@@ -175,7 +179,7 @@ class SparseExperts(nn.Module):
 
         def at(name):
             address, row = bufs[name]
-            return address + rows * row
+            return address + (e * h * row if name == "down_s" else rows * row)  # down_s: an output's scale each
         if self.int8:
             return tuple(at(n) for n in INT8_BUFFERS)
         gate, up = base + 2 * rows * h * 4, base + (2 * rows + units) * h * 4
