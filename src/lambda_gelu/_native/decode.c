@@ -44,7 +44,7 @@ static inline void project4(const float *w, const int8_t *q, const float *s, con
         int32_t sums[4];
         sums_i8_i16(q + r0 * d, m, d, xq, sums);
         for (int i = 0; i < m; i++)
-            y[i] = (float)((double)s[r0 + i] * t * sums[i]) + (b ? b[r0 + i] : 0.0f);
+            y[i] = scaled_i8(s[r0 + i], t, sums[i]) + (b ? b[r0 + i] : 0.0f);
     } else
         for (int i = 0; i < m; i++)
             y[i] = dot_f32(w + (r0 + i) * d, x, d) + (b ? b[r0 + i] : 0.0f);

@@ -163,7 +163,7 @@ struct gated_i8_ctx { const float *x, *g, *up_s, *up_b; const int8_t *up_q, *dow
 /* s·(q·x) for one int8 row: the exact integer sum over x̃ scaled back (t), or, if x is not finite, in float. */
 static inline float row_i8(const int8_t *q, float s, const float *x, const int16_t *xq, double t, int in_float,
                            int64_t d) {
-    return in_float ? s * dot_i8(q, x, d) : (float)((double)s * t * dot_i8_i16(q, xq, d));
+    return in_float ? s * dot_i8(q, x, d) : scaled_i8(s, t, dot_i8_i16(q, xq, d));
 }
 
 /* One unit k for the m ≤ 4 rows rs[0..m) of x (n rows): acc's row r (out wide) += g[r, k]·(s_u·(up[k]·x_r) + u_b)·
@@ -178,7 +178,7 @@ static inline void unit_rows_i8(const struct gated_i8_ctx *q, int64_t k, const i
         int32_t sums[4];
         dot4x_i8_i16(u_row, q->xq + rs[0] * d, q->xq + rs[1] * d, q->xq + rs[2] * d, q->xq + rs[3] * d, d, sums);
         for (int i = 0; i < 4; i++)
-            u[i] = (float)((double)q->up_s[k] * q->t[rs[i]] * sums[i]);
+            u[i] = scaled_i8(q->up_s[k], q->t[rs[i]], sums[i]);
     } else
         for (int i = 0; i < m; i++)
             u[i] = row_i8(u_row, q->up_s[k], q->x + rs[i] * d, q->xq + rs[i] * d, q->t[rs[i]], q->in_float, d);
@@ -257,7 +257,7 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
                 int32_t sums[4];
                 dot4_i8_i16(gate_q + k0 * d, d, xq + r * d, sums);
                 for (int i = 0; i < 4; i++)
-                    v[i] = (float)((double)gate_s[k0 + i] * t[r] * sums[i]);
+                    v[i] = scaled_i8(gate_s[k0 + i], t[r], sums[i]);
             } else
                 for (int i = 0; i < m; i++)
                     v[i] = row_i8(gate_q + (k0 + i) * d, gate_s[k0 + i], x + r * d, xq + r * d, t[r], in_float, d);
@@ -416,7 +416,7 @@ static inline void units4_i8(const struct lg_ffn *f, const int64_t *k, int m, co
         int32_t sums[4];
         dot4p_i8_i16(up + k[0] * stride, up + k[1] * stride, up + k[2] * stride, up + k[3] * stride, d, xq, sums);
         for (int i = 0; i < 4; i++)
-            h[i] = (float)((double)f->up_s[k[i]] * t * sums[i]);
+            h[i] = scaled_i8(f->up_s[k[i]], t, sums[i]);
     } else
         for (int i = 0; i < m; i++)
             h[i] = row_i8(up + k[i] * stride, f->up_s[k[i]], x, xq, t, in_float, d);
@@ -459,7 +459,7 @@ static int64_t int8_units(const struct lg_ffn *f, const float *x, const int16_t 
             int32_t sums[4];
             dot4_i8_i16(f->gate_q + k0 * d, d, xq, sums);
             for (int i = 0; i < 4; i++)
-                v[i] = (float)((double)f->gate_s[k0 + i] * t * sums[i]);
+                v[i] = scaled_i8(f->gate_s[k0 + i], t, sums[i]);
         } else
             for (int i = 0; i < m; i++)
                 v[i] = row_i8(f->gate_q + (k0 + i) * d, f->gate_s[k0 + i], x, xq, t, in_float, d);

@@ -48,6 +48,11 @@ static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
     return s;
 }
 
+/* An int8 row's value s·(q·x) from its exact sum S = q·x̃ (x taken as t·x̃): s·t·S in double, rounded once to float. */
+static inline float scaled_i8(float s, double t, int32_t sum) {
+    return (float)((double)s * t * sum);
+}
+
 /* The exact sums of the m ≤ 4 int8 rows q, q + d, ... with b into s[0..m), four at once where there are four. */
 static inline void sums_i8_i16(const int8_t *q, int m, int64_t d, const int16_t *b, int32_t *s) {
     if (m == 4)
