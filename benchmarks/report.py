@@ -231,9 +231,9 @@ def _llamacpp_section(d: dict) -> list[str]:
         mine = next((k for k in v if k.startswith(f"ours, converted, {ours}")), None)
         other = f"llama.cpp, original, {theirs}"
         if mine and other in v:
-            ratios = sorted(t / o for o, t in zip(v[mine]["seconds"], v[other]["seconds"]))
+            ratios = _round_ratios(v[mine], v[other])
             lines.append(f"- {mine.removeprefix('ours, converted, ')} against llama.cpp {theirs}: "
-                         f"×{ratios[len(ratios) // 2]:.2f} (×{ratios[0]:.2f}–×{ratios[-1]:.2f})")
+                         f"×{statistics.median(ratios):.2f} (×{ratios[0]:.2f}–×{ratios[-1]:.2f})")
     if "quantization_cost" in d:
         lines += ["", f"What quantization costs, each decoder against its own float32 (held-out perplexity on "
                       f"{d['perplexity_sentences']} docstring sentences): "
@@ -249,8 +249,7 @@ def _llamacpp_goals(d: dict) -> list[tuple[str, str, bool]]:
     where = f"{d['model']}, {zeros:.0%} gate zeros, {_cpu(d)}"
 
     def ratio(ours, theirs):
-        o, t = v[f"ours, converted, {ours}"]["seconds"], v[f"llama.cpp, original, {theirs}"]["seconds"]
-        return statistics.median(b / a for a, b in zip(o, t))
+        return statistics.median(_round_ratios(v[f"ours, converted, {ours}"], v[f"llama.cpp, original, {theirs}"]))
     rows = []
     for ours, theirs, floor in (("sparse, int8", "Q8_0", 1.4), ("sparse, float32", "F32", 1.4),
                                 ("sparse, int8", "Q4_0", 1.3), ("sparse, int8", "Q4_1", 1.3)):
@@ -274,6 +273,11 @@ def _llamacpp_goals(d: dict) -> list[tuple[str, str, bool]]:
         rows.append((f"{where}: its Q8_0 export's perplexity cost ≤ llama.cpp's Q8_0 cost on the original",
                      f"×{cost:.4f} (theirs ×{theirs:.4f})", cost <= theirs))
     return rows
+
+
+def _round_ratios(ours: dict, theirs: dict) -> list[float]:
+    """Two variants measured side by side, round by round: the other's time over ours in each round, sorted."""
+    return sorted(t / o for o, t in zip(ours["seconds"], theirs["seconds"]))
 
 
 def _cpu(d: dict) -> str:
