@@ -139,16 +139,17 @@ int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float
         relu_gates_f32(gate + k * d, gate_b ? gate_b[k] : 0.0f, x, n, d, g + k, ff);
     return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
 }
-/* Sparse gated FFN over int8 weights (lambda_gelu.inference.gated, SparseGatedMLP(int8=True)): gate and up (ff, d)
- * are rows of int8 q, each with a float32 scale s, standing for the row s·q; downᵀ (ff, out) is int8 rows q with one
+/* Sparse gated FFN over int8 weights (lambda_gelu.inference.gated, SparseGatedMLP(int8=True)): gate and up (ff, d) are
+ * rows of int8 q, each with a float32 scale s, standing for the row s·q; downᵀ (ff, out) is int8 rows q with one
  * float32 scale per output (down's own rows, quantized as rows: downᵀ[k, j] = q[k, j]·s[j], applied once to each
- * output's sum, not to each unit's row); unit k's up and downᵀ rows `stride` bytes after unit k − 1's (unit_rows keeps them side by side: an active unit's two rows are one run of bytes,
- * not two reads far apart); the biases (or null) stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding
- * (round_rows_i16), so that every q·x̃ is an exact integer sum, several times faster than int8 converted to float (a
- * call whose x holds a NaN or an infinity sums x itself in float, which carries them). The gate is computed here too,
- * g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff) — each unit's row read once for the whole batch, the units
- * split over the threads — then the active units as in the float32 kernel, reading a quarter of its bytes. `dense`
- * nonzero: every unit is computed, zero or not (the same int8 block without the sparsity, to compare). */
+ * output's sum, not to each unit's row); unit k's up and downᵀ rows `stride` bytes after unit k − 1's (unit_rows keeps
+ * them side by side: an active unit's two rows are one run of bytes, not two reads far apart); the biases (or null)
+ * stay float32. Each row of x is taken as t·x̃, x̃ its int16 rounding (round_rows_i16), so that every q·x̃ is an exact
+ * integer sum, several times faster than int8 converted to float (a call whose x holds a NaN or an infinity sums x
+ * itself in float, which carries them). The gate is computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g
+ * (n, ff) — each unit's row read once for the whole batch, the units split over the threads — then the active units as
+ * in the float32 kernel, reading a quarter of its bytes. `dense` nonzero: every unit is computed, zero or not (the same
+ * int8 block without the sparsity, to compare). */
 static inline float dot_i8(const int8_t *a, const float *b, int64_t n) {
     float s = 0.0f;
     #pragma omp simd reduction(+:s)
@@ -167,8 +168,8 @@ static inline float row_i8(const int8_t *q, float s, const float *x, const int16
 }
 
 /* One unit k for the m ≤ 4 rows rs[0..m) of x (n rows): acc's row r (out wide) += g[r, k]·(s_u·(up[k]·x_r) + u_b)·
- * q_down[k], the int8 downᵀ row given widened to float32 in w (its per-output scales come when the sums are added); the up sums of four rows side by side (the unit's row read and
- * widened once for them), in float where x is not finite. */
+ * q_down[k], the int8 downᵀ row given widened to float32 in w (its per-output scales come when the sums are added); the
+ * up sums of four rows side by side (the unit's row read and widened once for them), in float where x is not finite. */
 static inline void unit_rows_i8(const struct gated_i8_ctx *q, int64_t k, const int64_t *rs, int m, const float *w,
                                 float *acc) {
     int64_t d = q->d, ff = q->ff, out = q->out;

@@ -148,7 +148,7 @@ class SparseExperts(nn.Module):
             return
         (gate_q, gate_s), (up_q, up_s) = (quantize_rows(w.reshape(e * units, h))
                                            for w in (gate_up[:, :units], gate_up[:, units:]))
-        down_q, down_s = quantize_rows(self.down.detach().reshape(e * h, units))  # each expert's outputs: one scale each
+        down_q, down_s = quantize_rows(self.down.detach().reshape(e * h, units))  # an expert's outputs: a scale each
         up_q, down_q = unit_rows(up_q, down_q.reshape(e, h, units).transpose(1, 2).reshape(e * units, h))
         for name, t in zip(INT8_BUFFERS, (gate_q, gate_s, up_q, up_s, down_q, down_s)):
             self.register_buffer(name, t, persistent=False)

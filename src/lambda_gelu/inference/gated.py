@@ -163,10 +163,10 @@ def screened_in(mlp: "SparseGatedMLP", x: Tensor) -> Tensor:
 
 def sparse_gated_int8_reference(x: Tensor, quantized: dict[str, Tensor], gate: nn.Linear, up: nn.Linear,
                                 down: nn.Linear) -> Tensor:
-    """The int8 block in plain torch (the C kernel's reference): ``down(relu(gate(x)) * up(x))`` with each matrix's
-    rows dequantized from ``quantized`` (``gate_q, gate_s, up_q, up_s``, and ``down_q`` the rows of ``down``'s
-    transpose with ``down_s`` one scale an output), the layers' biases as they are, and x as the kernel reads it, each row rounded to 16 bits
-    (:func:`int16_rows`; as it is if it holds a NaN or an infinity)."""
+    """The int8 block in plain torch (the C kernel's reference): ``down(relu(gate(x)) * up(x))`` with each matrix's rows
+    dequantized from ``quantized`` (``gate_q, gate_s, up_q, up_s``, and ``down_q`` the rows of ``down``'s transpose with
+    ``down_s`` one scale an output), the layers' biases as they are, and x as the kernel reads it, each row rounded to
+    16 bits (:func:`int16_rows`; as it is if it holds a NaN or an infinity)."""
     def weight(name):  # in the scales' dtype (float32; float64 for an exact reference)
         scale = quantized[f"{name}_s"]  # one a row; downᵀ's, one a column (an output of down)
         return quantized[f"{name}_q"].to(scale.dtype) * (scale[None, :] if name == "down" else scale[:, None])
