@@ -1,5 +1,5 @@
 """The CPU kernels written in C beside this file, built on first use with the system C compiler: the λ op's
-(``op.c``), the sparse linear layer's (``sparse.c``), the sparse gated FFN's (``gated.c``, float32 and int8), the
+(``op.c``), the sparse linear layer's (``sparse.c``), the sparse gated FFN's (``gated.c``, float32, int8 and 4-bit), the
 screened argmax (``argmax.c``), the decoder's attention step (``decode.c``) and its whole token (``token.c``), one
 shared library.
 
@@ -140,6 +140,9 @@ class Kernels:
         self.sparse_gated_i8 = self.lib.lg_sparse_gated_i8
         self.sparse_gated_i8.argtypes = [_P] * 12 + [_I64, _I64, _I64, _I64, _I64, _I32, _I32, _I64]
         self.sparse_gated_i8.restype = _I64
+        self.sparse_gated_q4 = self.lib.lg_sparse_gated_q4
+        self.sparse_gated_q4.argtypes = [_P] * 15 + [_I64] * 5 + [_I32, _I32, _I64]
+        self.sparse_gated_q4.restype = _I64
         self.sparse_gated_screened_f32 = self.lib.lg_sparse_gated_screened_f32
         self.sparse_gated_screened_f32.argtypes = [_P] * 13 + [_I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_gated_screened_f32.restype = _I64

@@ -1,6 +1,6 @@
 /* Sparse gated FFNs (lambda_gelu.inference.gated): once the gate is an exact ReLU, an inactive unit skips its
  * rows of up and down; float32, int8, and float32 with an int8 screen of the gate. */
-#include "int8.h"
+#include "int4.h"
 #include "token.h"
 
 /* One unit k of a gated block over the n rows of x (n, d): adds g[r, k]·(u_row · x_r + u_b)·w to acc's row r (out
@@ -482,18 +482,82 @@ static int64_t int8_units(const struct lg_ffn *f, const float *x, const int16_t 
     return queued;
 }
 
+/* int8_units over 4-bit rows (int4.h): the gates four rows at a time (q4_rows), and each unit found active has its up
+ * and downᵀ rows (one run of bytes, unit_rows) requested then and summed UNITS_AHEAD units later, four at a time:
+ * their up rows side by side, their downᵀ rows added to acc in one pass over it (q4_add). x̂ is x rounded to int8
+ * (scale t, block sums xs); an x that is not finite is summed in float (q4_row_f32). */
+struct q4_ctx { const int8_t *xq; const int16_t *xs; const float *x; double t; int in_float; };
+
+static inline void q4_units(const struct lg_ffn *f, const struct q4_ctx *c, const int64_t *k, int m, const float *g,
+                            int64_t d, float *acc) {
+    const uint8_t *up[4], *down[4];
+    float h[4], s[4], mo[4];
+    for (int i = 0; i < m; i++) {
+        up[i] = (const uint8_t *)f->up_q + k[i] * f->stride, down[i] = (const uint8_t *)f->down_q + k[i] * f->stride;
+        s[i] = f->up_s[k[i]], mo[i] = f->up_m[k[i]];
+    }
+    if (c->in_float)
+        for (int i = 0; i < m; i++)
+            h[i] = q4_row_f32(up[i], s[i], mo[i], c->x, d);
+    else
+        q4_rows(up, m, s, mo, c->xq, c->xs, c->t, d, h);
+    for (int i = 0; i < m; i++) {
+        h[i] = g[k[i]] * (f->up_b ? h[i] + f->up_b[k[i]] : h[i]);
+        s[i] = f->down_s[k[i]], mo[i] = f->down_m[k[i]];
+    }
+    q4_add(down, m, s, mo, h, f->out, acc);
+}
+
+static int64_t int4_units(const struct lg_ffn *f, const struct q4_ctx *c, int64_t lo, int64_t hi, int64_t d,
+                          float *g, int64_t *units, float *acc) {
+    int64_t queued = 0, done = 0, out = f->out, width = q4_row_bytes(d), stride = f->stride;
+    const uint8_t *gate = (const uint8_t *)f->gate_q;
+    for (int64_t j = 0; j < out; j++)
+        acc[j] = 0.0f;
+    for (int64_t k0 = lo; k0 < hi; k0 += 4) {
+        int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
+        float v[4];
+        if (k0 + SCREEN_AHEAD + 4 <= hi)
+            prefetch_bytes((const int8_t *)gate + (k0 + SCREEN_AHEAD) * width, 4 * width);
+        const uint8_t *rows[4] = {gate + k0 * width, gate + (k0 + 1) * width, gate + (k0 + 2) * width,
+                                  gate + (k0 + 3) * width};
+        if (c->in_float)
+            for (int i = 0; i < m; i++)
+                v[i] = q4_row_f32(rows[i], f->gate_s[k0 + i], f->gate_m[k0 + i], c->x, d);
+        else
+            q4_rows(rows, m, f->gate_s + k0, f->gate_m + k0, c->xq, c->xs, c->t, d, v);
+        for (int i = 0; i < m; i++) {
+            int64_t k = k0 + i;
+            float vk = f->gate_b ? v[i] + f->gate_b[k] : v[i];
+            g[k] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
+            if (g[k] != 0.0f) {
+                units[queued++] = k;
+                prefetch_bytes(f->up_q + k * stride, stride);
+            }
+        }
+        for (; queued - done >= UNITS_AHEAD + 4; done += 4)
+            q4_units(f, c, units + done, 4, g, d, acc);
+    }
+    for (; done < queued; done += 4)
+        q4_units(f, c, units + done, queued - done < 4 ? (int)(queued - done) : 4, g, d, acc);
+    return queued;
+}
+
 void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg_ffn_scratch *s) {
     int t = omp_get_thread_num(), threads = omp_get_num_threads(), in_float = 0;
     int64_t ff = f->ff, out = f->out, lo, hi, n_active;
     double *stats = s->stats;  /* x's norm, its residual and its scale */
-    prefetch_share(f->gate_q, ff, d);
+    prefetch_share(f->gate_q, ff, f->int4 ? q4_row_bytes(d) : d);
     #pragma omp single copyprivate(in_float)
     {
         if (f->eps < 0.0)
             memcpy(s->x, h, (size_t)d * sizeof *h);
         else
             lg_rms_norm_f32(h, f->norm_w, s->x, d, f->eps, f->plus_one);
-        if (f->int8)
+        if (f->int4) {
+            in_float = round_row_i8(s->x, d, s->x8, stats + 2) || f->int4 == 2;
+            block_sums_i8(s->x8, d, s->xs);
+        } else if (f->int8)
             in_float = round_rows_i16(s->x, 1, d, s->xq, stats + 2);
         else  /* a NaN or an infinity: a norm not finite, which certifies nothing */
             screen_rows_of_x(s->x, 1, d, s->xq, stats, stats + 1, stats + 2);
@@ -501,7 +565,11 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
     }
     split(ff, 4, t, threads, &lo, &hi);
     float *acc = t == 0 ? s->y : s->partial + (int64_t)(t - 1) * out;
-    if (f->int8)
+    if (f->int4) {
+        struct q4_ctx c = {s->x8, s->xs, s->x, stats[2], in_float};
+        n_active = int4_units(f, &c, lo, hi, d, s->g, s->units + lo, acc);
+    }
+    else if (f->int8)
         n_active = int8_units(f, s->x, s->xq, stats[2], in_float, lo, hi, d, s->g, s->units + lo, acc);
     else {
         struct screen_ctx screen = {f->gate_q, f->gate_s, f->gate_b, f->gate_r, f->gate_n, s->xq, stats, stats + 1,
@@ -530,7 +598,7 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
 int lg_ffn_scratch(int64_t d, int64_t ff, int64_t out, int threads, struct lg_ffn_scratch *s) {
     d = d > 0 ? d : 1, ff = ff > 0 ? ff : 1, out = out > 0 ? out : 1;
     s->x = malloc((size_t)(d + ff + (threads > 1 ? threads - 1 : 0) * out + out) * sizeof *s->x);
-    s->xq = malloc((size_t)d * sizeof *s->xq);
+    s->xq = malloc((size_t)(d + d / Q4_BLOCK + 1) * sizeof *s->xq + (size_t)d);
     s->units = malloc((size_t)ff * sizeof *s->units);
     s->stats = malloc(3 * sizeof *s->stats);
     if (!s->x || !s->xq || !s->units || !s->stats) {
@@ -538,10 +606,11 @@ int lg_ffn_scratch(int64_t d, int64_t ff, int64_t out, int threads, struct lg_ff
         return -1;
     }
     s->g = s->x + d, s->partial = s->g + ff, s->y = s->partial + (threads > 1 ? threads - 1 : 0) * out;
+    s->xs = s->xq + d, s->x8 = (int8_t *)(s->xs + d / Q4_BLOCK + 1);
     return 0;
 }
 
-void lg_ffn_scratch_free(struct lg_ffn_scratch *s) {  /* g, partial and y lie in x's block */
+void lg_ffn_scratch_free(struct lg_ffn_scratch *s) {  /* g, partial and y lie in x's block; xs, x8 in xq's */
     free(s->x);
     free(s->xq);
     free(s->units);
@@ -559,4 +628,24 @@ static int64_t one_row(const struct lg_ffn *f, const float *x, float *g, float *
     lg_ffn_team(f, (float *)x, 0, d, &s);  /* add = 0: x only read */
     lg_ffn_scratch_free(&s);
     return s.active;
+}
+
+/* The sparse gated FFN over 4-bit rows (lambda_gelu.inference.gated, SparseGatedMLP(int4=True)) for the n rows of x,
+ * one after the other, each as a decoded token's (lg_ffn_team): the gates into g (n, ff), the block into y (n, out).
+ * The rows and scales as struct lg_ffn holds them; in_float: x summed as it is, in float, not rounded to int8.
+ * Returns the units active in the last row, or −1 if buffers could not be allocated. */
+int64_t lg_sparse_gated_q4(const float *x, const uint8_t *gate_q, const float *gate_s, const float *gate_m,
+                           const float *gate_b, const uint8_t *up_q, const float *up_s, const float *up_m,
+                           const float *up_b, const uint8_t *down_q, const float *down_s, const float *down_m,
+                           const float *down_b, float *g, float *y, int64_t n, int64_t d, int64_t ff, int64_t out,
+                           int64_t stride, int in_float, int max_threads, int64_t grain) {
+    struct lg_ffn f = {.eps = -1.0, .scale = 1.0, .int4 = in_float ? 2 : 1, .gate_q = (const int8_t *)gate_q,
+                       .up_q = (const int8_t *)up_q, .down_q = (const int8_t *)down_q, .gate_s = gate_s, .up_s = up_s,
+                       .down_s = down_s, .gate_m = gate_m, .up_m = up_m, .down_m = down_m, .gate_b = gate_b,
+                       .up_b = up_b, .down_b = down_b, .ff = ff, .out = out, .stride = stride};
+    int nt = gate_threads(1, d, ff, max_threads, grain);
+    int64_t active = 0;
+    for (int64_t r = 0; r < n && active >= 0; r++)
+        active = one_row(&f, x + r * d, g + r * ff, y + r * out, d, nt);
+    return active;
 }

@@ -59,7 +59,7 @@ from .. import _native
 from .._native import pointer
 from . import layout
 from .derived import Made
-from .gated import quantize_rows
+from .gated import SparseGatedMLP, quantize_rows
 from .sampling import settings_warpers
 from .token_step import TokenStep
 from .screened_argmax import ScreenedArgmax
@@ -143,7 +143,10 @@ class LeanDecoder:
             return "scales its logits by a number ≤ 0"
         if None in self.owners:
             return "shares a layer's keys and values with none"
+        rounding = [m for m in self.model.modules() if isinstance(m, SparseGatedMLP) and m.int4]
         try:
+            for m in rounding:  # their inputs rounded to 8 bits jump by more than the probe allows at a change of ulps
+                m.round_inputs = False
             self.refresh()
             if not self.int8_attention:
                 return self._probe()
@@ -155,6 +158,11 @@ class LeanDecoder:
             return problem or self._probe_int8()
         except Exception as e:  # noqa: BLE001 - a module of another signature: not a layout it runs, in one line
             return f"fails in it ({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''})"
+        finally:
+            if rounding:
+                for m in rounding:
+                    m.round_inputs = True
+                self.refresh()
 
     @torch.inference_mode()
     def refresh(self) -> None:

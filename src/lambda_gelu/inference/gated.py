@@ -23,6 +23,8 @@ With ``int8=True`` the three matrices are held as int8 rows with a float32 scale
 decoding at batch 1. It takes each row of x rounded to 16 bits (:func:`int16_rows`), for exact integer sums, the
 hidden units stay float32. That block equals :func:`sparse_gated_int8_reference` (the rows dequantized, in plain
 torch) up to float rounding, and differs from the float32 block by the weights' rounding and, far less, x's.
+``int4=True`` holds the three matrices as 4-bit rows instead (:mod:`~lambda_gelu.inference.int4`: blocks of 32
+weights, 56% of the int8 bytes), summed the same way; its reference is :func:`sparse_gated_int4_reference`.
 
     lambda_gelu.reluize(model, batches, steps)        # SwiGLU/GeGLU gates → exact ReLU
     lambda_gelu.inference.sparse.sparsify_(model)               # also replaces the gated FFNs
@@ -39,15 +41,18 @@ from .. import _native
 from .._native import biases_fit, pointer
 from ..core.convert import _plain, replacement_problem
 from ..families import Gated, gated_layouts
+from . import int4 as q4
 from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "Rows", "gated_parts", "sparse_gated_reference",
-           "sparse_gated_int8_reference", "quantize_rows", "unit_rows", "unit_stride", "screen_rows", "int16_rows",
+           "sparse_gated_int8_reference", "sparse_gated_int4_reference", "quantize_rows", "unit_rows", "unit_stride",
+           "screen_rows", "int16_rows",
            "screened_in", "gated_mlps"]
 
 
 GatedLayout = Gated  # where a gated FFN keeps its parts: one of the families table's rows
 INT8_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")  # an int8 block's rows and scales
+INT4_BUFFERS = ("gate_q", "gate_s", "gate_m", "up_q", "up_s", "up_m", "down_q", "down_s", "down_m")  # a 4-bit block's
 FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too; beyond, torch's matrix product does
 
 
@@ -179,6 +184,26 @@ def sparse_gated_int8_reference(x: Tensor, quantized: dict[str, Tensor], gate: n
     return F.linear(h, weight("down").t(), down.bias)
 
 
+def sparse_gated_int4_reference(x: Tensor, quantized: dict[str, Tensor], gate: nn.Linear, up: nn.Linear,
+                                down: nn.Linear, round_inputs: bool = True) -> Tensor:
+    """The 4-bit block in plain torch (the C kernel's reference): ``down(relu(gate(x)) * up(x))`` with each matrix's
+    rows dequantized from ``quantized`` (``gate_q, gate_s, gate_m``, ..., ``down_q`` the 4-bit rows of ``down``'s
+    transpose: :func:`~lambda_gelu.inference.int4.dequantize`), in the scales' dtype, the layers' biases as they are,
+    and each row of x as the kernel reads it (:func:`~lambda_gelu.inference.int4.int8_rows`; as it is if it holds a
+    NaN or an infinity, or with ``round_inputs=False``)."""
+    dtype = quantized["gate_s"].dtype
+
+    def weight(name, d):
+        return q4.dequantize(quantized[f"{name}_q"], quantized[f"{name}_s"], quantized[f"{name}_m"], d, dtype)
+    if round_inputs:
+        xq, t = q4.int8_rows(x)
+        x = torch.where(torch.isfinite(x).all(-1, keepdim=True), t * xq, x.to(t.dtype))
+    x = x.to(dtype)
+    g = F.relu(F.linear(x, weight("gate", gate.in_features), gate.bias))
+    h = g * F.linear(x, weight("up", up.in_features), up.bias)
+    return F.linear(h, weight("down", down.out_features).t(), down.bias)
+
+
 class SparseGatedMLP(nn.Module):
     """A gated FFN whose gate is an exact ReLU, computed from its active units; inference only.
 
@@ -191,16 +216,27 @@ class SparseGatedMLP(nn.Module):
     ``gate_n``, a quarter more of the gate's bytes) and decoding reads the float32 gate rows only of the units it does
     not rule out; ``screen=False`` reads every gate row. ``sparse=False`` computes every unit, a baseline for what the
     skipping buys: the same C loop without it (decoding sizes, and int8), the dense block elsewhere. ``max_density``:
-    the share of active units above which a batch of more than :data:`FUSED_ROWS` rows runs the dense block. Build it
-    with :meth:`from_dense`.
+    the share of active units above which a batch of more than :data:`FUSED_ROWS` rows runs the dense block.
+    ``int4=True``: the three matrices as 4-bit rows (:mod:`~lambda_gelu.inference.int4`; ``gate_m``, ``up_m``,
+    ``down_m`` their offset scales; ``down_q`` downᵀ's rows, each with its own scales), widths a multiple of 32, sparse
+    only; every batch runs the C loop, row by row. It rounds each row of its input to int8 (a jump in its output
+    where an input crosses a rounding boundary); ``round_inputs = False`` sums the inputs as they are, in float (a
+    continuous function of them, and slow: a decoder's probe). Build it with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
-                 max_density: float = 0.5, int8: bool = False, sparse: bool = True, screen: bool = True):
+                 max_density: float = 0.5, int8: bool = False, sparse: bool = True, screen: bool = True,
+                 int4: bool = False):
         super().__init__()
         if not 0.0 <= max_density <= 1.0:
             raise ValueError(f"max_density is a fraction of the units in [0, 1], got {max_density!r}")
+        if int4 and (int8 or not sparse):
+            raise ValueError("int4 rows are read by the sparse kernels alone: not with int8=True or sparse=False")
+        if int4 and not (q4.fits(up.in_features) and q4.fits(down.out_features) and q4.fits(up.out_features)):
+            raise ValueError(f"int4 rows hold whole blocks of {q4.BLOCK} weights: this FFN's widths "
+                             f"{up.in_features} → {up.out_features} → {down.out_features} are not all multiples")
         self.layout, self.int8, self.sparse, self.screen = layout, bool(int8), bool(sparse), bool(screen)
+        self.int4, self.round_inputs = bool(int4), True
         for name, layer in ((layout.gate, gate), (layout.up, up), (layout.down, down)):
             self.add_module(name, layer)
         self.max_density = float(max_density)
@@ -209,9 +245,9 @@ class SparseGatedMLP(nn.Module):
 
     @classmethod
     def from_dense(cls, mlp: nn.Module, layout: GatedLayout, max_density: float = 0.5, int8: bool = False,
-                   sparse: bool = True, screen: bool = True) -> "SparseGatedMLP":
+                   sparse: bool = True, screen: bool = True, int4: bool = False) -> "SparseGatedMLP":
         return cls(layout, getattr(mlp, layout.gate), getattr(mlp, layout.up), getattr(mlp, layout.down), max_density,
-                   int8, sparse, screen)
+                   int8, sparse, screen, int4)
 
     def _parts(self) -> tuple[nn.Linear | Rows, nn.Linear | Rows, nn.Linear]:
         return gated_parts(self, self.layout)
@@ -228,6 +264,14 @@ class SparseGatedMLP(nn.Module):
         (:class:`~lambda_gelu.inference.derived.Made`)."""
         gate, up, down = (layer.weight for layer in self._parts())
         self._made, self._screened = Made(self._sources()), None
+        if self.int4:
+            (gate_q, gate_s, gate_m), (up_q, up_s, up_m), (down_q, down_s, down_m) = (
+                q4.quantize(w) for w in (gate, up, down.t()))
+            up_q, down_q = unit_rows(up_q, down_q)
+            for name, t in zip(INT4_BUFFERS, (gate_q, gate_s, gate_m, up_q, up_s, up_m, down_q, down_s, down_m)):
+                self.register_buffer(name, t, persistent=False)
+            self._screened = self._int4_call()
+            return
         if not self.int8:
             self.register_buffer("down_t", down.detach().t().contiguous(), persistent=False)
             if self.screen:
@@ -277,6 +321,18 @@ class SparseGatedMLP(nn.Module):
             b["up_s"].data_ptr(), pointer(up.bias), b["down_q"].data_ptr(), b["down_s"].data_ptr(), pointer(down.bias),
             self._scratch.data_ptr())
 
+    def _int4_call(self) -> tuple | None:
+        """The 4-bit C call and the addresses it reads that only a change of a weight or bias can move, or None
+        where it does not apply (then the block is its torch reference)."""
+        gate, up, down = self._parts()
+        kernels, b = _native.library(), self._buffers
+        if kernels is None or not biases_fit(gate, up, down) or unit_stride(b["up_q"], b["down_q"]) is None:
+            return None
+        return kernels.sparse_gated_q4, (
+            *(b[n].data_ptr() for n in ("gate_q", "gate_s", "gate_m")), pointer(gate.bias),
+            *(b[n].data_ptr() for n in ("up_q", "up_s", "up_m")), pointer(up.bias),
+            *(b[n].data_ptr() for n in ("down_q", "down_s", "down_m")), pointer(down.bias))
+
     def forward(self, x: Tensor) -> Tensor:
         gate, up, down = self._parts()
         if torch.is_grad_enabled() and (x.requires_grad or gate.weight.requires_grad):
@@ -284,6 +340,8 @@ class SparseGatedMLP(nn.Module):
                                "torch.inference_mode() or torch.no_grad() (or restore the dense blocks to train)")
         if self._made is None or self._made.stale(self._sources()):
             self._derive()
+        if self.int4:
+            return self._forward_int4(x, gate, up, down)
         if self.int8:
             return self._forward_int8(x, gate, up, down)
         x2 = x.reshape(-1, x.shape[-1])
@@ -359,9 +417,25 @@ class SparseGatedMLP(nn.Module):
             raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
         return y.reshape(*x.shape[:-1], down.out_features)
 
+    def _forward_int4(self, x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.Linear) -> Tensor:
+        if (self._screened is None or x.dtype is not torch.float32 or not x.is_cpu
+                or x.shape[-1] != gate.in_features):  # (the reference says what is wrong with such an x)
+            return sparse_gated_int4_reference(x, self._buffers, gate, up, down, self.round_inputs).to(x.dtype)
+        call, addresses = self._screened
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
+        y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
+        if call(x2.data_ptr(), *addresses, g.data_ptr(), y.data_ptr(), len(x2), x2.shape[1], gate.out_features,
+                down.out_features, self._buffers["up_q"].stride(0), int(not self.round_inputs), torch.get_num_threads(),
+                _native.GRAIN) < 0:
+            raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
+        return y.reshape(*x.shape[:-1], down.out_features)
+
     def extra_repr(self) -> str:
         return f"max_density={self.max_density:g}" + (", int8=True" if self.int8 else "") + (
-            ", sparse=False" if not self.sparse else "") + (", screen=False" if not (self.screen or self.int8) else "")
+            ", int4=True" if self.int4 else "") + (
+            ", sparse=False" if not self.sparse else "") + (
+            ", screen=False" if not (self.screen or self.int8 or self.int4) else "")
 
 
 def _derive_again(module: SparseGatedMLP, incompatible_keys) -> None:

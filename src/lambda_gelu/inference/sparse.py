@@ -170,7 +170,7 @@ _SPARSE_MODULES = ("SparseLinear", "SparseGatedMLP", "SparseExperts")  # what sp
 
 
 def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: int = MIN_WEIGHTS,
-              int8: bool = False) -> list[str]:
+              int8: bool = False, int4: bool = False) -> list[str]:
     """Replace, in place, every gated FFN whose gate is an exact ReLU by a
     :class:`~lambda_gelu.inference.gated.SparseGatedMLP` (Llama-, Gemma-family blocks after
     :func:`lambda_gelu.reluize`), every mixture's experts whose gates are exact ReLUs by a
@@ -190,9 +190,12 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     than ``min_weights`` weights, where the sparse path costs more than it saves (:data:`MIN_WEIGHTS`; 0
     replaces every eligible layer; an expert counts as its up projection). ``int8=True``: the gated FFNs and the
     experts read int8 weights with a scale per row (:class:`~lambda_gelu.inference.gated.SparseGatedMLP`'s ``int8``;
-    no longer exact: the weights are rounded)."""
+    no longer exact: the weights are rounded). ``int4=True``: the gated FFNs read 4-bit rows instead
+    (:mod:`~lambda_gelu.inference.int4`; their widths must be multiples of 32), a mixture's experts int8 rows."""
     if isinstance(min_weights, bool) or not isinstance(min_weights, int) or min_weights < 0:
         raise ValueError(f"min_weights is a number of weights ≥ 0, got {min_weights!r}")
+    if int8 and int4:
+        raise ValueError("sparsify_ takes int8=True or int4=True, not both")
     gated, left = [], []  # gated FFNs to replace; and (name, why not) of those that stay dense
     for name, parent, attr, layout in list(gated_mlps(model)):
         mlp = parent._modules[attr] if parent is not None else None
@@ -239,11 +242,13 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
         raise ValueError(f"sparsify_ found {len(found)} linear layer(s) fed by an nn.ReLU, but all are smaller than "
                          f"min_weights={min_weights} weights (largest: {sizes[-1]}), where the sparse path is slower "
                          f"than the dense layer; pass min_weights=0 to replace them anyway")
-    for _, parent, attr, layout in gated:
-        parent._modules[attr] = SparseGatedMLP.from_dense(parent._modules[attr], layout,
-                                                          max(max_density, GATED_MAX_DENSITY), int8=int8)
+    # every block is built before any is put in: one whose widths int4 cannot hold leaves the model as it was
+    blocks = [SparseGatedMLP.from_dense(parent._modules[attr], layout, max(max_density, GATED_MAX_DENSITY), int8=int8,
+                                        int4=int4) for _, parent, attr, layout in gated]
+    for (_, parent, attr, _), block in zip(gated, blocks):
+        parent._modules[attr] = block
     for _, parent, attr in experts:
-        parent._modules[attr] = SparseExperts(parent._modules[attr], int8=int8)
+        parent._modules[attr] = SparseExperts(parent._modules[attr], int8=int8 or int4)
     for _, parent, attr in large:
         setattr(parent, attr, SparseLinear.from_dense(getattr(parent, attr), max_density))
     return [name for name, *_ in gated] + [name for name, _, _ in experts] + [name for name, _, _ in large]

@@ -36,9 +36,9 @@ class _Attention(ctypes.Structure):  # struct lg_attention
 
 class _FFN(ctypes.Structure):  # struct lg_ffn
     _fields_ = [("norm_w", _P), ("post_w", _P), *((n, _D) for n in ("eps", "post_eps", "scale")),
-                *((n, _I) for n in ("plus_one", "post_plus_one", "int8")),
+                *((n, _I) for n in ("plus_one", "post_plus_one", "int8", "int4")),
                 *((n, _P) for n in ("gate_q", "up_q", "down_q", "gate_s", "up_s", "down_s", "gate_r", "gate_n", "gate",
-                                    "up", "down_t", "gate_b", "up_b", "down_b")),
+                                    "up", "down_t", "gate_b", "up_b", "down_b", "gate_m", "up_m", "down_m")),
                 ("ff", _I64), ("out", _I64), ("stride", _I64)]
 
 
@@ -56,9 +56,9 @@ def _layout_matches(kernels) -> bool:
 
 def ffn_problem(layer, width: int) -> str | None:
     """Why one C call cannot compute this decoder layer's FFN (None if it can): it is a :class:`SparseGatedMLP` the
-    C kernels read (int8, or float32 sparse with its screen), alone (no experts or shared block beside it), of the
-    model's width, in a layer without Gemma 4's per-layer inputs or output scale. A block whose weights changed since
-    it made its copies makes them again first (the call reads those copies by address)."""
+    C kernels read (int8, 4-bit, or float32 sparse with its screen), alone (no experts or shared block beside it), of
+    the model's width, in a layer without Gemma 4's per-layer inputs or output scale. A block whose weights changed
+    since it made its copies makes them again first (the call reads those copies by address)."""
     mlp = getattr(layer, "mlp", None)
     if type(mlp) is not SparseGatedMLP:
         return "an FFN that is not a SparseGatedMLP"
@@ -67,7 +67,7 @@ def ffn_problem(layer, width: int) -> str | None:
         return "a layer with more than its FFN after the attention"
     if mlp._made is None or mlp._made.stale(mlp._sources()):
         mlp._derive()
-    if mlp._screened is None or not mlp.sparse or not (mlp.int8 or mlp.screen):
+    if mlp._screened is None or not mlp.sparse or not (mlp.int8 or mlp.int4 or mlp.screen):
         return "an FFN the C kernels do not read as it is"
     gate, _, down = mlp._parts()
     if down.out_features != width or gate.weight.dtype is not torch.float32:
@@ -114,11 +114,13 @@ class TokenStep:
             post = ffn_post if ffn_post is not None else (None, 0.0, 0)
             ffn = _FFN(pointer(ffn_norm[0]), pointer(post[0]), ffn_norm[1], post[1],
                        float(getattr(layer, "residual_multiplier", 1.0)), ffn_norm[2], post[2], int(mlp.int8),
+                       (1 if mlp.round_inputs else 2) if mlp.int4 else 0,
                        pointer(b["gate_q"]), pointer(b.get("up_q")), pointer(b.get("down_q")), pointer(b["gate_s"]),
                        pointer(b.get("up_s")), pointer(b.get("down_s")), pointer(b.get("gate_r")),
                        pointer(b.get("gate_n")), gate.weight.data_ptr(), up.weight.data_ptr(),
                        pointer(b.get("down_t")), pointer(gate.bias), pointer(up.bias), pointer(down.bias),
-                       gate.out_features, down.out_features, b["up_q"].stride(0) if mlp.int8 else 0)
+                       pointer(b.get("gate_m")), pointer(b.get("up_m")), pointer(b.get("down_m")),
+                       gate.out_features, down.out_features, b["up_q"].stride(0) if mlp.int8 or mlp.int4 else 0)
             layers.append(_Layer(attention, cos.data_ptr(), sin.data_ptr(), window or 0, ffn))
             held += [step, cos, sin, gate.weight, up.weight, *b.values()]
         return cls(kernels, layers, held, steps[-1], width, decoder.int8_attention)
