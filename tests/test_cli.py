@@ -92,7 +92,7 @@ def test_generate_prints_the_tokens_model_generate_gives_and_its_speed(relu_llam
     assert text == tokenizer.decode(want, skip_special_tokens=True)
 
 
-def test_generate_samples_as_generate_samples_and_int8_runs(relu_llama, capsys):
+def test_generate_samples_as_generate_samples_and_int8_and_int4_run(relu_llama, capsys):
     directory, model = relu_llama
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
     ids = tokenizer("Open a file", return_tensors="pt")["input_ids"]
@@ -104,12 +104,16 @@ def test_generate_samples_as_generate_samples_and_int8_runs(relu_llama, capsys):
     assert [int(t) for t in drawn.split()] == want.tolist()
     _, speed = _generate(capsys, str(directory), "Open a file", "--int8", "--max-new-tokens", "4")
     assert "int8 sparse FFNs and attention" in speed
+    _, speed = _generate(capsys, str(directory), "Open a file", "--int4", "--max-new-tokens", "4")
+    assert "LeanDecoder, 4-bit sparse FFNs, int8 attention" in speed
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--max-new-tokens", "0"], "--max-new-tokens must be a whole number from 1"),
     (["--temperature", "0.5"], "add --sample"),
     (["--int8", "--dense"], "leave out --dense"),
+    (["--int4", "--dense"], "leave out --dense"),
+    (["--int4", "--int8"], "not both"),
     (["--chat"], "has no chat template"),
 ])
 def test_generate_says_what_is_wrong_in_one_line(relu_llama, capsys, argv, message):

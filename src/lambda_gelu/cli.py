@@ -2,9 +2,9 @@
 
     lambda-gelu reluize MODEL --out DIR [--minutes M | --steps N] [--text FILE...] [...]
                                         a Hugging Face model (a directory, a GGUF file, an offline name) → exact ReLU
-    lambda-gelu generate DIR "prompt" [--max-new-tokens N] [--sample] [--int8] [--chat]
+    lambda-gelu generate DIR "prompt" [--max-new-tokens N] [--sample] [--int8 | --int4] [--chat]
                                         a converted causal LM decoded by the sparse fast path; tokens/s on stderr
-    lambda-gelu export DIR --gguf FILE [--type f32|f16|bf16|q8_0|q4_0]
+    lambda-gelu export DIR --gguf FILE [--type f32|f16|bf16|q8_0|q4_0|q4_1]
                                         a converted Llama or Gemma 3 as GGUF that llama.cpp computes as ReLU
     lambda-gelu deploy DIR [--original MODEL]
                                         a converted checkpoint in ONNX Runtime, fp32 and int8, against its original
@@ -31,6 +31,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .deploy.gguf import TYPES as GGUF_TYPES
     p = Parser(prog="lambda-gelu", description="λ-GELU: pretrained GELU/SiLU models made exact-ReLU, and what ReLU buys.",
                formatter_class=argparse.RawDescriptionHelpFormatter, epilog="`lambda-gelu COMMAND --help` for more.")
     sub = p.add_subparsers(dest="command", parser_class=Parser, metavar="COMMAND")
@@ -59,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help="the draws' seed, with --sample (default 0)")
     gen.add_argument("--int8", action="store_true",
                      help="the FFNs and the attention's projections read int8 weights with a scale per row (not exact)")
+    gen.add_argument("--int4", action="store_true",
+                     help="the FFNs read 4-bit weights in blocks of 32, the attention's projections int8 (not exact)")
     gen.add_argument("--dense", action="store_true", help="leave the FFNs dense (the reference for the sparse path)")
     gen.add_argument("--chat", action="store_true", help="the prompt as a user's turn in the tokenizer's chat template")
     gen.add_argument("--ids", action="store_true", help="print the new tokens' ids, not their text")
@@ -69,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
                          "llama.cpp computes as the ReLU model (its gates as SiLU or GELU at a large hardness)")
     exp.add_argument("checkpoint", metavar="DIR", help="a `lambda-gelu reluize` --out directory of a causal LM")
     exp.add_argument("--gguf", required=True, metavar="FILE", help="the GGUF file to write")
-    exp.add_argument("--type", default="f32", choices=("f32", "f16", "bf16", "q8_0", "q4_0"),
+    exp.add_argument("--type", default="f32", choices=GGUF_TYPES,
                      help="the weights' type (default f32)")
     exp.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
     exp.set_defaults(func=_export)
@@ -200,7 +203,8 @@ def _reluize(args) -> int:
 def _generate(args) -> int:
     from .hf.generate import GenerateConfig, generate_text
     config = GenerateConfig(max_new_tokens=args.max_new_tokens, sample=args.sample, temperature=args.temperature,
-                            top_k=args.top_k, top_p=args.top_p, seed=args.seed, int8=args.int8, dense=args.dense,
+                            top_k=args.top_k, top_p=args.top_p, seed=args.seed, int8=args.int8, int4=args.int4,
+                            dense=args.dense,
                             chat=args.chat)
     result = generate_text(args.checkpoint, args.prompt, config, log=lambda line: print(line, file=sys.stderr))
     print(" ".join(map(str, result.new_ids)) if args.ids else result.text)

@@ -1,7 +1,8 @@
 """Text from a converted causal LM by the fast path, with its speed (``lambda-gelu generate DIR "prompt"``).
 
 The checkpoint is loaded as transformers loads it, its FFNs sparsified (:func:`lambda_gelu.inference.sparse.sparsify_`: they
-read only the rows of their active gate units; ``int8``: int8 rows with a scale per row) and decoded at batch 1 by
+read only the rows of their active gate units; ``int8``: int8 rows with a scale per row; ``int4``: 4-bit rows, the
+attention int8) and decoded at batch 1 by
 :class:`~lambda_gelu.inference.decoder.LeanDecoder` — greedy, the tokens ``model.generate(..., do_sample=False)`` gives, or
 sampled as ``generate`` samples. A layout LeanDecoder does not run decodes by the model's own ``generate`` (said).
 """
@@ -31,6 +32,7 @@ class GenerateConfig:
     top_p: float | None = None
     seed: int = 0                  # torch's generator before the first draw, with sample
     int8: bool = False             # the FFNs and the attention's projections read int8 rows, a scale each (not exact)
+    int4: bool = False             # the FFNs read 4-bit rows (blocks of 32), the attention's projections int8 rows
     dense: bool = False            # the FFNs left dense: the reference for the sparse path
     chat: bool = False             # the prompt as a user's turn in the tokenizer's chat template
 
@@ -46,7 +48,9 @@ class GenerateConfig:
             (_whole(self.seed, 0), f"--seed must be a whole number from 0 to 2^31, got {self.seed!r}"),
             (self.sample or (self.temperature, self.top_k, self.top_p) == (None, None, None),
              "--temperature, --top-k and --top-p set how --sample draws: add --sample"),
-            (not (self.int8 and self.dense), "--int8 is for the sparse FFNs: leave out --dense")]
+            (not ((self.int8 or self.int4) and self.dense), "--int8 and --int4 are for the sparse FFNs: leave out "
+                                                             "--dense"),
+            (not (self.int8 and self.int4), "--int8 or --int4, not both")]
         for ok, message in problems:
             if not ok:
                 raise CheckpointError(message)
@@ -78,17 +82,19 @@ def generate_text(directory: str, prompt: str, config: GenerateConfig | None = N
     path = "dense FFNs"
     if not config.dense:
         try:
-            sparsify_(model, int8=config.int8)
+            sparsify_(model, int8=config.int8, int4=config.int4)
         except ValueError as e:
             raise CheckpointError(f"{directory}: {e}; --dense decodes it without the sparse path") from None
-        path = "int8 sparse FFNs and attention" if config.int8 else "sparse FFNs"
+        path = ("int8 sparse FFNs and attention" if config.int8 else "4-bit sparse FFNs, int8 attention"
+                if config.int4 else "sparse FFNs")
     ids = _encode(tokenizer, prompt, config.chat)
     eos = model.generation_config.eos_token_id
     ends = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     sampling = {"do_sample": True, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p} \
         if config.sample else {}
     try:
-        decoder = LeanDecoder(model, max_length=ids.shape[1] + config.max_new_tokens, int8_attention=config.int8)
+        decoder = LeanDecoder(model, max_length=ids.shape[1] + config.max_new_tokens,
+                              int8_attention=config.int8 or config.int4)
         run = lambda: decoder.generate(ids, config.max_new_tokens, next(iter(ends)) if len(ends) == 1 else None,  # noqa: E731
                                        **sampling)
         path = f"LeanDecoder, {path}"
