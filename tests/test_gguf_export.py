@@ -92,7 +92,8 @@ def test_written_plainly_the_same_file_is_another_model(relu_llama):
     assert gap > 100 * SILU_GAP / 1024 * float(want.abs().max())
 
 
-@pytest.mark.parametrize("file_type, tolerance", [("f16", 0.01), ("q8_0", 0.03)])
+# Q4_1's step is a block's range over 15 where Q8_0's is its largest magnitude over 127: some 8 times coarser
+@pytest.mark.parametrize("file_type, tolerance", [("f16", 0.01), ("q8_0", 0.03), ("q4_1", 0.25)])
 def test_quantized_exports_stay_within_their_own_rounding(relu_llama, file_type, tolerance):
     directory, model, ids = relu_llama
     exported = export_gguf(directory, directory.parent / f"m-{file_type}.gguf", file_type)

@@ -12,7 +12,8 @@ llama.cpp: a gate f(z) = z·s(z) at hardness λ is ReLU within a bound,
 so the file holds the gate's weights ×λ and ``up``'s and ``down``'s ×1/√λ each: llama.cpp's ``down(f(gate)·up)`` is
 then ``down(g·s(λg)·u)``, within that bound ·|u| of ``down(relu(g)·u)`` a unit. λ is the largest of :data:`LAMBDAS`
 at which no weight of the file type leaves its range: float16 keeps the gate's largest weight ×λ far below its
-maximum; Q8_0 and Q4_0 keep their blocks' float16 scales normal as well; float32 and bfloat16 take the largest.
+maximum; Q8_0, Q4_0 and Q4_1 keep their blocks' float16 scales normal as well; float32 and bfloat16 take the
+largest.
 
 Written (:data:`ARCHITECTURES`, one row each): the Llama family's layout (``LlamaForCausalLM``,
 ``MistralForCausalLM``: llama.cpp's ``llama``, the query and key rows in its order of rotated pairs) and Gemma 3's
@@ -48,7 +49,8 @@ SILU_GAP = 0.27846454276  # max_t t·σ(−t): how far g·σ(λg) strays from re
 # beyond, it returns t or 0 exactly
 GELU_GAP = 0.17005 + 1.13 * 10 * 2.0 ** -11 + 10 * 2.0 ** -11
 LAMBDAS = (1024.0, 512.0, 256.0, 128.0, 64.0, 32.0, 16.0)  # the hardness tried, largest first
-TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")
+_LEVELS = {"q8_0": 127.0, "q4_0": 8.0, "q4_1": 15.0}  # a block's largest magnitude over its float16 scale, at most
 _F16_TINY, _F16_MAX = 6.104e-05, 65504.0  # float16's smallest normal and largest value
 _IN_RANGE = 0.99  # the share of blocks whose float16 scale must stay normal after scaling
 # the Llama family's tensors: GGUF name (per block where it has {}) → the module's weight in the transformers model
@@ -243,8 +245,8 @@ def gguf_lambda(gates: list[np.ndarray], scaled: list[np.ndarray], file_type: st
         return LAMBDAS[0]
     gate_max = max(float(np.abs(g).max()) for g in gates)
     smallest = 1.0  # float16 itself: only the gate's largest weight can leave its range (a subnormal is exact enough)
-    if file_type in ("q8_0", "q4_0"):  # a block's scale, its largest magnitude over the type's top level, is float16
-        level = 127.0 if file_type == "q8_0" else 8.0
+    if file_type in _LEVELS:  # a block's scale, its largest magnitude over the type's top level, is float16
+        level = _LEVELS[file_type]
         blocks = np.concatenate([np.abs(w).reshape(-1, 32).max(1) for w in scaled if w.shape[-1] % 32 == 0]
                                 or [np.ones(1)])
         smallest = float(np.quantile(blocks[blocks > 0], 1 - _IN_RANGE)) / level if (blocks > 0).any() else 1.0
@@ -261,10 +263,10 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 def _add(writer, name: str, w: np.ndarray, file_type: str, gguf) -> None:
     q = gguf.GGMLQuantizationType
-    kind = {"f32": q.F32, "f16": q.F16, "bf16": q.BF16, "q8_0": q.Q8_0, "q4_0": q.Q4_0}[file_type]
+    kind = {"f32": q.F32, "f16": q.F16, "bf16": q.BF16, "q8_0": q.Q8_0, "q4_0": q.Q4_0, "q4_1": q.Q4_1}[file_type]
     if w.ndim == 1:
         kind = q.F32  # norms, as llama.cpp keeps them
-    elif kind in (q.Q8_0, q.Q4_0) and w.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
+    elif kind in (q.Q8_0, q.Q4_0, q.Q4_1) and w.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
         kind = q.F16  # rows that do not fill the type's blocks
     data = np.ascontiguousarray(w, dtype=np.float32)
     if kind == q.F32:
@@ -295,8 +297,8 @@ def _hyperparameters(writer, config, architecture: str, file_type: str, gguf) ->
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                           "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-                          "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[file_type])
-    if file_type in ("q8_0", "q4_0"):
+                          "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1}[file_type])
+    if file_type in _LEVELS:
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
