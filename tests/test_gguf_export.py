@@ -100,6 +100,10 @@ def test_quantized_exports_stay_within_their_own_rounding(relu_llama, file_type,
     with torch.no_grad():
         want, got = model(ids).logits, _read(exported.path)(ids).logits
     assert float((got - want).abs().max()) <= tolerance * float(want.abs().max()) + exported.bound
+    if file_type == "q4_1":  # the embedding (here also the output layer) as llama.cpp's quantizer keeps it
+        from gguf import GGUFReader
+        types = {t.name: t.tensor_type.name for t in GGUFReader(str(exported.path)).tensors}
+        assert types["token_embd.weight"] == "Q8_0" and types["blk.0.ffn_gate.weight"] == "Q4_1"
 
 
 def test_the_hardness_keeps_every_type_in_range():

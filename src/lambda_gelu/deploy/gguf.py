@@ -22,7 +22,8 @@ them — every sixth layer global, local layers' rotary base 10000, queries scal
 must match), their hyper-parameters, and the tokenizer — the original GGUF's own ``tokenizer.*`` fields where the
 conversion read one, else the checkpoint's byte-level BPE tokenizer with its merges, special tokens and chat template.
 The Llama family's biases travel too (a ``--gate-zeros`` conversion's gate thresholds: the gate's ×λ, up's ×1/√λ,
-down's as it is). Norms and biases stay float32; a matrix whose rows do not fill the type's blocks is float16.
+down's as it is). Norms and biases stay float32; a matrix whose rows do not fill the type's blocks is float16; in the
+4-bit types the embedding and the output layer are Q8_0, as llama.cpp's own quantizer writes them.
 """
 from __future__ import annotations
 
@@ -266,6 +267,8 @@ def _add(writer, name: str, w: np.ndarray, file_type: str, gguf) -> None:
     kind = {"f32": q.F32, "f16": q.F16, "bf16": q.BF16, "q8_0": q.Q8_0, "q4_0": q.Q4_0, "q4_1": q.Q4_1}[file_type]
     if w.ndim == 1:
         kind = q.F32  # norms, as llama.cpp keeps them
+    elif kind in (q.Q4_0, q.Q4_1) and name in ("token_embd.weight", "output.weight"):
+        kind = q.Q8_0  # the embedding and the output layer, as llama.cpp's quantizer keeps them in its 4-bit types
     elif kind in (q.Q8_0, q.Q4_0, q.Q4_1) and w.shape[-1] % gguf.GGML_QUANT_SIZES[kind][0]:
         kind = q.F16  # rows that do not fill the type's blocks
     data = np.ascontiguousarray(w, dtype=np.float32)
