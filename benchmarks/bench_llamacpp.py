@@ -1,8 +1,8 @@
 """Decoding at batch 1 against llama.cpp, on the same CPU, in the same run: llama.cpp (llama-cpp-python) on the
 original model at F32, F16, Q8_0, Q4_0 and Q4_1, the project's decoder (LeanDecoder) on the converted model at each
-precision it offers, dense and sparse, and llama.cpp on the converted model as `lambda-gelu export` writes it (F32,
-Q8_0); plus each variant's bytes read per token and the machine's measured memory bandwidth, so that every figure
-also reads as a share of its own physical bound.
+precision it offers (float32 dense and sparse; sparse int8; sparse 4-bit FFNs with int8 attention), and llama.cpp on
+the converted model as `lambda-gelu export` writes it (F32, Q8_0, Q4_1); plus each variant's bytes read per token and
+the machine's measured memory bandwidth, so that every figure also reads as a share of its own physical bound.
 
     lambda-gelu reluize smollm2-135m-instruct --out runs/smollm2-relu          # 30 minutes
     pip install 'lambda-gelu[llamacpp]'                                          # builds llama.cpp: ~8 minutes
@@ -17,7 +17,9 @@ the rounds, decoding only (the prompt's forward left out: LeanDecoder's as the d
 and 1 token in the same round); the time to the first token (the prompt's forward and that token's argmax) is
 reported beside them. Tokens are compared with each decoder's own reference: llama.cpp's on the original
 with its F32 original's, ours and the exports with the converted model's dense float32 (the ReLU model's). The
-perplexities: each decoder against its own float32, the exports against the converted model in float32.
+perplexities: each decoder against its own float32, the exports against the converted model in float32. The original
+SmolLM2 is itself a Q4_1 file, so llama.cpp's Q4_1 of it re-rounds weights already on that grid; its export of the
+converted model is what Q4_1 costs weights that are not.
 
 Bytes per token: what a token's decoding must read at least — every weight it uses once (llama.cpp: each tensor of
 the file at its type, the tied embedding read whole as the output layer; ours: the weights at their precision, of a
@@ -42,7 +44,7 @@ from _common import header, print_table, save
 
 PROMPT = "The standard library of Python provides modules for reading files, talking to networks and"
 TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
-EXPORTS = ("F32", "Q8_0")  # the converted model as `lambda-gelu export` writes it, run by llama.cpp
+EXPORTS = ("F32", "Q8_0", "Q4_1")  # the converted model as `lambda-gelu export` writes it, run by llama.cpp
 
 
 def bandwidth(threads: int, gib: float = 1.0, reps: int = 7) -> float:
@@ -210,16 +212,33 @@ def int8_weights(model):
     return copy8
 
 
-def our_bytes(model, reads: dict | None, weight_bytes: int, positions: float) -> int:
+def int4_weights(model):
+    """A copy of ``model`` as its 4-bit path computes: the attention's projections int8 rows dequantized (as in
+    :func:`int8_weights`), the gated FFNs the 4-bit blocks themselves (``sparsify_(int4=True)``: their kernels, their
+    inputs rounded to int8)."""
+    from lambda_gelu.inference.sparse import sparsify_
+    copy4 = int8_weights(model)
+    with torch.no_grad():
+        for layer, source in zip(copy4.model.layers, model.model.layers):
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                getattr(layer.mlp, name).weight.copy_(getattr(source.mlp, name).weight)
+    sparsify_(copy4, int4=True)
+    return copy4
+
+
+def our_bytes(model, reads: dict | None, weight_bytes: int, positions: float, ffn_bytes: float | None = None) -> int:
     """A token's reads for the converted model: the attention's projections at ``weight_bytes`` a weight (int8 rows
-    and their scales, or float32), the FFNs dense or as ``reads`` says, the output layer through its int8 screen (a
-    byte a weight, a few float32 rows), and the float32 KV cache over ``positions``."""
+    and their scales, or float32), the FFNs dense or as ``reads`` says (at ``ffn_bytes`` a weight if given: the 4-bit
+    rows' 4.5 bits), the output layer through its int8 screen (a byte a weight, a few float32 rows), and the float32
+    KV cache over ``positions``."""
     cfg = model.config
     d, ff, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
     heads, kv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
     attention = (d * heads * hd * 2 + d * kv * hd * 2) * weight_bytes
     if reads is None:
         ffn = 3 * d * ff * weight_bytes
+    elif ffn_bytes is not None:
+        ffn = (1 + 2 * reads["active"]) * d * ff * ffn_bytes
     else:
         screen = d * ff  # int8 gate rows
         gate = reads["gate_rows_read"] * d * ff * weight_bytes if weight_bytes == 4 else d * ff * weight_bytes
@@ -243,6 +262,7 @@ def main():
 
     import transformers
     from lambda_gelu.deploy.gguf import export_gguf
+    from lambda_gelu.inference.int4 import row_bytes
     from lambda_gelu.inference.sparse import sparsify_
     torch.set_num_threads(args.threads)
     report = json.loads((Path(args.model) / "reluize_report.json").read_text())
@@ -256,6 +276,8 @@ def main():
     sparsify_(sparse)
     sparse8 = copy.deepcopy(model)
     sparsify_(sparse8, int8=True)
+    sparse4 = copy.deepcopy(model)
+    sparsify_(sparse4, int4=True)
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -268,7 +290,8 @@ def main():
     variants = {name: LlamaCpp(path, args.threads) for name, path in gguf_files.items()}
     variants |= {"ours, converted, dense, float32": Ours(model, length),
                  "ours, converted, sparse, float32": Ours(sparse, length),
-                 "ours, converted, sparse, int8": Ours(sparse8, length, int8=True)}
+                 "ours, converted, sparse, int8": Ours(sparse8, length, int8=True),
+                 "ours, converted, sparse, int4": Ours(sparse4, length, int8=True)}
 
     times, firsts = {name: [] for name in variants}, {name: [] for name in variants}
     tokens = {}
@@ -287,12 +310,14 @@ def main():
     bw = bandwidth(args.threads)
     reads = ffn_reads(model, sparse, prompt, tokens["ours, converted, dense, float32"])
     positions = len(prompt) + args.new_tokens / 2
+    int4_bytes = row_bytes(32) / 32  # 4-bit rows: 18 bytes a block of 32 weights
     cfg = model.config
     kv_f16 = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * 2
     per_token = {name: llama_bytes(gguf_bytes(path)) + int(kv_f16 * positions) for name, path in gguf_files.items()}
     per_token |= {"ours, converted, dense, float32": our_bytes(model, None, 4, positions),
                   "ours, converted, sparse, float32": our_bytes(model, reads, 4, positions),
-                  "ours, converted, sparse, int8": our_bytes(model, reads, 1, positions)}
+                  "ours, converted, sparse, int8": our_bytes(model, reads, 1, positions),
+                  "ours, converted, sparse, int4": our_bytes(model, reads, 1, positions, int4_bytes)}
     relu = tokens["ours, converted, dense, float32"]  # the converted model's: ours and its export's reference
 
     def reference(name):
@@ -312,17 +337,18 @@ def main():
                 f"{reads['active']:.1%} of units active", head, rows,
                 ["decoder, model, precision", "tokens/s", "MB/token", "bound tokens/s", "of bound", "same tokens",
                  "first token, ms"])
-    for ours, theirs in (("sparse, float32", "F32"), ("sparse, int8", "Q8_0"), ("sparse, int8", "Q4_0"),
-                         ("sparse, int8", "Q4_1")):
+    for ours, theirs in (("sparse, float32", "F32"), ("sparse, int8", "Q8_0"), ("sparse, int4", "Q4_0"),
+                         ("sparse, int4", "Q4_1")):
         ratio = [t / o for o, t in zip(times[f"ours, converted, {ours}"], times[f"llama.cpp, original, {theirs}"])]
         print(f"ours {ours} against llama.cpp {theirs}: ×{statistics.median(ratio):.2f} "
               f"(rounds ×{min(ratio):.2f}–×{max(ratio):.2f})")
     sentences = held_out(tokenizer, args.sentences)
-    nll = {"ours, float32": torch_nll(model, sentences), "ours, int8": torch_nll(int8_weights(model), sentences)}
+    nll = {"ours, float32": torch_nll(model, sentences), "ours, int8": torch_nll(int8_weights(model), sentences),
+           "ours, int4": torch_nll(int4_weights(model), sentences)}
     nll |= {f"llama.cpp, {kind}": llama_nll(path, args.threads, sentences) for kind, path in files.items()}
     nll |= {f"llama.cpp, export {kind}": llama_nll(path, args.threads, sentences) for kind, path in exports.items()}
     perplexity = {name: float(np.exp(total / count)) for name, (total, count) in nll.items()}
-    costs = {"ours, int8": perplexity["ours, int8"] / perplexity["ours, float32"]}
+    costs = {name: perplexity[name] / perplexity["ours, float32"] for name in ("ours, int8", "ours, int4")}
     costs |= {f"llama.cpp, export {kind}": perplexity[f"llama.cpp, export {kind}"] / perplexity["ours, float32"]
               for kind in EXPORTS}  # the converted model written for llama.cpp, against that model in float32
     costs |= {f"llama.cpp, {kind}": perplexity[f"llama.cpp, {kind}"] / perplexity["llama.cpp, F32"]

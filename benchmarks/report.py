@@ -224,9 +224,10 @@ def _llamacpp_section(d: dict) -> list[str]:
         first = f"{v['first_token_ms']:.0f}" if "first_token_ms" in v else "—"
         lines.append(f"| {name} | {v['tokens_per_s']:.1f} | {v['bytes_per_token'] / 1e6:.1f} | "
                      f"{v['share_of_bandwidth_bound']:.0%} | {v['same_tokens']}/{d['new_tokens']} | {first} |")
-    pairs = (("sparse, float32", "F32"), ("sparse, int8", "Q8_0"), ("sparse, int8", "Q4_0"), ("sparse, int8", "Q4_1"))
-    lines += ["", "Side by side, round by round (llama.cpp's time over ours; median, and the rounds' range):", ""]
     v = d["variants"]
+    four = _four_bit(v)
+    pairs = (("sparse, float32", "F32"), ("sparse, int8", "Q8_0"), (four, "Q4_0"), (four, "Q4_1"))
+    lines += ["", "Side by side, round by round (llama.cpp's time over ours; median, and the rounds' range):", ""]
     for ours, theirs in pairs:
         mine = next((k for k in v if k.startswith(f"ours, converted, {ours}")), None)
         other = f"llama.cpp, original, {theirs}"
@@ -250,17 +251,17 @@ def _llamacpp_goals(d: dict) -> list[tuple[str, str, bool]]:
 
     def ratio(ours, theirs):
         return statistics.median(_round_ratios(v[f"ours, converted, {ours}"], v[f"llama.cpp, original, {theirs}"]))
-    rows = []
+    rows, four = [], _four_bit(v)
     for ours, theirs, floor in (("sparse, int8", "Q8_0", 1.4), ("sparse, float32", "F32", 1.4),
-                                ("sparse, int8", "Q4_0", 1.3), ("sparse, int8", "Q4_1", 1.3)):
+                                (four, "Q4_0", 1.3), (four, "Q4_1", 1.3)):
         r = ratio(ours, theirs)
-        label = " (no 4-bit path: int8)" if theirs.startswith("Q4") else ""
+        label = " (no 4-bit path: int8)" if theirs.startswith("Q4") and four.endswith("int8") else ""
         rows.append((f"{where}: ours {ours.split(', ')[1]} ≥ {floor}× llama.cpp's {theirs} original{label}",
                      f"{r:.2f}×", r >= floor))
     if round(zeros, 2) >= 0.85:  # a --gate-zeros 0.85 conversion, 85% to the percent
         r = ratio("sparse, int8", "Q8_0")
         rows.append((f"{where}: ours int8 ≥ 2× llama.cpp's Q8_0 original", f"{r:.2f}×", r >= 2))
-    for name in ("ours, converted, sparse, float32", "ours, converted, sparse, int8"):
+    for name in (n for n in v if n.startswith("ours, converted, sparse")):
         share = v[name]["share_of_bandwidth_bound"]
         rows.append((f"{where}: {name.removeprefix('ours, converted, ')} at ≥ 60% of its bandwidth bound",
                      f"{share:.0%}", share >= 0.6))
@@ -272,7 +273,16 @@ def _llamacpp_goals(d: dict) -> list[tuple[str, str, bool]]:
     if cost is not None and theirs is not None:
         rows.append((f"{where}: its Q8_0 export's perplexity cost ≤ llama.cpp's Q8_0 cost on the original",
                      f"×{cost:.4f} (theirs ×{theirs:.4f})", cost <= theirs))
+    ours, theirs = d["quantization_cost"].get("ours, int4"), d["quantization_cost"].get("llama.cpp, export Q4_1")
+    if ours is not None and theirs is not None:  # the same converted model's weights, rounded each way
+        rows.append((f"{where}: the 4-bit path's perplexity cost ≤ llama.cpp's Q4_1 cost on the same converted model",
+                     f"×{ours:.4f} (theirs ×{theirs:.4f})", ours <= theirs))
     return rows
+
+
+def _four_bit(variants: dict) -> str:
+    """Our variant to set against llama.cpp's 4-bit originals: the 4-bit path where the run had one, else int8."""
+    return "sparse, int4" if "ours, converted, sparse, int4" in variants else "sparse, int8"
 
 
 def _round_ratios(ours: dict, theirs: dict) -> list[float]:
