@@ -126,6 +126,22 @@ def test_the_int8_sums_compile_to_each_x86_cpus_own_multiply_adds(march, isa, wa
     assert re.search(want, out.read_text())
 
 
+@pytest.mark.skipif(_native._ARCH not in ("x86_64", "amd64"), reason="x86's instruction sets")
+@pytest.mark.parametrize("march, isa, avx2", [("sapphirerapids", "native", True), ("haswell", "native", True),
+                                              ("x86-64", "baseline", False)])
+def test_the_4_bit_sums_are_avx2s_unsigned_by_signed_multiply_adds_and_plain_c_elsewhere(march, isa, avx2, tmp_path):
+    """int4.h's AVX2 loop multiplies codes by int8 in vpmaddubsw; a build without AVX2 compiles the plain loops."""
+    cc = os.environ.get("CC", "cc")
+    flags = [f for f in _native._flags(isa) if not f.startswith("-march=") and f not in ("-shared", "-fPIC")]
+    out = tmp_path / "gated.s"
+    done = subprocess.run([cc, *flags, f"-march={march}", "-S", str(_native.HERE / "gated.c"), "-o", str(out)],
+                          capture_output=True, text=True)
+    if done.returncode != 0 and "-march=" in done.stderr:
+        pytest.skip(f"{cc} does not know -march={march}")
+    assert done.returncode == 0, done.stderr[-800:]
+    assert bool(re.search(r"vpmaddubsw\s.*%ymm", out.read_text())) == avx2
+
+
 def test_unknown_instruction_set_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown instruction set 'avx9'"):
         _native.Kernels("avx9")

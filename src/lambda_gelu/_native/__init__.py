@@ -11,8 +11,9 @@ does the same memory traffic as ``F.gelu`` and is called through ``ctypes`` in m
 
 The int8 paths' sums (``int8.h``) are such loops too, of int16 products summed in int32: the compiler makes them
 VNNI's ``vpdpwssd`` for an AVX-512 VNNI CPU, ``vpmaddwd`` on AVX-512 or AVX2 registers elsewhere, SSE2's ``pmaddwd`` in
-the baseline build (the tests check each target's assembly). Only the widening of int8 rows to float32 is written
-with AVX2 intrinsics, the plain loop beside it.
+the baseline build (the tests check each target's assembly). Written with AVX2 intrinsics, each beside the plain
+loop it must agree with: the widening of int8 rows to float32, and the 4-bit rows' sums (``int4.h``: codes times
+int8 by ``vpmaddubsw``, which no compiler made of the plain loop).
 
 The instruction set is explicit: ``LAMBDA_GELU_CPU=native`` (the default) or ``baseline`` (the
 architecture's baseline ISA, for a cache or an image shared by different CPUs). The two builds round

@@ -1,5 +1,5 @@
 /* Sparse gated FFNs (lambda_gelu.inference.gated): once the gate is an exact ReLU, an inactive unit skips its
- * rows of up and down; float32, int8, and float32 with an int8 screen of the gate. */
+ * rows of up and down; float32, int8, 4-bit, and float32 with an int8 screen of the gate. */
 #include "int4.h"
 #include "token.h"
 
@@ -519,8 +519,9 @@ static int64_t int4_units(const struct lg_ffn *f, const struct q4_ctx *c, int64_
         float v[4];
         if (k0 + SCREEN_AHEAD + 4 <= hi)
             prefetch_bytes((const int8_t *)gate + (k0 + SCREEN_AHEAD) * width, 4 * width);
-        const uint8_t *rows[4] = {gate + k0 * width, gate + (k0 + 1) * width, gate + (k0 + 2) * width,
-                                  gate + (k0 + 3) * width};
+        const uint8_t *rows[4];
+        for (int i = 0; i < 4; i++)  /* the last group's rows past hi stand for its first, never read */
+            rows[i] = gate + (k0 + (i < m ? i : 0)) * width;
         if (c->in_float)
             for (int i = 0; i < m; i++)
                 v[i] = q4_row_f32(rows[i], f->gate_s[k0 + i], f->gate_m[k0 + i], c->x, d);
@@ -568,8 +569,7 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
     if (f->int4) {
         struct q4_ctx c = {s->x8, s->xs, s->x, stats[2], in_float};
         n_active = int4_units(f, &c, lo, hi, d, s->g, s->units + lo, acc);
-    }
-    else if (f->int8)
+    } else if (f->int8)
         n_active = int8_units(f, s->x, s->xq, stats[2], in_float, lo, hi, d, s->g, s->units + lo, acc);
     else {
         struct screen_ctx screen = {f->gate_q, f->gate_s, f->gate_b, f->gate_r, f->gate_n, s->xq, stats, stats + 1,

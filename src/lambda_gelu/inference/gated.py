@@ -218,10 +218,10 @@ class SparseGatedMLP(nn.Module):
     skipping buys: the same C loop without it (decoding sizes, and int8), the dense block elsewhere. ``max_density``:
     the share of active units above which a batch of more than :data:`FUSED_ROWS` rows runs the dense block.
     ``int4=True``: the three matrices as 4-bit rows (:mod:`~lambda_gelu.inference.int4`; ``gate_m``, ``up_m``,
-    ``down_m`` their offset scales; ``down_q`` downᵀ's rows, each with its own scales), widths a multiple of 32, sparse
-    only; every batch runs the C loop, row by row. It rounds each row of its input to int8 (a jump in its output
-    where an input crosses a rounding boundary); ``round_inputs = False`` sums the inputs as they are, in float (a
-    continuous function of them, and slow: a decoder's probe). Build it with :meth:`from_dense`.
+    ``down_m`` their offset scales; ``down_q`` downᵀ's rows, each with its own scales), input and output widths
+    multiples of 32, sparse only; every batch runs the C loop, row by row. It rounds each row of its input to int8 (a
+    jump in its output where an input crosses a rounding boundary); ``round_inputs = False`` sums the inputs as they
+    are, in float (a continuous function of them, and slow: a decoder's probe). Build it with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
@@ -232,9 +232,9 @@ class SparseGatedMLP(nn.Module):
             raise ValueError(f"max_density is a fraction of the units in [0, 1], got {max_density!r}")
         if int4 and (int8 or not sparse):
             raise ValueError("int4 rows are read by the sparse kernels alone: not with int8=True or sparse=False")
-        if int4 and not (q4.fits(up.in_features) and q4.fits(down.out_features) and q4.fits(up.out_features)):
-            raise ValueError(f"int4 rows hold whole blocks of {q4.BLOCK} weights: this FFN's widths "
-                             f"{up.in_features} → {up.out_features} → {down.out_features} are not all multiples")
+        if int4 and not (q4.fits(up.in_features) and q4.fits(down.out_features)):  # rows of gate, up and downᵀ
+            raise ValueError(f"int4 rows hold whole blocks of {q4.BLOCK} weights: this FFN's input and output widths "
+                             f"{up.in_features} and {down.out_features} are not both multiples")
         self.layout, self.int8, self.sparse, self.screen = layout, bool(int8), bool(sparse), bool(screen)
         self.int4, self.round_inputs = bool(int4), True
         for name, layer in ((layout.gate, gate), (layout.up, up), (layout.down, down)):
