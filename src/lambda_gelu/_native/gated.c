@@ -441,55 +441,88 @@ static inline void units4_i8(const struct lg_ffn *f, const int64_t *k, int m, co
         acc[j] = FMA(h3, (float)w3[j], FMA(h2, (float)w2[j], FMA(h1, (float)w1[j], FMA(h0, (float)w0[j], acc[j]))));
 }
 
-/* One token's FFN inside a team (token.h). Each thread takes a share of the units, four at a time, in order: int8,
- * their gates summed (dot4_i8_i16) and each unit found active has its up and downᵀ rows requested then and summed
- * UNITS_AHEAD units later, while the next gate rows stream in (one pass over the block, no list between the gate and
- * the units, no barrier); float32, screened as lg_sparse_gated_screened_f32 screens (screen_units, screened_rows).
- * The threads' partial sums are added, down's bias with them, then the norm after the block and its scale. */
-static int64_t int8_units(const struct lg_ffn *f, const float *x, const int16_t *xq, double t, int in_float,
-                          int64_t lo, int64_t hi, int64_t d, float *g, int64_t *units, float *acc) {
-    int64_t queued = 0, done = 0, out = f->out;
-    for (int64_t j = 0; j < out; j++)
+/* What one thread's pass over its units needs of a row format: the values of m ≤ 4 gates' rows from k0 into v, and
+ * the sums of m ≤ 4 active units k[0..m) into acc; ctx holds x as that format takes it. */
+typedef void (*gates4_fn)(const struct lg_ffn *f, const void *ctx, int64_t k0, int m, int64_t d, float *v);
+typedef void (*units4_fn)(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, const float *g, int64_t d,
+                          float *acc);
+
+/* One token's FFN, a thread's share [lo, hi) of the units four at a time, in order, int8 and 4-bit rows alike: their
+ * gates (gates4, gate rows `width` bytes each), and each unit found active has its up and downᵀ rows (up_bytes,
+ * down_bytes) requested then and summed (units4) UNITS_AHEAD units later, while the next gate rows stream in: one pass
+ * over the block, no list between the gate and the units, no barrier. Returns the units active. */
+static inline int64_t units_pass(const struct lg_ffn *f, const void *ctx, gates4_fn gates4, units4_fn units4,
+                                 int64_t width, int64_t up_bytes, int64_t down_bytes, int64_t lo, int64_t hi,
+                                 int64_t d, float *g, int64_t *units, float *acc) {
+    int64_t queued = 0, done = 0;
+    for (int64_t j = 0; j < f->out; j++)
         acc[j] = 0.0f;
     for (int64_t k0 = lo; k0 < hi; k0 += 4) {
         int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
         float v[4];
         if (k0 + SCREEN_AHEAD + 4 <= hi)
-            prefetch_bytes(f->gate_q + (k0 + SCREEN_AHEAD) * d, 4 * d);
-        if (m == 4 && !in_float) {
-            int32_t sums[4];
-            dot4_i8_i16(f->gate_q + k0 * d, d, xq, sums);
-            for (int i = 0; i < 4; i++)
-                v[i] = scaled_i8(f->gate_s[k0 + i], t, sums[i]);
-        } else
-            for (int i = 0; i < m; i++)
-                v[i] = row_i8(f->gate_q + (k0 + i) * d, f->gate_s[k0 + i], x, xq, t, in_float, d);
+            prefetch_bytes(f->gate_q + (k0 + SCREEN_AHEAD) * width, 4 * width);
+        gates4(f, ctx, k0, m, d, v);
         for (int i = 0; i < m; i++) {
             int64_t k = k0 + i;
             float vk = f->gate_b ? v[i] + f->gate_b[k] : v[i];
             g[k] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
             if (g[k] != 0.0f) {
                 units[queued++] = k;
-                prefetch_bytes(f->up_q + k * f->stride, d);
-                prefetch_bytes(f->down_q + k * f->stride, out);
+                prefetch_bytes(f->up_q + k * f->stride, up_bytes);
+                prefetch_bytes(f->down_q + k * f->stride, down_bytes);
             }
         }
         for (; queued - done >= UNITS_AHEAD + 4; done += 4)
-            units4_i8(f, units + done, 4, g, x, xq, t, in_float, d, acc);
+            units4(f, ctx, units + done, 4, g, d, acc);
     }
     for (; done < queued; done += 4)
-        units4_i8(f, units + done, queued - done < 4 ? (int)(queued - done) : 4, g, x, xq, t, in_float, d, acc);
+        units4(f, ctx, units + done, queued - done < 4 ? (int)(queued - done) : 4, g, d, acc);
     return queued;
 }
 
-/* int8_units over 4-bit rows (int4.h): the gates four rows at a time (q4_rows), and each unit found active has its up
- * and downᵀ rows (one run of bytes, unit_rows) requested then and summed UNITS_AHEAD units later, four at a time:
- * their up rows side by side, their downᵀ rows added to acc in one pass over it (q4_add). x̂ is x rounded to int8
- * (scale t, block sums xs); an x that is not finite is summed in float (q4_row_f32). */
+/* int8 rows against x rounded to int16 (x̃, scale t), or x itself in float where it is not finite. */
+struct i8_ctx { const float *x; const int16_t *xq; double t; int in_float; };
+
+static inline void gates4_i8(const struct lg_ffn *f, const void *ctx, int64_t k0, int m, int64_t d, float *v) {
+    const struct i8_ctx *c = ctx;
+    if (m == 4 && !c->in_float) {
+        int32_t sums[4];
+        dot4_i8_i16(f->gate_q + k0 * d, d, c->xq, sums);
+        for (int i = 0; i < 4; i++)
+            v[i] = scaled_i8(f->gate_s[k0 + i], c->t, sums[i]);
+    } else
+        for (int i = 0; i < m; i++)
+            v[i] = row_i8(f->gate_q + (k0 + i) * d, f->gate_s[k0 + i], c->x, c->xq, c->t, c->in_float, d);
+}
+
+static inline void units4_i8_ctx(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, const float *g,
+                                 int64_t d, float *acc) {
+    const struct i8_ctx *c = ctx;
+    units4_i8(f, k, m, g, c->x, c->xq, c->t, c->in_float, d, acc);
+}
+
+/* 4-bit rows (int4.h) against x rounded to int8 (x̂, scale t, block sums xs), or x itself in float where it is not
+ * finite: the gates and the active units' up rows four at a time (q4_rows), their downᵀ rows added to acc in one pass
+ * over it (q4_add). */
 struct q4_ctx { const int8_t *xq; const int16_t *xs; const float *x; double t; int in_float; };
 
-static inline void q4_units(const struct lg_ffn *f, const struct q4_ctx *c, const int64_t *k, int m, const float *g,
-                            int64_t d, float *acc) {
+static inline void gates4_q4(const struct lg_ffn *f, const void *ctx, int64_t k0, int m, int64_t d, float *v) {
+    const struct q4_ctx *c = ctx;
+    int64_t width = q4_row_bytes(d);
+    const uint8_t *gate = (const uint8_t *)f->gate_q, *rows[4];
+    for (int i = 0; i < 4; i++)  /* the last group's rows past its end stand for its first, never read */
+        rows[i] = gate + (k0 + (i < m ? i : 0)) * width;
+    if (c->in_float)
+        for (int i = 0; i < m; i++)
+            v[i] = q4_row_f32(rows[i], f->gate_s[k0 + i], f->gate_m[k0 + i], c->x, d);
+    else
+        q4_rows(rows, m, f->gate_s + k0, f->gate_m + k0, c->xq, c->xs, c->t, d, v);
+}
+
+static inline void units4_q4(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, const float *g,
+                             int64_t d, float *acc) {
+    const struct q4_ctx *c = ctx;
     const uint8_t *up[4], *down[4];
     float h[4], s[4], mo[4];
     for (int i = 0; i < m; i++) {
@@ -508,42 +541,9 @@ static inline void q4_units(const struct lg_ffn *f, const struct q4_ctx *c, cons
     q4_add(down, m, s, mo, h, f->out, acc);
 }
 
-static int64_t int4_units(const struct lg_ffn *f, const struct q4_ctx *c, int64_t lo, int64_t hi, int64_t d,
-                          float *g, int64_t *units, float *acc) {
-    int64_t queued = 0, done = 0, out = f->out, width = q4_row_bytes(d), stride = f->stride;
-    const uint8_t *gate = (const uint8_t *)f->gate_q;
-    for (int64_t j = 0; j < out; j++)
-        acc[j] = 0.0f;
-    for (int64_t k0 = lo; k0 < hi; k0 += 4) {
-        int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
-        float v[4];
-        if (k0 + SCREEN_AHEAD + 4 <= hi)
-            prefetch_bytes((const int8_t *)gate + (k0 + SCREEN_AHEAD) * width, 4 * width);
-        const uint8_t *rows[4];
-        for (int i = 0; i < 4; i++)  /* the last group's rows past hi stand for its first, never read */
-            rows[i] = gate + (k0 + (i < m ? i : 0)) * width;
-        if (c->in_float)
-            for (int i = 0; i < m; i++)
-                v[i] = q4_row_f32(rows[i], f->gate_s[k0 + i], f->gate_m[k0 + i], c->x, d);
-        else
-            q4_rows(rows, m, f->gate_s + k0, f->gate_m + k0, c->xq, c->xs, c->t, d, v);
-        for (int i = 0; i < m; i++) {
-            int64_t k = k0 + i;
-            float vk = f->gate_b ? v[i] + f->gate_b[k] : v[i];
-            g[k] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
-            if (g[k] != 0.0f) {
-                units[queued++] = k;
-                prefetch_bytes(f->up_q + k * stride, stride);
-            }
-        }
-        for (; queued - done >= UNITS_AHEAD + 4; done += 4)
-            q4_units(f, c, units + done, 4, g, d, acc);
-    }
-    for (; done < queued; done += 4)
-        q4_units(f, c, units + done, queued - done < 4 ? (int)(queued - done) : 4, g, d, acc);
-    return queued;
-}
-
+/* One token's FFN inside a team (token.h): each thread's share of the units in one pass (units_pass), int8 or 4-bit;
+ * float32, screened as lg_sparse_gated_screened_f32 screens (screen_units, screened_rows). The threads' partial sums
+ * are added, down's bias with them, then the norm after the block and its scale. */
 void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg_ffn_scratch *s) {
     int t = omp_get_thread_num(), threads = omp_get_num_threads(), in_float = 0;
     int64_t ff = f->ff, out = f->out, lo, hi, n_active;
@@ -568,10 +568,12 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
     float *acc = t == 0 ? s->y : s->partial + (int64_t)(t - 1) * out;
     if (f->int4) {
         struct q4_ctx c = {s->x8, s->xs, s->x, stats[2], in_float};
-        n_active = int4_units(f, &c, lo, hi, d, s->g, s->units + lo, acc);
-    } else if (f->int8)
-        n_active = int8_units(f, s->x, s->xq, stats[2], in_float, lo, hi, d, s->g, s->units + lo, acc);
-    else {
+        n_active = units_pass(f, &c, gates4_q4, units4_q4, q4_row_bytes(d), q4_row_bytes(d), q4_row_bytes(out), lo,
+                              hi, d, s->g, s->units + lo, acc);
+    } else if (f->int8) {
+        struct i8_ctx c = {s->x, s->xq, stats[2], in_float};
+        n_active = units_pass(f, &c, gates4_i8, units4_i8_ctx, d, d, out, lo, hi, d, s->g, s->units + lo, acc);
+    } else {
         struct screen_ctx screen = {f->gate_q, f->gate_s, f->gate_b, f->gate_r, f->gate_n, s->xq, stats, stats + 1,
                                     stats + 2, s->g, 1, d, ff};
         struct screened_ctx ctx = {s->x, f->gate, f->gate_b, f->up, f->up_b, f->down_t, s->g, 1, d, ff, out};
