@@ -132,6 +132,11 @@ def test_what_cannot_be_exported_is_one_line_and_writes_nothing(relu_llama, tmp_
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err] and "not a converted checkpoint" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.gguf", "silu"]  # nothing half-written left
+    (silu / "config.json").write_text(json.dumps(config | {"mlp_bias": True}))  # gate thresholds: not as Q4_1
+    assert main(["export", str(silu), "--gguf", str(tmp_path / "x.gguf"), "--type", "q4_1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "export it as q4_0, q8_0 or f32" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.gguf", "silu"]
 
 
 def test_llama_cpp_decodes_the_export_with_the_relu_models_tokens(relu_llama, tmp_path):
