@@ -52,7 +52,8 @@ __all__ = ["SparseGatedMLP", "GatedLayout", "Rows", "gated_parts", "sparse_gated
 
 GatedLayout = Gated  # where a gated FFN keeps its parts: one of the families table's rows
 INT8_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")  # an int8 block's rows and scales
-INT4_BUFFERS = ("gate_q", "gate_s", "gate_m", "up_q", "up_s", "up_m", "down_q", "down_s", "down_m")  # a 4-bit block's
+# a 4-bit block's rows (int4.py) and each row's step and offset scales
+INT4_BUFFERS = ("gate_q", "gate_s", "gate_m", "up_q", "up_s", "up_m", "down_q", "down_s", "down_m")
 FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too; beyond, torch's matrix product does
 
 
