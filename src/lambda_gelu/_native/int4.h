@@ -47,6 +47,16 @@ static inline void block_sums_i8(const int8_t *xq, int64_t d, int16_t *xs) {
     }
 }
 
+#if defined(__AVX2__)
+static inline int64_t hsum_i32x8(__m256i v) {  /* in 64 bits: each lane is below 2³¹, their sum need not be */
+    __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)), hi = _mm256_cvtepi32_epi64(
+        _mm256_extracti128_si256(v, 1));
+    __m256i s = _mm256_add_epi64(lo, hi);
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
+}
+#endif
+
 /* Σ_b c_b·X_b over the nb offset codes c of a row (|c_b·X_b| ≤ 127·32·127: exact in int32 for rows of fewer than
  * 4000 blocks, in the AVX2 loop's lanes as in the sum). */
 static inline int64_t q4_offsets(const int8_t *c, const int16_t *xs, int64_t nb) {
@@ -58,9 +68,7 @@ static inline int64_t q4_offsets(const int8_t *c, const int16_t *xs, int64_t nb)
             lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(
                 _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + b))),
                 _mm256_loadu_si256((const __m256i *)(xs + b))));
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(lanes), _mm256_extracti128_si256(lanes, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-        sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1)));
+        sum = hsum_i32x8(lanes);
     }
 #endif
     for (; b < nb; b++)
@@ -90,14 +98,6 @@ static inline __m256i q4_block(const uint8_t *q, __m256i x, __m256i a) {
     __m128i v = _mm_loadu_si128((const __m128i *)q);
     __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
     return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), a);
-}
-
-static inline int64_t hsum_i32x8(__m256i v) {  /* in 64 bits: each lane is below 2³¹, their sum need not be */
-    __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)), hi = _mm256_cvtepi32_epi64(
-        _mm256_extracti128_si256(v, 1));
-    __m256i s = _mm256_add_epi64(lo, hi);
-    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
 }
 #endif
 
