@@ -104,6 +104,20 @@ def test_the_two_builds_are_different_code():
     assert "-march=native" in _native._flags("native") and "-march=native" not in _native._flags("baseline")
 
 
+def _assembly(unit: str, march: str, isa: str, tmp_path) -> str:
+    """The assembly of one kernel source compiled for -march=``march`` with the ``isa`` build's other flags (skipped
+    where the compiler does not know the target)."""
+    cc = os.environ.get("CC", "cc")
+    flags = [f for f in _native._flags(isa) if not f.startswith("-march=") and f not in ("-shared", "-fPIC")]
+    out = tmp_path / "unit.s"
+    done = subprocess.run([cc, *flags, f"-march={march}", "-S", str(_native.HERE / unit), "-o", str(out)],
+                          capture_output=True, text=True)
+    if done.returncode != 0 and "-march=" in done.stderr:  # an older compiler that does not know the target
+        pytest.skip(f"{cc} does not know -march={march}")
+    assert done.returncode == 0, done.stderr[-800:]
+    return out.read_text()
+
+
 @pytest.mark.skipif(_native._ARCH not in ("x86_64", "amd64"), reason="x86's instruction sets")
 @pytest.mark.parametrize("march, isa, want", [
     ("sapphirerapids", "native", r"vpdpwssd\s.*%zmm"),  # AVX-512 VNNI: multiply, add pairs and accumulate at once
@@ -115,15 +129,7 @@ def test_the_two_builds_are_different_code():
 def test_the_int8_sums_compile_to_each_x86_cpus_own_multiply_adds(march, isa, want, unit, tmp_path):
     """The int8 × int16 sums (the int8 FFN, attention and output screen) are plain C loops the compiler vectorizes
     for the CPU it builds for: checked on the assembly for each target, which need not be this machine's."""
-    cc = os.environ.get("CC", "cc")
-    flags = [f for f in _native._flags(isa) if not f.startswith("-march=") and f not in ("-shared", "-fPIC")]
-    out = tmp_path / "unit.s"
-    done = subprocess.run([cc, *flags, f"-march={march}", "-S", str(_native.HERE / unit), "-o", str(out)],
-                          capture_output=True, text=True)
-    if done.returncode != 0 and "-march=" in done.stderr:  # an older compiler that does not know the target
-        pytest.skip(f"{cc} does not know -march={march}")
-    assert done.returncode == 0, done.stderr[-800:]
-    assert re.search(want, out.read_text())
+    assert re.search(want, _assembly(unit, march, isa, tmp_path))
 
 
 @pytest.mark.skipif(_native._ARCH not in ("x86_64", "amd64"), reason="x86's instruction sets")
@@ -131,15 +137,7 @@ def test_the_int8_sums_compile_to_each_x86_cpus_own_multiply_adds(march, isa, wa
                                               ("x86-64", "baseline", False)])
 def test_the_4_bit_sums_are_avx2s_unsigned_by_signed_multiply_adds_and_plain_c_elsewhere(march, isa, avx2, tmp_path):
     """int4.h's AVX2 loop multiplies codes by int8 in vpmaddubsw; a build without AVX2 compiles the plain loops."""
-    cc = os.environ.get("CC", "cc")
-    flags = [f for f in _native._flags(isa) if not f.startswith("-march=") and f not in ("-shared", "-fPIC")]
-    out = tmp_path / "gated.s"
-    done = subprocess.run([cc, *flags, f"-march={march}", "-S", str(_native.HERE / "gated.c"), "-o", str(out)],
-                          capture_output=True, text=True)
-    if done.returncode != 0 and "-march=" in done.stderr:
-        pytest.skip(f"{cc} does not know -march={march}")
-    assert done.returncode == 0, done.stderr[-800:]
-    assert bool(re.search(r"vpmaddubsw\s.*%ymm", out.read_text())) == avx2
+    assert bool(re.search(r"vpmaddubsw\s.*%ymm", _assembly("gated.c", march, isa, tmp_path))) == avx2
 
 
 def test_unknown_instruction_set_is_a_clear_error():
