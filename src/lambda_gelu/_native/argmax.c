@@ -32,8 +32,6 @@ int64_t lg_screened_argmax_f32(const float *x, const float *w, const float *b, c
     for (int64_t k0 = 0; k0 < rows; k0 += 4) {
         int m = rows - k0 < 4 ? (int)(rows - k0) : 4;
         int32_t sums[4];
-        if (k0 + SCREEN_AHEAD + 4 <= rows)
-            prefetch_bytes(q + (k0 + SCREEN_AHEAD) * d, 4 * d);
         sums_i8_i16(q + k0 * d, m, d, xq, sums);
         for (int i = 0; i < m; i++) {
             int64_t k = k0 + i;

@@ -31,15 +31,9 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
 
 /* y[0..m) = the rows r0..r0 + m (m ≤ 4) of a projection of `rows` rows, w·x + b (b may be NULL): from the int8 rows q
  * with scales s over x̃ with scale t (x rounded to int16, int8.h) where q is given, else from the float32 rows w over
- * x; the rows SCREEN_AHEAD further on are requested meanwhile (a thread's rows are read in order). */
+ * x (a thread's rows are read in order, one stream that the hardware prefetcher follows). */
 static inline void project4(const float *w, const int8_t *q, const float *s, const float *b, const float *x,
                             const int16_t *xq, double t, int64_t r0, int m, int64_t rows, int64_t d, float *y) {
-    if (r0 + SCREEN_AHEAD + 4 <= rows) {
-        if (q)
-            prefetch_bytes(q + (r0 + SCREEN_AHEAD) * d, 4 * d);
-        else
-            prefetch_row(w + (r0 + SCREEN_AHEAD) * d, 4 * d);
-    }
     if (q) {
         int32_t sums[4];
         sums_i8_i16(q + r0 * d, m, d, xq, sums);

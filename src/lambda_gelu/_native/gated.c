@@ -250,18 +250,10 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k0 = 0; k0 < ff; k0 += 4) {
         int m = ff - k0 < 4 ? (int)(ff - k0) : 4;
-        if (k0 + SCREEN_AHEAD + 4 <= ff)
-            prefetch_bytes(gate_q + (k0 + SCREEN_AHEAD) * d, 4 * d);
         for (int64_t r = 0; r < n; r++) {
             float v[4];
-            if (m == 4 && !in_float) {
-                int32_t sums[4];
-                dot4_i8_i16(gate_q + k0 * d, d, xq + r * d, sums);
-                for (int i = 0; i < 4; i++)
-                    v[i] = scaled_i8(gate_s[k0 + i], t[r], sums[i]);
-            } else
-                for (int i = 0; i < m; i++)
-                    v[i] = row_i8(gate_q + (k0 + i) * d, gate_s[k0 + i], x + r * d, xq + r * d, t[r], in_float, d);
+            for (int i = 0; i < m; i++)
+                v[i] = row_i8(gate_q + (k0 + i) * d, gate_s[k0 + i], x + r * d, xq + r * d, t[r], in_float, d);
             for (int i = 0; i < m; i++) {
                 float vk = gate_b ? v[i] + gate_b[k0 + i] : v[i];
                 g[r * ff + k0 + i] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
@@ -323,9 +315,8 @@ static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int
  * gate ≤ 0: its g is 0 and none of its float32 rows is read. Every other unit's gate is computed from its float32
  * row, as in the unscreened kernel — so g and y are that kernel's up to float rounding, and a unit the screen leaves
  * out is one the exact ReLU zeroes. The bound fails safe: a row of x with a NaN or an infinity certifies nothing, nor
- * does a NaN or infinite margin. One parallel region: each thread screens its own share of the units (the int8
- * rows read four at a time and requested SCREEN_AHEAD rows ahead: their reads are short and the sums between them
- * long; screen_units), then sums the units it left (screened_rows) into its partial, and the partials are added.
+ * does a NaN or infinite margin. One parallel region: each thread screens its own share of the units (its int8
+ * rows read in order, one after another; screen_units), then sums the units it left (screened_rows) into its partial, and the partials are added.
  * Writes g and y, whatever the count (g may be NULL: the gates then go to a buffer of its own, for a caller that wants
  * y alone); returns the units active in some row, or −1 if buffers could not be allocated. */
 struct screen_ctx { const int8_t *q; const float *s, *b, *r, *nq; const int16_t *xq; const double *norm, *residual,
@@ -338,8 +329,6 @@ static int64_t screen_units(const struct screen_ctx *c, int64_t lo, int64_t hi, 
     for (int64_t k0 = lo; k0 < hi; k0 += 4) {
         int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
         int exact[4] = {0, 0, 0, 0};
-        if (k0 + SCREEN_AHEAD + 4 <= hi)
-            prefetch_bytes(c->q + (k0 + SCREEN_AHEAD) * d, 4 * d);
         for (int64_t r = 0; r < n; r++) {
             int32_t sums[4];
             sums_i8_i16(c->q + k0 * d, m, d, c->xq + r * d, sums);
@@ -406,21 +395,15 @@ static inline __m256 widen8(const int8_t *p) {  /* eight int8 as float32 */
 #endif
 
 /* acc (out) += Σ over the m ≤ 4 units k[0..m) of g[k]·(s_u·(up[k]·x) + u_b)·q_down[k] (the int8 downᵀ rows, their
- * per-output scales applied by add_partials): their up rows summed side by side (x read once for the four) and their
- * downᵀ rows added to acc in one pass over it, in the units' order (the sums unit_rows_i8 makes one unit at a time). */
+ * per-output scales applied by add_partials): their up rows summed one after another and their downᵀ rows added to
+ * acc in one pass over it, in the units' order (the sums unit_rows_i8 makes one unit at a time). */
 static inline void units4_i8(const struct lg_ffn *f, const int64_t *k, int m, const float *g, const float *x,
                              const int16_t *xq, double t, int in_float, int64_t d, float *restrict acc) {
     int64_t out = f->out, stride = f->stride;
     float h[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int8_t *w[4], *up = f->up_q;
-    if (m == 4 && !in_float) {
-        int32_t sums[4];
-        dot4p_i8_i16(up + k[0] * stride, up + k[1] * stride, up + k[2] * stride, up + k[3] * stride, d, xq, sums);
-        for (int i = 0; i < 4; i++)
-            h[i] = scaled_i8(f->up_s[k[i]], t, sums[i]);
-    } else
-        for (int i = 0; i < m; i++)
-            h[i] = row_i8(up + k[i] * stride, f->up_s[k[i]], x, xq, t, in_float, d);
+    for (int i = 0; i < m; i++)
+        h[i] = row_i8(up + k[i] * stride, f->up_s[k[i]], x, xq, t, in_float, d);
     for (int i = 0; i < 4; i++) {
         w[i] = f->down_q + k[i < m ? i : 0] * stride;
         h[i] = i < m ? g[k[i]] * (f->up_b ? h[i] + f->up_b[k[i]] : h[i]) : 0.0f;
@@ -460,8 +443,6 @@ static inline int64_t units_pass(const struct lg_ffn *f, const void *ctx, gates4
     for (int64_t k0 = lo; k0 < hi; k0 += 4) {
         int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
         float v[4];
-        if (k0 + SCREEN_AHEAD + 4 <= hi)
-            prefetch_bytes(f->gate_q + (k0 + SCREEN_AHEAD) * width, 4 * width);
         gates4(f, ctx, k0, m, d, v);
         for (int i = 0; i < m; i++) {
             int64_t k = k0 + i;
@@ -486,14 +467,8 @@ struct i8_ctx { const float *x; const int16_t *xq; double t; int in_float; };
 
 static inline void gates4_i8(const struct lg_ffn *f, const void *ctx, int64_t k0, int m, int64_t d, float *v) {
     const struct i8_ctx *c = ctx;
-    if (m == 4 && !c->in_float) {
-        int32_t sums[4];
-        dot4_i8_i16(f->gate_q + k0 * d, d, c->xq, sums);
-        for (int i = 0; i < 4; i++)
-            v[i] = scaled_i8(f->gate_s[k0 + i], c->t, sums[i]);
-    } else
-        for (int i = 0; i < m; i++)
-            v[i] = row_i8(f->gate_q + (k0 + i) * d, f->gate_s[k0 + i], c->x, c->xq, c->t, c->in_float, d);
+    for (int i = 0; i < m; i++)
+        v[i] = row_i8(f->gate_q + (k0 + i) * d, f->gate_s[k0 + i], c->x, c->xq, c->t, c->in_float, d);
 }
 
 static inline void units4_i8_ctx(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, const float *g,

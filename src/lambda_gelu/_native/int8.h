@@ -3,27 +3,22 @@
 #pragma once
 #include "common.h"
 
-/* Σ q_i[j]·b[j] over j for four int8 rows q0..q3 at once (dot4: q, q + d, q + 2d, q + 3d), b an int16 vector, into
- * s[0..3]:
- * exact integer sums, as long as d·127·max|b| < 2³¹ (screen_scale). Products of int16 operands, written so, become
- * the vector unit's multiply-adds of 16-bit pairs (several times faster than int8 rows converted to float, which at
- * batch 1 left the screen waiting on its own arithmetic, not on memory); an OpenMP simd reduction here, or the
- * products taken in 32 bits, vectorized three to four times slower. */
-static inline void dot4p_i8_i16(const int8_t *q0, const int8_t *q1, const int8_t *q2, const int8_t *q3, int64_t d,
-                                const int16_t *b, int32_t *s) {
-    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (int64_t j = 0; j < d; j++) {
-        int32_t bj = b[j];
-        s0 += (int16_t)q0[j] * bj;
-        s1 += (int16_t)q1[j] * bj;
-        s2 += (int16_t)q2[j] * bj;
-        s3 += (int16_t)q3[j] * bj;
-    }
-    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+/* Σ q[j]·b[j] for an int8 row q and an int16 vector b: an exact integer sum, as long as d·127·max|b| < 2³¹
+ * (screen_scale). Products of int16 operands, written so, become the vector unit's multiply-adds of 16-bit pairs
+ * (several times faster than int8 rows converted to float, which at batch 1 left the screen waiting on its own
+ * arithmetic, not on memory); an OpenMP simd reduction here, or the products taken in 32 bits, vectorized three to
+ * four times slower. Rows read in order are summed one after another, each a single stream: four rows summed side
+ * by side (x read once for the four) are four streams at once, which the hardware prefetcher follows worse — one
+ * token's int8 step ran 17% slower so, and no software prefetching made up for it. */
+static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < d; j++)
+        s += (int16_t)q[j] * (int16_t)b[j];
+    return s;
 }
 
-/* The same sums for one int8 row q and four int16 vectors b0..b3 (four rows of x): q read and widened once for the
- * four. */
+/* The sums of one int8 row q with four int16 vectors b0..b3 (four rows of x, a prompt's): q read and widened once
+ * for the four. */
 static inline void dot4x_i8_i16(const int8_t *q, const int16_t *b0, const int16_t *b1, const int16_t *b2,
                                 const int16_t *b3, int64_t d, int32_t *s) {
     int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -37,29 +32,15 @@ static inline void dot4x_i8_i16(const int8_t *q, const int16_t *b0, const int16_
     s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
 }
 
-static inline void dot4_i8_i16(const int8_t *q, int64_t d, const int16_t *b, int32_t *s) {
-    dot4p_i8_i16(q, q + d, q + 2 * d, q + 3 * d, d, b, s);
-}
-
-static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
-    int32_t s = 0;
-    for (int64_t j = 0; j < d; j++)
-        s += (int16_t)q[j] * (int16_t)b[j];
-    return s;
-}
-
 /* An int8 row's value s·(q·x) from its exact sum S = q·x̃ (x taken as t·x̃): s·t·S in double, rounded once to float. */
 static inline float scaled_i8(float s, double t, int32_t sum) {
     return (float)((double)s * t * sum);
 }
 
-/* The exact sums of the m ≤ 4 int8 rows q, q + d, ... with b into s[0..m), four at once where there are four. */
+/* The exact sums of the m ≤ 4 int8 rows q, q + d, ... with b into s[0..m), one row after another. */
 static inline void sums_i8_i16(const int8_t *q, int m, int64_t d, const int16_t *b, int32_t *s) {
-    if (m == 4)
-        dot4_i8_i16(q, d, b, s);
-    else
-        for (int i = 0; i < m; i++)
-            s[i] = dot_i8_i16(q + i * d, b, d);
+    for (int i = 0; i < m; i++)
+        s[i] = dot_i8_i16(q + i * d, b, d);
 }
 
 /* The largest |x̃| the screen quantizes x to, for rows of d entries: int16, and d·127·|x̃| < 2³¹ (exact int32 sums). */
@@ -125,18 +106,20 @@ static inline double screen_margin(double product, double b, float r, float nq, 
     return ((double)r * norm + (double)nq * residual + 0x1p-48 * (fabs(product) + fabs(b))) * SCREEN_SAFETY;
 }
 
-#define SCREEN_AHEAD 16  /* int8 rows read in order (a gate's, or its screen's) are requested so many rows ahead */
+/* Requests n bytes from row on, a cache line at a time: for rows gathered out of order (the active units'), which the
+ * hardware prefetcher cannot foresee. */
 static inline void prefetch_bytes(const int8_t *row, int64_t n) {
     for (int64_t j = 0; j < n; j += 64)
         __builtin_prefetch(row + j, 0, 2);
 }
 
-/* Requests the first rows (as many as SCREEN_AHEAD + 4) of the calling thread's share, split in fours, of `rows`
- * rows of `width` bytes from base, before the thread waits at a barrier or on a serial step: its first reads then
- * start from cache, where the requests made SCREEN_AHEAD rows ahead inside its loop take over. */
+/* Requests the first SHARE_START rows of the calling thread's share, split in fours, of `rows` rows of `width` bytes
+ * from base, before the thread waits at a barrier or on a serial step: its first reads then start from cache, and
+ * the hardware prefetcher, which follows a stream read in order, takes over from there. */
+#define SHARE_START 20
 static inline void prefetch_share(const void *base, int64_t rows, int64_t width) {
     int64_t lo, hi;
     split(rows, 4, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-    int64_t n = (hi - lo < SCREEN_AHEAD + 4 ? hi - lo : SCREEN_AHEAD + 4) * width;
+    int64_t n = (hi - lo < SHARE_START ? hi - lo : SHARE_START) * width;
     prefetch_bytes((const int8_t *)base + lo * width, n);
 }
