@@ -101,29 +101,21 @@ static inline __m256i q4_block(const uint8_t *q, __m256i x, __m256i a) {
 }
 #endif
 
-/* Σ_b a_b·S_b for the m ≤ 4 rows r[0..m) (x̂ read once for them where there are four), into sums[0..m). Each lane
- * of the AVX2 loop holds at most nb·255·2·3810 < 2³¹: rows of fewer than 1000 blocks (the plain loop takes longer
- * ones). */
-static inline void q4_steps(const uint8_t *const *r, int m, const int8_t *xq, int64_t nb, int64_t *sums) {
+/* Σ_b a_b·S_b for one row r of nb blocks. Each lane of the AVX2 loop holds at most nb·255·2·3810 < 2³¹: rows of
+ * fewer than 1000 blocks (the plain loop takes longer ones). */
+static inline int64_t q4_steps(const uint8_t *r, const int8_t *xq, int64_t nb) {
 #if defined(__AVX2__)
-    if (m == 4 && nb < 1000) {
-        const uint8_t *r0 = r[0], *r1 = r[1], *r2 = r[2], *r3 = r[3], *a0 = r0 + nb * Q4_BLOCK / 2,
-                      *a1 = r1 + nb * Q4_BLOCK / 2, *a2 = r2 + nb * Q4_BLOCK / 2, *a3 = r3 + nb * Q4_BLOCK / 2;
-        __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    if (nb < 1000) {
+        const uint8_t *a = r + nb * Q4_BLOCK / 2;
+        __m256i s = _mm256_setzero_si256();
         for (int64_t b = 0; b < nb; b++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * Q4_BLOCK));
-            int64_t at = b * Q4_BLOCK / 2;
-            s0 = _mm256_add_epi32(s0, q4_block(r0 + at, x, _mm256_set1_epi16(a0[b])));
-            s1 = _mm256_add_epi32(s1, q4_block(r1 + at, x, _mm256_set1_epi16(a1[b])));
-            s2 = _mm256_add_epi32(s2, q4_block(r2 + at, x, _mm256_set1_epi16(a2[b])));
-            s3 = _mm256_add_epi32(s3, q4_block(r3 + at, x, _mm256_set1_epi16(a3[b])));
+            s = _mm256_add_epi32(s, q4_block(r + b * Q4_BLOCK / 2, x, _mm256_set1_epi16(a[b])));
         }
-        sums[0] = hsum_i32x8(s0), sums[1] = hsum_i32x8(s1), sums[2] = hsum_i32x8(s2), sums[3] = hsum_i32x8(s3);
-        return;
+        return hsum_i32x8(s);
     }
 #endif
-    for (int i = 0; i < m; i++)
-        sums[i] = q4_steps_plain(r[i], xq, nb);
+    return q4_steps_plain(r, xq, nb);
 }
 
 /* A row's value from its two integer sums: t·(s·steps + m·offsets), in double, rounded once to float. */
@@ -132,14 +124,14 @@ static inline float q4_value(float s, float m, double t, int64_t steps, int64_t 
 }
 
 /* The values w_i·x of the m ≤ 4 rows r[0..m) (scales s[i], mo[i]) into v[0..m), from x̂ (scale t) and its block sums
- * xs: what the dequantized rows give against t·x̂, but for the last rounding. */
+ * xs, one row after another (each row one stream, as int8.h reads its rows): what the dequantized rows give against
+ * t·x̂, but for the last rounding. */
 static inline void q4_rows(const uint8_t *const *r, int m, const float *s, const float *mo, const int8_t *xq,
                            const int16_t *xs, double t, int64_t d, float *v) {
-    int64_t nb = d / Q4_BLOCK, steps[4];
-    q4_steps(r, m, xq, nb, steps);
+    int64_t nb = d / Q4_BLOCK;
     for (int i = 0; i < m; i++)
-        v[i] = q4_value(s[i], mo[i], t, steps[i], q4_offsets((const int8_t *)(r[i] + nb * (Q4_BLOCK / 2 + 1)), xs,
-                                                             nb));
+        v[i] = q4_value(s[i], mo[i], t, q4_steps(r[i], xq, nb),
+                        q4_offsets((const int8_t *)(r[i] + nb * (Q4_BLOCK / 2 + 1)), xs, nb));
 }
 
 /* The same row in float over x itself (an x with a NaN or an infinity, which no x̂ stands for). */
