@@ -20,6 +20,8 @@ FAMILIES = {
     "llama": lambda: transformers.LlamaConfig(**SIZES, hidden_act="relu"),
     "llama-mlp-bias": lambda: transformers.LlamaConfig(**SIZES, hidden_act="relu", mlp_bias=True),
     "gemma3": lambda: transformers.Gemma3TextConfig(**SIZES, head_dim=16, sliding_window=6, hidden_activation="relu"),
+    # rows of three blocks: the AVX2 loop's pair of blocks, then one alone
+    "llama-odd-blocks": lambda: transformers.LlamaConfig(**dict(SIZES, hidden_size=96), hidden_act="relu"),
 }
 
 
@@ -102,8 +104,8 @@ def test_the_4_bit_block_is_its_float64_reference_within_rounding_in_both_builds
     monkeypatch.setattr(_native, "library", lambda: kernels)
     monkeypatch.setattr(_native, "GRAIN", 1)  # both threads, their partial sums added
     assert sparsify_(model, min_weights=0, int4=True) == ["model.layers.0.mlp", "model.layers.1.mlp"]
-    g = torch.Generator().manual_seed(2)
-    for x in (torch.randn(1, 1, 64, generator=g), torch.randn(3, 5, 64, generator=g)):
+    g, d = torch.Generator().manual_seed(2), model.config.hidden_size
+    for x in (torch.randn(1, 1, d, generator=g), torch.randn(3, 5, d, generator=g)):
         for mlp, ref in ((m.mlp, d.mlp) for m, d in zip(model.model.layers, dense.model.layers)):
             assert mlp.int4 and mlp._screened is not None and mlp.up_q.dtype == torch.uint8
             with torch.inference_mode():

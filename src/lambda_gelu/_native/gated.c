@@ -316,7 +316,8 @@ static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int
  * row, as in the unscreened kernel — so g and y are that kernel's up to float rounding, and a unit the screen leaves
  * out is one the exact ReLU zeroes. The bound fails safe: a row of x with a NaN or an infinity certifies nothing, nor
  * does a NaN or infinite margin. One parallel region: each thread screens its own share of the units (its int8
- * rows read in order, one after another; screen_units), then sums the units it left (screened_rows) into its partial, and the partials are added.
+ * rows read in order, one after another; screen_units), then sums the units it left (screened_rows) into its
+ * partial, and the partials are added.
  * Writes g and y, whatever the count (g may be NULL: the gates then go to a buffer of its own, for a caller that wants
  * y alone); returns the units active in some row, or −1 if buffers could not be allocated. */
 struct screen_ctx { const int8_t *q; const float *s, *b, *r, *nq; const int16_t *xq; const double *norm, *residual,
@@ -477,10 +478,10 @@ static inline void units4_i8_ctx(const struct lg_ffn *f, const void *ctx, const 
     units4_i8(f, k, m, g, c->x, c->xq, c->t, c->in_float, d, acc);
 }
 
-/* 4-bit rows (int4.h) against x rounded to int8 (x̂, scale t, block sums xs), or x itself in float where it is not
- * finite: the gates and the active units' up rows four at a time (q4_rows), their downᵀ rows added to acc in one pass
- * over it (q4_add). */
-struct q4_ctx { const int8_t *xq; const int16_t *xs; const float *x; double t; int in_float; };
+/* 4-bit rows (int4.h) against x rounded to int8 (x̂, the same in pair order xp, scale t, block sums xs), or x itself
+ * in float where it is not finite: the gates and the active units' up rows four at a time (q4_rows), their downᵀ
+ * rows added to acc in one pass over it (q4_add). */
+struct q4_ctx { const int8_t *xq, *xp; const int16_t *xs; const float *x; double t; int in_float; };
 
 static inline void gates4_q4(const struct lg_ffn *f, const void *ctx, int64_t k0, int m, int64_t d, float *v) {
     const struct q4_ctx *c = ctx;
@@ -492,7 +493,7 @@ static inline void gates4_q4(const struct lg_ffn *f, const void *ctx, int64_t k0
         for (int i = 0; i < m; i++)
             v[i] = q4_row_f32(rows[i], f->gate_s[k0 + i], f->gate_m[k0 + i], c->x, d);
     else
-        q4_rows(rows, m, f->gate_s + k0, f->gate_m + k0, c->xq, c->xs, c->t, d, v);
+        q4_rows(rows, m, f->gate_s + k0, f->gate_m + k0, c->xq, c->xp, c->xs, c->t, d, v);
 }
 
 static inline void units4_q4(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, const float *g,
@@ -508,7 +509,7 @@ static inline void units4_q4(const struct lg_ffn *f, const void *ctx, const int6
         for (int i = 0; i < m; i++)
             h[i] = q4_row_f32(up[i], s[i], mo[i], c->x, d);
     else
-        q4_rows(up, m, s, mo, c->xq, c->xs, c->t, d, h);
+        q4_rows(up, m, s, mo, c->xq, c->xp, c->xs, c->t, d, h);
     for (int i = 0; i < m; i++) {
         h[i] = g[k[i]] * (f->up_b ? h[i] + f->up_b[k[i]] : h[i]);
         s[i] = f->down_s[k[i]], mo[i] = f->down_m[k[i]];
@@ -533,6 +534,7 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
         if (f->int4) {
             in_float = round_row_i8(s->x, d, s->x8, stats + 2) || f->int4 == 2;
             block_sums_i8(s->x8, d, s->xs);
+            q4_pair_order(s->x8, d, s->xp);
         } else if (f->int8)
             in_float = round_rows_i16(s->x, 1, d, s->xq, stats + 2);
         else  /* a NaN or an infinity: a norm not finite, which certifies nothing */
@@ -542,7 +544,7 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
     split(ff, 4, t, threads, &lo, &hi);
     float *acc = t == 0 ? s->y : s->partial + (int64_t)(t - 1) * out;
     if (f->int4) {
-        struct q4_ctx c = {s->x8, s->xs, s->x, stats[2], in_float};
+        struct q4_ctx c = {s->x8, s->xp, s->xs, s->x, stats[2], in_float};
         n_active = units_pass(f, &c, gates4_q4, units4_q4, q4_row_bytes(d), q4_row_bytes(d), q4_row_bytes(out), lo,
                               hi, d, s->g, s->units + lo, acc);
     } else if (f->int8) {
@@ -575,7 +577,7 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
 int lg_ffn_scratch(int64_t d, int64_t ff, int64_t out, int threads, struct lg_ffn_scratch *s) {
     d = d > 0 ? d : 1, ff = ff > 0 ? ff : 1, out = out > 0 ? out : 1;
     s->x = malloc((size_t)(d + ff + (threads > 1 ? threads - 1 : 0) * out + out) * sizeof *s->x);
-    s->xq = malloc((size_t)(d + d / Q4_BLOCK + 1) * sizeof *s->xq + (size_t)d);
+    s->xq = malloc((size_t)(d + d / Q4_BLOCK + 1) * sizeof *s->xq + 2 * (size_t)d);
     s->units = malloc((size_t)ff * sizeof *s->units);
     s->stats = malloc(3 * sizeof *s->stats);
     if (!s->x || !s->xq || !s->units || !s->stats) {
@@ -583,11 +585,11 @@ int lg_ffn_scratch(int64_t d, int64_t ff, int64_t out, int threads, struct lg_ff
         return -1;
     }
     s->g = s->x + d, s->partial = s->g + ff, s->y = s->partial + (threads > 1 ? threads - 1 : 0) * out;
-    s->xs = s->xq + d, s->x8 = (int8_t *)(s->xs + d / Q4_BLOCK + 1);
+    s->xs = s->xq + d, s->x8 = (int8_t *)(s->xs + d / Q4_BLOCK + 1), s->xp = s->x8 + d;
     return 0;
 }
 
-void lg_ffn_scratch_free(struct lg_ffn_scratch *s) {  /* g, partial and y lie in x's block; xs, x8 in xq's */
+void lg_ffn_scratch_free(struct lg_ffn_scratch *s) {  /* g, partial and y lie in x's block; xs, x8, xp in xq's */
     free(s->x);
     free(s->xq);
     free(s->units);

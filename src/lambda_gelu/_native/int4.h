@@ -101,20 +101,53 @@ static inline __m256i q4_block(const uint8_t *q, __m256i x, __m256i a) {
 }
 #endif
 
-/* Σ_b a_b·S_b for one row r of nb blocks. Each lane of the AVX2 loop holds at most nb·255·2·3810 < 2³¹: rows of
- * fewer than 1000 blocks (the plain loop takes longer ones). */
-static inline int64_t q4_steps(const uint8_t *r, const int8_t *xq, int64_t nb) {
+/* x̂ (d) in the order the AVX2 loop of q4_steps reads it, two blocks b, b + 1 at a time: their first halves, then
+ * their second halves (x̂_b[0:16], x̂_{b+1}[0:16], x̂_b[16:32], x̂_{b+1}[16:32]), as one register of two blocks' codes
+ * unpacks into (low nibbles, then high); a last odd block as it is. */
+static inline void q4_pair_order(const int8_t *xq, int64_t d, int8_t *xp) {
+    int64_t nb = d / Q4_BLOCK, b = 0, h = Q4_BLOCK / 2;
+    for (; b + 2 <= nb; b += 2) {
+        const int8_t *x0 = xq + b * Q4_BLOCK, *x1 = x0 + Q4_BLOCK;
+        int8_t *o = xp + b * Q4_BLOCK;
+        memcpy(o, x0, h), memcpy(o + h, x1, h), memcpy(o + 2 * h, x0 + h, h), memcpy(o + 3 * h, x1 + h, h);
+    }
+    memcpy(xp + b * Q4_BLOCK, xq + b * Q4_BLOCK, (size_t)(d - b * Q4_BLOCK));
+}
+
+/* Σ_b a_b·S_b for one row r of nb blocks, from x̂ (xq) or the same in pair order (xp: q4_pair_order). The AVX2 loop
+ * takes two blocks a step: their 32 bytes of codes unpack into one register of low nibbles and one of high, each
+ * half from one block; u8 × s8 pairs of each against xp, the two added in int16 (|lane| ≤ 2·2·15·127), then times
+ * a_b in the low half and a_{b+1} in the high one, in pairs again, into int32. Each lane holds at most
+ * nb/2·2·7620·255 < 2³¹: rows of fewer than 1000 blocks (the plain loop takes longer ones). */
+static inline int64_t q4_steps(const uint8_t *r, const int8_t *xq, const int8_t *xp, int64_t nb) {
 #if defined(__AVX2__)
     if (nb < 1000) {
         const uint8_t *a = r + nb * Q4_BLOCK / 2;
+        const __m256i low = _mm256_set1_epi8(15), spread = _mm256_setr_epi8(  /* a_b: lanes 0..7, a_{b+1}: 8..15 */
+            0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
+            1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
         __m256i s = _mm256_setzero_si256();
-        for (int64_t b = 0; b < nb; b++) {
+        int64_t b = 0;
+        for (; b + 2 <= nb; b += 2) {
+            __m256i codes = _mm256_loadu_si256((const __m256i *)(r + b * Q4_BLOCK / 2));
+            const int8_t *x = xp + b * Q4_BLOCK;
+            __m256i pairs = _mm256_add_epi16(
+                _mm256_maddubs_epi16(_mm256_and_si256(codes, low), _mm256_loadu_si256((const __m256i *)x)),
+                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), low),
+                                     _mm256_loadu_si256((const __m256i *)(x + Q4_BLOCK))));
+            uint16_t ab;  /* a_b and a_{b+1} */
+            memcpy(&ab, a + b, 2);
+            __m256i steps = _mm256_shuffle_epi8(_mm256_set1_epi16((short)ab), spread);
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, steps));
+        }
+        if (b < nb) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * Q4_BLOCK));
             s = _mm256_add_epi32(s, q4_block(r + b * Q4_BLOCK / 2, x, _mm256_set1_epi16(a[b])));
         }
         return hsum_i32x8(s);
     }
 #endif
+    (void)xp;
     return q4_steps_plain(r, xq, nb);
 }
 
@@ -127,10 +160,10 @@ static inline float q4_value(float s, float m, double t, int64_t steps, int64_t 
  * xs, one row after another (each row one stream, as int8.h reads its rows): what the dequantized rows give against
  * t·x̂, but for the last rounding. */
 static inline void q4_rows(const uint8_t *const *r, int m, const float *s, const float *mo, const int8_t *xq,
-                           const int16_t *xs, double t, int64_t d, float *v) {
+                           const int8_t *xp, const int16_t *xs, double t, int64_t d, float *v) {
     int64_t nb = d / Q4_BLOCK;
     for (int i = 0; i < m; i++)
-        v[i] = q4_value(s[i], mo[i], t, q4_steps(r[i], xq, nb),
+        v[i] = q4_value(s[i], mo[i], t, q4_steps(r[i], xq, xp, nb),
                         q4_offsets((const int8_t *)(r[i] + nb * (Q4_BLOCK / 2 + 1)), xs, nb));
 }
 

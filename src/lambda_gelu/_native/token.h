@@ -51,10 +51,10 @@ struct lg_ffn {
 };
 
 /* Its scratch for a team of `threads`: x (d) and its int16 rounding (int8.h), or its int8 one with that one's
- * block sums (int4.h), the gates (ff), each thread's list of units (ff in all), the other threads' partial sums
- * ((threads − 1)·d), x's norm, residual and scale, and y (d), the block's output; `active` counts the units
- * active. */
-struct lg_ffn_scratch { float *x, *g, *partial, *y; int16_t *xq, *xs; int8_t *x8; int64_t *units; double *stats;
+ * block sums and the same in pair order (int4.h), the gates (ff), each thread's list of units (ff in all), the other
+ * threads' partial sums ((threads − 1)·d), x's norm, residual and scale, and y (d), the block's output; `active`
+ * counts the units active. */
+struct lg_ffn_scratch { float *x, *g, *partial, *y; int16_t *xq, *xs; int8_t *x8, *xp; int64_t *units; double *stats;
                         int64_t active; };
 
 /* Allocates that scratch; −1 if it cannot (nothing held). */
