@@ -432,12 +432,12 @@ typedef void (*units4_fn)(const struct lg_ffn *f, const void *ctx, const int64_t
                           float *acc);
 
 /* One token's FFN, a thread's share [lo, hi) of the units four at a time, in order, int8 and 4-bit rows alike: their
- * gates (gates4, gate rows `width` bytes each), and each unit found active has its up and downᵀ rows (up_bytes,
+ * gates (gates4, the rows read in order), and each unit found active has its up and downᵀ rows (up_bytes,
  * down_bytes) requested then and summed (units4) UNITS_AHEAD units later, while the next gate rows stream in: one pass
  * over the block, no list between the gate and the units, no barrier. Returns the units active. */
 static inline int64_t units_pass(const struct lg_ffn *f, const void *ctx, gates4_fn gates4, units4_fn units4,
-                                 int64_t width, int64_t up_bytes, int64_t down_bytes, int64_t lo, int64_t hi,
-                                 int64_t d, float *g, int64_t *units, float *acc) {
+                                 int64_t up_bytes, int64_t down_bytes, int64_t lo, int64_t hi, int64_t d, float *g,
+                                 int64_t *units, float *acc) {
     int64_t queued = 0, done = 0;
     for (int64_t j = 0; j < f->out; j++)
         acc[j] = 0.0f;
@@ -545,11 +545,11 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
     float *acc = t == 0 ? s->y : s->partial + (int64_t)(t - 1) * out;
     if (f->int4) {
         struct q4_ctx c = {s->x8, s->xp, s->xs, s->x, stats[2], in_float};
-        n_active = units_pass(f, &c, gates4_q4, units4_q4, q4_row_bytes(d), q4_row_bytes(d), q4_row_bytes(out), lo,
-                              hi, d, s->g, s->units + lo, acc);
+        n_active = units_pass(f, &c, gates4_q4, units4_q4, q4_row_bytes(d), q4_row_bytes(out), lo, hi, d, s->g,
+                              s->units + lo, acc);
     } else if (f->int8) {
         struct i8_ctx c = {s->x, s->xq, stats[2], in_float};
-        n_active = units_pass(f, &c, gates4_i8, units4_i8_ctx, d, d, out, lo, hi, d, s->g, s->units + lo, acc);
+        n_active = units_pass(f, &c, gates4_i8, units4_i8_ctx, d, out, lo, hi, d, s->g, s->units + lo, acc);
     } else {
         struct screen_ctx screen = {f->gate_q, f->gate_s, f->gate_b, f->gate_r, f->gate_n, s->xq, stats, stats + 1,
                                     stats + 2, s->g, 1, d, ff};
