@@ -487,8 +487,8 @@ static inline void gates4_q4(const struct lg_ffn *f, const void *ctx, int64_t k0
     const struct q4_ctx *c = ctx;
     int64_t width = q4_row_bytes(d);
     const uint8_t *gate = (const uint8_t *)f->gate_q, *rows[4];
-    for (int i = 0; i < 4; i++)  /* the last group's rows past its end stand for its first, never read */
-        rows[i] = gate + (k0 + (i < m ? i : 0)) * width;
+    for (int i = 0; i < m; i++)
+        rows[i] = gate + (k0 + i) * width;
     if (c->in_float)
         for (int i = 0; i < m; i++)
             v[i] = q4_row_f32(rows[i], f->gate_s[k0 + i], f->gate_m[k0 + i], c->x, d);
