@@ -578,15 +578,15 @@ def test_the_steps_get_the_budget_the_refit_really_left_and_follow_their_own_pac
     monkeypatch.setattr(hf_convert, "_refit_seconds", lambda model, batch: (0.1, 0.1))
     monkeypatch.setattr(hf_convert, "_step_seconds",
                         lambda model, teacher, batch, loss, autocast: time.sleep(0.2) or 1.0)
-    out = tmp_path / "relu"
-    assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", "0.1", "--batch-size", "8", "--refit",
-                 "16", "--quiet"]) == 0
+    out, minutes = tmp_path / "relu", 0.25  # 15 s: a busy host's measuring and refit still leave the steps some
+    assert main(["reluize", str(tiny_bert), "--out", str(out), "--minutes", str(minutes), "--batch-size", "8",
+                 "--refit", "16", "--quiet"]) == 0
     said = capsys.readouterr().err
     report = json.loads((out / "reluize_report.json").read_text())
     plans, reserve = report["plans"], report["measuring_estimate"]
     assert reserve["point_seconds"] > 0 and reserve["final_seconds"] >= 2 * reserve["point_seconds"]
     assert re.search(r"plan: about \d+ steps of 1\.00 s after a refit of 16 sentences .*minutes in all "
-                     r"\(--minutes 0\.1;", said)
+                     rf"\(--minutes {minutes};", said)
     assert report["planning_seconds"] >= 0.2  # timing the step, before the clock: said, not counted as conversion
     assert f"(and {report['planning_seconds']:.1f} s before it, timed to plan the steps)" in (
         out / "reluize_report.md").read_text()
@@ -595,7 +595,7 @@ def test_the_steps_get_the_budget_the_refit_really_left_and_follow_their_own_pac
     assert plans[0]["step"] == 0 and plans[0]["seconds"] / 60 == report["curve"][0]["minutes"]  # the refit's seconds
     assert first == max(1, int(plans[0]["left"]))  # a step as timed: 1 s
     for p in plans:  # never more than the budget less what has passed and what measuring will take
-        assert p["left"] < BUDGET_SHARE * 6 - p["seconds"] - reserve["final_seconds"]
+        assert p["left"] < BUDGET_SHARE * minutes * 60 - p["seconds"] - reserve["final_seconds"]
     asked = 0  # the last plan's eighth the plan was asked at: at most seven times, at the next of its eighths
     for before, p in zip(plans, plans[1:]):  # at the next eighth of the last plan: what was left, at the steps' pace
         asked, step = next((k, m) for k in range(asked + 1, 8) if (m := max(1, round(before["steps"] * k / 8)))
@@ -608,7 +608,7 @@ def test_the_steps_get_the_budget_the_refit_really_left_and_follow_their_own_pac
         out / "reluize_report.md").read_text()  # a step held up ends it before it overruns
     n, last = report["steps"], plans[-1]  # measured after the refit, at each plan's eighths still to come, at the end
     curve = [p["step"] for p in report["curve"]]
-    assert curve[:2] == [0, 1] and curve[-1] == n and curve == sorted(set(curve))
+    assert curve[:2] == [0, max(1, round(first / 8))] and curve[-1] == n and curve == sorted(set(curve))
     to_come = {max(1, round(last["steps"] * k / 8)) for k in range(len(plans), 8)}  # after the last plan's eighth
     assert [m for m in curve if m > last["step"]] == sorted(m for m in to_come if last["step"] < m < n) + [n]
 
