@@ -28,19 +28,26 @@ int64_t lg_screened_argmax_f32(const float *x, const float *w, const float *b, c
         return -2;
     }
     int nt = gate_threads(1, d, rows, max_threads, grain);
-    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static) reduction(max : floor)
-    for (int64_t k0 = 0; k0 < rows; k0 += 4) {
-        int m = rows - k0 < 4 ? (int)(rows - k0) : 4;
-        int32_t sums[4];
-        sums_i8_i16(q + k0 * d, m, d, xq, sums);
-        for (int i = 0; i < m; i++) {
-            int64_t k = k0 + i;
-            double bk = b ? b[k] : 0.0, product = (double)s[k] * scale * sums[i], a = product + bk;
-            double e = screen_margin(product, bk, r[k], nq[k], norm, residual);
-            e += 0x1p-50 * (fabs(a) + e);  /* what double rounds in a − e and a + e */
-            lo[k] = a - e;
-            hi[k] = a + e;
-            floor = lo[k] > floor ? lo[k] : floor;  /* a NaN bound leaves it */
+    #pragma omp parallel num_threads(nt) if (nt > 1) reduction(max : floor)
+    {
+        int64_t first, last;  /* the thread's rows, read as RUNS runs side by side (common.h) */
+        split(rows, 4, omp_get_thread_num(), omp_get_num_threads(), &first, &last);
+        for (int64_t step = 0; step < runs_steps(first, last); step++) {
+            int64_t ks[RUNS];
+            int m = runs_step(first, last, step, ks);
+            const int8_t *qs[RUNS];
+            int32_t sums[RUNS];
+            rows_i8(q, ks, m, d, qs);
+            sums_i8_i16(qs, m, d, xq, sums);
+            for (int i = 0; i < m; i++) {
+                int64_t k = ks[i];
+                double bk = b ? b[k] : 0.0, product = (double)s[k] * scale * sums[i], a = product + bk;
+                double e = screen_margin(product, bk, r[k], nq[k], norm, residual);
+                e += 0x1p-50 * (fabs(a) + e);  /* what double rounds in a − e and a + e */
+                lo[k] = a - e;
+                hi[k] = a + e;
+                floor = lo[k] > floor ? lo[k] : floor;  /* a NaN bound leaves it */
+            }
         }
     }
     free(xq);

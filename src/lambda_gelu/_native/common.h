@@ -27,6 +27,30 @@ static inline void split(int64_t n, int64_t align, int tid, int nt, int64_t *lo,
     *hi = b1 * align < n ? b1 * align : n;
 }
 
+/* A thread's rows [lo, hi) are read as RUNS runs side by side, a row of each in turn: step i of runs_steps(lo, hi)
+ * takes the rows runs_step gives, the i-th of each run (the last step: the few rows the runs leave, at most RUNS − 1).
+ * The hardware prefetcher follows a few streams at once far better than one, which stops at every 4 KiB page: an
+ * int8 matrix-vector product of 26 MB on this project's 2-core EPYC read 13 GB/s one row after another, 19.6 a row
+ * of each of four runs in turn, 22.5 with the four summed side by side (dot4_i8_i16), and 14.5 with eight runs. */
+#define RUNS 4
+static inline int64_t runs_steps(int64_t lo, int64_t hi) {
+    int64_t n = hi - lo;
+    return n / RUNS + (n % RUNS != 0);
+}
+
+static inline int runs_step(int64_t lo, int64_t hi, int64_t i, int64_t *rows) {
+    int64_t n = hi - lo, per = n / RUNS;
+    if (i < per) {
+        for (int r = 0; r < RUNS; r++)
+            rows[r] = lo + r * per + i;
+        return RUNS;
+    }
+    int m = (int)(n - RUNS * per);
+    for (int r = 0; r < m; r++)
+        rows[r] = lo + RUNS * per + r;
+    return m;
+}
+
 /* Rows are scattered, so the hardware prefetcher, which follows one stream at a time and stops at
  * page boundaries, starts cold on each; requesting them a few rows ahead, into L2, keeps enough
  * reads in flight. In a cold-cache test (batch 1, the 3072 → 768 layer at 10% density, one core)

@@ -29,19 +29,25 @@ static inline void rotate_f32(float *v, const float *cos, const float *sin, int6
     }
 }
 
-/* y[0..m) = the rows r0..r0 + m (m ≤ 4) of a projection of `rows` rows, w·x + b (b may be NULL): from the int8 rows q
- * with scales s over x̃ with scale t (x rounded to int16, int8.h) where q is given, else from the float32 rows w over
- * x (a thread's rows are read in order, one stream that the hardware prefetcher follows). */
-static inline void project4(const float *w, const int8_t *q, const float *s, const float *b, const float *x,
-                            const int16_t *xq, double t, int64_t r0, int m, int64_t rows, int64_t d, float *y) {
-    if (q) {
-        int32_t sums[4];
-        sums_i8_i16(q + r0 * d, m, d, xq, sums);
-        for (int i = 0; i < m; i++)
-            y[i] = scaled_i8(s[r0 + i], t, sums[i]) + (b ? b[r0 + i] : 0.0f);
-    } else
-        for (int i = 0; i < m; i++)
-            y[i] = dot_f32(w + (r0 + i) * d, x, d) + (b ? b[r0 + i] : 0.0f);
+/* y = w·x + b (b may be NULL) over the rows [lo, hi) of a projection, read as RUNS runs side by side (common.h): from
+ * the int8 rows q with scales s over x̃ with scale t (x rounded to int16, int8.h) where q is given, else from the
+ * float32 rows w over x. */
+static void project(const float *w, const int8_t *q, const float *s, const float *b, const float *x,
+                    const int16_t *xq, double t, int64_t lo, int64_t hi, int64_t d, float *y) {
+    for (int64_t i = 0; i < runs_steps(lo, hi); i++) {
+        int64_t r[RUNS];
+        int m = runs_step(lo, hi, i, r);
+        if (q) {
+            const int8_t *rows[RUNS];
+            int32_t sums[RUNS];
+            rows_i8(q, r, m, d, rows);
+            sums_i8_i16(rows, m, d, xq, sums);
+            for (int k = 0; k < m; k++)
+                y[r[k]] = scaled_i8(s[r[k]], t, sums[k]) + (b ? b[r[k]] : 0.0f);
+        } else
+            for (int k = 0; k < m; k++)
+                y[r[k]] = dot_f32(w + r[k] * d, x, d) + (b ? b[r[k]] : 0.0f);
+    }
 }
 
 /* The attention half of a decoder layer for the token at position pos, in place on its hidden state h (d):
@@ -89,10 +95,10 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
             lg_rms_norm_f32(h, a->norm_w, x, d, a->eps, a->plus_one);
         qkv_int8 = a->qkv_q && !round_rows_i16(x, 1, d, xq, &tx);
     }
-    #pragma omp for schedule(static)
-    for (int64_t r0 = 0; r0 < rows; r0 += 4)
-        project4(a->qkv, qkv_int8 ? a->qkv_q : NULL, a->qkv_s, a->qkv_b, x, xq, tx, r0,
-                 rows - r0 < 4 ? (int)(rows - r0) : 4, rows, d, p + r0);
+    int64_t lo, hi;
+    split(rows, 4, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+    project(a->qkv, qkv_int8 ? a->qkv_q : NULL, a->qkv_s, a->qkv_b, x, xq, tx, lo, hi, d, p);
+    #pragma omp barrier
     if (a->whole) {  /* one norm over every query head, one over every key head */
         #pragma omp single
         {
@@ -151,18 +157,12 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
     }
     #pragma omp single copyprivate(to, o_int8)
     o_int8 = a->o_q && !round_rows_i16(o, 1, nq, oq, &to);
-    #pragma omp for schedule(static)
-    for (int64_t r0 = 0; r0 < d; r0 += 4) {
-        int m = d - r0 < 4 ? (int)(d - r0) : 4;
-        float out[4];
-        project4(a->o_w, o_int8 ? a->o_q : NULL, a->o_s, a->o_b, o, oq, to, r0, m, d, nq, out);
-        for (int i = 0; i < m; i++) {
-            if (a->post_w)
-                y[r0 + i] = out[i];
-            else
-                h[r0 + i] += out[i];
-        }
-    }
+    split(d, 4, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+    project(a->o_w, o_int8 ? a->o_q : NULL, a->o_s, a->o_b, o, oq, to, lo, hi, nq, y);
+    if (!a->post_w)
+        for (int64_t r = lo; r < hi; r++)
+            h[r] += y[r];
+    #pragma omp barrier
     if (a->post_w) {
         #pragma omp single
         {

@@ -323,18 +323,21 @@ static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int
 struct screen_ctx { const int8_t *q; const float *s, *b, *r, *nq; const int16_t *xq; const double *norm, *residual,
                     *scale; float *g; int64_t n, d, ff; };
 
-/* Screens the units [lo, hi) (lo a multiple of 4) for every row of x, zeroes their g, and lists those the screen
- * leaves (whose exact gate may be positive in some row) in cand; returns how many. */
+/* Screens the units [lo, hi) for every row of x (their int8 rows read as RUNS runs side by side, common.h), zeroes
+ * their g, and lists those the screen leaves (whose exact gate may be positive in some row) in cand; returns how
+ * many. */
 static int64_t screen_units(const struct screen_ctx *c, int64_t lo, int64_t hi, int64_t *cand) {
     int64_t n = c->n, d = c->d, ff = c->ff, m_left = 0;
-    for (int64_t k0 = lo; k0 < hi; k0 += 4) {
-        int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
-        int exact[4] = {0, 0, 0, 0};
+    for (int64_t step = 0; step < runs_steps(lo, hi); step++) {
+        int64_t ks[RUNS];
+        int m = runs_step(lo, hi, step, ks), exact[RUNS] = {0};
+        const int8_t *rows[RUNS];
+        rows_i8(c->q, ks, m, d, rows);
         for (int64_t r = 0; r < n; r++) {
-            int32_t sums[4];
-            sums_i8_i16(c->q + k0 * d, m, d, c->xq + r * d, sums);
+            int32_t sums[RUNS];
+            sums_i8_i16(rows, m, d, c->xq + r * d, sums);
             for (int i = 0; i < m; i++) {
-                int64_t k = k0 + i;
+                int64_t k = ks[i];
                 double b = c->b ? c->b[k] : 0.0, product = (double)c->s[k] * c->scale[r] * sums[i];
                 double margin = screen_margin(product, b, c->r[k], c->nq[k], c->norm[r], c->residual[r]);
                 exact[i] |= !(product + b + margin <= 0.0 && isfinite(c->norm[r]));
@@ -342,9 +345,9 @@ static int64_t screen_units(const struct screen_ctx *c, int64_t lo, int64_t hi, 
         }
         for (int i = 0; i < m; i++) {
             if (exact[i])
-                cand[m_left++] = k0 + i;
+                cand[m_left++] = ks[i];
             for (int64_t r = 0; r < n; r++)
-                c->g[r * ff + k0 + i] = 0.0f;  /* the units left get theirs in screened_rows */
+                c->g[r * ff + ks[i]] = 0.0f;  /* the units left get theirs in screened_rows */
         }
     }
     return m_left;
@@ -425,28 +428,29 @@ static inline void units4_i8(const struct lg_ffn *f, const int64_t *k, int m, co
         acc[j] = FMA(h3, (float)w3[j], FMA(h2, (float)w2[j], FMA(h1, (float)w1[j], FMA(h0, (float)w0[j], acc[j]))));
 }
 
-/* What one thread's pass over its units needs of a row format: the values of m ≤ 4 gates' rows from k0 into v, and
+/* What one thread's pass over its units needs of a row format: the values of m ≤ 4 gates' rows k[0..m) into v, and
  * the sums of m ≤ 4 active units k[0..m) into acc; ctx holds x as that format takes it. */
-typedef void (*gates4_fn)(const struct lg_ffn *f, const void *ctx, int64_t k0, int m, int64_t d, float *v);
+typedef void (*gates4_fn)(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, int64_t d, float *v);
 typedef void (*units4_fn)(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, const float *g, int64_t d,
                           float *acc);
 
-/* One token's FFN, a thread's share [lo, hi) of the units four at a time, in order, int8 and 4-bit rows alike: their
- * gates (gates4, the rows read in order), and each unit found active has its up and downᵀ rows (up_bytes,
- * down_bytes) requested then and summed (units4) UNITS_AHEAD units later, while the next gate rows stream in: one pass
- * over the block, no list between the gate and the units, no barrier. Returns the units active. */
+/* One token's FFN, a thread's share [lo, hi) of the units four at a time, int8 and 4-bit rows alike: their gates
+ * (gates4, the rows read as RUNS runs side by side, common.h), and each unit found active has its up and downᵀ rows
+ * (up_bytes, down_bytes) requested then and summed (units4) UNITS_AHEAD units later, while the next gate rows stream
+ * in: one pass over the block, no list between the gate and the units, no barrier. Returns the units active. */
 static inline int64_t units_pass(const struct lg_ffn *f, const void *ctx, gates4_fn gates4, units4_fn units4,
                                  int64_t up_bytes, int64_t down_bytes, int64_t lo, int64_t hi, int64_t d, float *g,
                                  int64_t *units, float *acc) {
     int64_t queued = 0, done = 0;
     for (int64_t j = 0; j < f->out; j++)
         acc[j] = 0.0f;
-    for (int64_t k0 = lo; k0 < hi; k0 += 4) {
-        int m = hi - k0 < 4 ? (int)(hi - k0) : 4;
-        float v[4];
-        gates4(f, ctx, k0, m, d, v);
+    for (int64_t step = 0; step < runs_steps(lo, hi); step++) {
+        int64_t ks[RUNS];
+        int m = runs_step(lo, hi, step, ks);
+        float v[RUNS];
+        gates4(f, ctx, ks, m, d, v);
         for (int i = 0; i < m; i++) {
-            int64_t k = k0 + i;
+            int64_t k = ks[i];
             float vk = f->gate_b ? v[i] + f->gate_b[k] : v[i];
             g[k] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
             if (g[k] != 0.0f) {
@@ -466,10 +470,19 @@ static inline int64_t units_pass(const struct lg_ffn *f, const void *ctx, gates4
 /* int8 rows against x rounded to int16 (x̃, scale t), or x itself in float where it is not finite. */
 struct i8_ctx { const float *x; const int16_t *xq; double t; int in_float; };
 
-static inline void gates4_i8(const struct lg_ffn *f, const void *ctx, int64_t k0, int m, int64_t d, float *v) {
+static inline void gates4_i8(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, int64_t d, float *v) {
     const struct i8_ctx *c = ctx;
+    if (c->in_float) {
+        for (int i = 0; i < m; i++)
+            v[i] = row_i8(f->gate_q + k[i] * d, f->gate_s[k[i]], c->x, c->xq, c->t, 1, d);
+        return;
+    }
+    const int8_t *rows[RUNS];
+    int32_t sums[RUNS];
+    rows_i8(f->gate_q, k, m, d, rows);
+    sums_i8_i16(rows, m, d, c->xq, sums);
     for (int i = 0; i < m; i++)
-        v[i] = row_i8(f->gate_q + (k0 + i) * d, f->gate_s[k0 + i], c->x, c->xq, c->t, c->in_float, d);
+        v[i] = scaled_i8(f->gate_s[k[i]], c->t, sums[i]);
 }
 
 static inline void units4_i8_ctx(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, const float *g,
@@ -483,17 +496,18 @@ static inline void units4_i8_ctx(const struct lg_ffn *f, const void *ctx, const 
  * rows added to acc in one pass over it (q4_add). */
 struct q4_ctx { const int8_t *xq, *xp; const int16_t *xs; const float *x; double t; int in_float; };
 
-static inline void gates4_q4(const struct lg_ffn *f, const void *ctx, int64_t k0, int m, int64_t d, float *v) {
+static inline void gates4_q4(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, int64_t d, float *v) {
     const struct q4_ctx *c = ctx;
     int64_t width = q4_row_bytes(d);
-    const uint8_t *gate = (const uint8_t *)f->gate_q, *rows[4];
+    const uint8_t *gate = (const uint8_t *)f->gate_q, *rows[RUNS];
+    float s[RUNS], mo[RUNS];
     for (int i = 0; i < m; i++)
-        rows[i] = gate + (k0 + i) * width;
+        rows[i] = gate + k[i] * width, s[i] = f->gate_s[k[i]], mo[i] = f->gate_m[k[i]];
     if (c->in_float)
         for (int i = 0; i < m; i++)
-            v[i] = q4_row_f32(rows[i], f->gate_s[k0 + i], f->gate_m[k0 + i], c->x, d);
+            v[i] = q4_row_f32(rows[i], s[i], mo[i], c->x, d);
     else
-        q4_rows(rows, m, f->gate_s + k0, f->gate_m + k0, c->xq, c->xp, c->xs, c->t, d, v);
+        q4_rows(rows, m, s, mo, c->xq, c->xp, c->xs, c->t, d, v);
 }
 
 static inline void units4_q4(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, const float *g,

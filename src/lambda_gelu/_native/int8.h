@@ -7,14 +7,39 @@
  * (screen_scale). Products of int16 operands, written so, become the vector unit's multiply-adds of 16-bit pairs
  * (several times faster than int8 rows converted to float, which at batch 1 left the screen waiting on its own
  * arithmetic, not on memory); an OpenMP simd reduction here, or the products taken in 32 bits, vectorized three to
- * four times slower. Rows read in order are summed one after another, each a single stream: four rows summed side
- * by side (x read once for the four) are four streams at once, which the hardware prefetcher follows worse — one
- * token's int8 step ran 17% slower so, and no software prefetching made up for it. */
+ * four times slower. */
 static inline int32_t dot_i8_i16(const int8_t *q, const int16_t *b, int64_t d) {
     int32_t s = 0;
     for (int64_t j = 0; j < d; j++)
         s += (int16_t)q[j] * (int16_t)b[j];
     return s;
+}
+
+/* The sums of the m ≤ 4 int8 rows q[0..m) with b into s[0..m): four rows from four runs (runs_step) side by side,
+ * b read once for them; fewer one after another. Rows next to each other are better read one after another: summed
+ * side by side they are four streams a row apart, which the hardware prefetcher follows worse than one (a token's
+ * int8 step ran 17% slower so). */
+static inline void sums_i8_i16(const int8_t *const *q, int m, int64_t d, const int16_t *b, int32_t *s) {
+    if (m < 4) {
+        for (int i = 0; i < m; i++)
+            s[i] = dot_i8_i16(q[i], b, d);
+        return;
+    }
+    const int8_t *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+    int32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t j = 0; j < d; j++) {
+        s0 += (int16_t)q0[j] * (int16_t)b[j];
+        s1 += (int16_t)q1[j] * (int16_t)b[j];
+        s2 += (int16_t)q2[j] * (int16_t)b[j];
+        s3 += (int16_t)q3[j] * (int16_t)b[j];
+    }
+    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
+}
+
+/* The int8 rows q + rows[i]·d of a runs_step. */
+static inline void rows_i8(const int8_t *q, const int64_t *rows, int m, int64_t d, const int8_t **out) {
+    for (int i = 0; i < m; i++)
+        out[i] = q + rows[i] * d;
 }
 
 /* The sums of one int8 row q with four int16 vectors b0..b3 (four rows of x, a prompt's): q read and widened once
@@ -35,12 +60,6 @@ static inline void dot4x_i8_i16(const int8_t *q, const int16_t *b0, const int16_
 /* An int8 row's value s·(q·x) from its exact sum S = q·x̃ (x taken as t·x̃): s·t·S in double, rounded once to float. */
 static inline float scaled_i8(float s, double t, int32_t sum) {
     return (float)((double)s * t * sum);
-}
-
-/* The exact sums of the m ≤ 4 int8 rows q, q + d, ... with b into s[0..m), one row after another. */
-static inline void sums_i8_i16(const int8_t *q, int m, int64_t d, const int16_t *b, int32_t *s) {
-    for (int i = 0; i < m; i++)
-        s[i] = dot_i8_i16(q + i * d, b, d);
 }
 
 /* The largest |x̃| the screen quantizes x to, for rows of d entries: int16, and d·127·|x̃| < 2³¹ (exact int32 sums). */
@@ -113,13 +132,18 @@ static inline void prefetch_bytes(const int8_t *row, int64_t n) {
         __builtin_prefetch(row + j, 0, 2);
 }
 
-/* Requests the first SHARE_START rows of the calling thread's share, split in fours, of `rows` rows of `width` bytes
- * from base, before the thread waits at a barrier or on a serial step: its first reads then start from cache, and
- * the hardware prefetcher, which follows a stream read in order, takes over from there. */
+/* Requests the first SHARE_START rows of the calling thread's share of `rows` rows of `width` bytes from base, split
+ * in fours (SHARE_START / RUNS from the start of each of its runs), before the thread waits at a barrier or on a
+ * serial step: its first reads then start from cache, and the hardware prefetcher, which follows a stream read in
+ * order, takes over from there. */
 #define SHARE_START 20
 static inline void prefetch_share(const void *base, int64_t rows, int64_t width) {
     int64_t lo, hi;
     split(rows, 4, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
-    int64_t n = (hi - lo < SHARE_START ? hi - lo : SHARE_START) * width;
-    prefetch_bytes((const int8_t *)base + lo * width, n);
+    for (int64_t i = 0; i < SHARE_START / RUNS && i < runs_steps(lo, hi); i++) {
+        int64_t r[RUNS];
+        int m = runs_step(lo, hi, i, r);
+        for (int k = 0; k < m; k++)
+            prefetch_bytes((const int8_t *)base + r[k] * width, width);
+    }
 }
