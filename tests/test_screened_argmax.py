@@ -55,6 +55,11 @@ def test_near_ties_are_read_and_decided_exactly_and_exact_ties_go_to_the_first()
         layer.weight[7] = layer.weight[11]
     head.refresh()
     assert int(head(x)) == 7 == int(layer(x).argmax())  # equal rows: the first, as torch.argmax
+    with torch.no_grad():  # read as runs side by side, row 501 (a run's second row) comes before row 12
+        layer.weight[12], layer.weight[501] = layer.weight[11], layer.weight[11]
+        layer.weight[7], layer.weight[11] = -layer.weight[11], -layer.weight[11]
+    head.refresh()
+    assert int(head(x)) == 12 == int(layer(x).argmax())
 
 
 def test_batches_and_what_it_cannot_bound_go_as_the_layer_gives_them():
