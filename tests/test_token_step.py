@@ -59,3 +59,52 @@ def test_a_dense_ffn_decodes_layer_by_layer():
     sparse = copy.deepcopy(model)
     sparsify_(sparse, min_weights=0)
     assert LeanDecoder(sparse).one_call and not LeanDecoder(sparse, one_call=False).one_call
+
+
+class _Counting:
+    """The kernels, counting the one-call greedy steps."""
+
+    def __init__(self, kernels):
+        self.kernels, self.calls = kernels, 0
+
+    def __getattr__(self, name):
+        return getattr(self.kernels, name)
+
+    def decode_next(self, *args):
+        self.calls += 1
+        return self.kernels.decode_next(*args)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])  # an nn.Embedding the C call looks up; a scaled one
+def test_greedy_tokens_after_the_prompt_are_one_call_each_and_stop_at_eos(family):
+    """After the prompt, each greedy token is one C call (lg_decode_next: the embedding, the step and the output
+    layer's screen), with the tokens of the step and the screen called apart (a head that is not a ScreenedArgmax
+    takes that path), and stops after eos_token_id."""
+    model = _model(FAMILIES[family]())
+    sparsify_(model, min_weights=0, int8=True)
+    decoder, ids = LeanDecoder(model, int8_attention=True), _prompt()
+    screen = decoder.head
+    counting = decoder._token.kernels = _Counting(decoder._token.kernels)
+    with torch.inference_mode():
+        ours = decoder.generate(ids, 12)
+        decoder.head = lambda hidden: screen(hidden)
+        apart = decoder.generate(ids, 12)
+        decoder.head = screen
+        eos = int(apart[0, ids.shape[1] + 4])
+        stopped = decoder.generate(ids, 12, eos_token_id=eos)
+    first = int((apart[0, ids.shape[1]:] == eos).nonzero()[0])  # the new tokens up to eos's first: one call each
+    assert torch.equal(ours, apart) and torch.equal(stopped, apart[:, :ids.shape[1] + first + 1])
+    assert counting.calls == 11 + first
+
+
+def test_a_final_state_the_screen_cannot_bound_takes_every_logit():
+    """A final hidden state with an infinity: the screen cannot decide, and the token is the logits' argmax, as
+    without the screen."""
+    model = _model(FAMILIES["llama"]())
+    sparsify_(model, min_weights=0)
+    decoder, unscreened, ids = LeanDecoder(model), LeanDecoder(model, screen_head=False), _prompt()
+    with torch.no_grad():
+        model.model.norm.weight[3] = float("inf")
+    with torch.inference_mode():
+        ours, unscreened = decoder.generate(ids, 6), unscreened.generate(ids, 6)
+    assert torch.equal(ours, unscreened) and decoder.head.rows_read == model.lm_head.out_features

@@ -161,6 +161,10 @@ class Kernels:
         self.decode_token = self.lib.lg_decode_token  # lambda_gelu.inference.token_step: its structs' layout there
         self.decode_token.argtypes = [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, ctypes.c_double, _I32, _P, _I32]
         self.decode_token.restype = _I32
+        self.decode_next = self.lib.lg_decode_next  # the same, embedding and next token with it
+        self.decode_next.argtypes = [_I64, _P, ctypes.c_double, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P,
+                                     ctypes.c_double, _I32, _P, _I32, _P, _P]
+        self.decode_next.restype = _I64
         self.token_sizes = self.lib.lg_token_sizes
         self.token_sizes.argtypes, self.token_sizes.restype = [_P], None
         self.active_union_f32 = self.lib.lg_active_union_f32

@@ -63,3 +63,11 @@ void lg_ffn_scratch_free(struct lg_ffn_scratch *s);
 
 /* y = the FFN of h (d) into s->y (out wide), and h += y if `add` (out = d): called by every thread of a team. */
 void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg_ffn_scratch *s);
+
+/* The output layer's rows as the screened argmax reads them (argmax.c): float32 w (rows, d) and bias b (NULL: none),
+ * their int8 copies q with scales s and radii r, nq (lambda_gelu.inference.gated.screen_rows). */
+struct lg_head { const float *w, *b; const int8_t *q; const float *s, *r, *nq; int64_t rows, grain; };
+
+int64_t lg_screened_argmax_f32(const float *x, const float *w, const float *b, const int8_t *q, const float *s,
+                               const float *r, const float *nq, int64_t rows, int64_t d, int max_threads,
+                               int64_t grain, int64_t *n_read);

@@ -271,10 +271,13 @@ class LeanDecoder:
                           *tensors, norms[1], norms[3] if ffn_after else None, int8))
         return steps + [final]
 
+    def _embed(self, ids: Tensor) -> Tensor:
+        return self.model.model.embed_tokens(ids) * self.embedding_multiplier
+
     def _step(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         """:meth:`_forward` for one token, by the C decoding step."""
         kernels, inner, d = _native.library(), self.model.model, self.model.config.hidden_size
-        h = inner.embed_tokens(ids) * self.embedding_multiplier
+        h = self._embed(ids)
         if self._token is not None and self._token.int8_attention == self.int8_attention:  # (the probe turns it)
             return self._token(h.reshape(d).contiguous(), start, keys, values)
         per_layer = self._per_layer_inputs(ids, h)
@@ -323,7 +326,7 @@ class LeanDecoder:
             return self._step(ids, start, keys, values)
         n, end = ids.shape[1], start + ids.shape[1]
         inner = self.model.model
-        h = inner.embed_tokens(ids) * self.embedding_multiplier
+        h = self._embed(ids)
         per_layer = self._per_layer_inputs(ids, h)
         for i, (layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache, head_dim) in enumerate(
                 zip(inner.layers, self.qkv, self.rotary, self.windows, self.softcaps, keys, values, self.head_dims)):
@@ -423,7 +426,13 @@ class LeanDecoder:
             self.refresh()
         keys, values = self._cache(total), self._cache(total)
         out, start, step = [input_ids], 0, input_ids
-        for _ in range(max_new_tokens):
+        for made in range(max_new_tokens):
+            if (warpers is None and made and self._token is not None and self._token.head is self.head is not None
+                    and self._token.int8_attention == self.int8_attention):
+                rest = self._token.greedy(int(step), start, max_new_tokens - made, keys, values, self._embed,
+                                          self._logits, eos_token_id)  # each token one C call from here
+                out.append(torch.tensor([rest], dtype=input_ids.dtype))
+                break
             hidden = self._forward(step, start, keys, values)
             start += step.shape[1]
             if warpers is not None:

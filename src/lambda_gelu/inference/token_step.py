@@ -7,7 +7,9 @@ opening a parallel region, and their overhead was a third of an int8 token. Wher
 int8 screen), :class:`TokenStep` describes the layers once, as the C structs of ``_native/token.h``, and a token is
 one call (``lg_decode_token``): one parallel region whose threads meet at barriers between the steps. It computes
 what the per-layer calls compute, the same functions in the same order (its reference is that path,
-``LeanDecoder(one_call=False)``).
+``LeanDecoder(one_call=False)``). Greedy decoding goes further: after the prompt, each token is one call
+(``lg_decode_next``) that also looks up its embedding and takes the next token by the output layer's screen
+(:class:`~lambda_gelu.inference.screened_argmax.ScreenedArgmax`), so that no torch operation runs between tokens.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torch import Tensor
 from .. import _native
 from .._native import pointer
 from .gated import SparseGatedMLP
+from .screened_argmax import ScreenedArgmax
 
 __all__ = ["TokenStep"]
 
@@ -46,12 +49,16 @@ class _Layer(ctypes.Structure):  # struct lg_layer
     _fields_ = [("attention", _Attention), ("cos", _P), ("sin", _P), ("window", _I64), ("ffn", _FFN)]
 
 
+class _Head(ctypes.Structure):  # struct lg_head
+    _fields_ = [*((n, _P) for n in ("w", "b", "q", "s", "r", "nq")), ("rows", _I64), ("grain", _I64)]
+
+
 def _layout_matches(kernels) -> bool:
     """Whether these mirrors have the C structs' sizes and offsets (a mismatch would read the wrong fields)."""
-    sizes = (ctypes.c_int64 * 5)()
+    sizes = (ctypes.c_int64 * 6)()
     kernels.token_sizes(sizes)
     return list(sizes) == [ctypes.sizeof(_Attention), ctypes.sizeof(_FFN), ctypes.sizeof(_Layer),
-                           _Layer.ffn.offset, _FFN.ff.offset]
+                           _Layer.ffn.offset, _FFN.ff.offset, ctypes.sizeof(_Head)]
 
 
 def ffn_problem(layer, width: int) -> str | None:
@@ -81,11 +88,17 @@ class TokenStep:
     where it does not apply); it points into the decoder's and the model's tensors, so it is built again whenever
     they are (the decoder's ``refresh``)."""
 
-    def __init__(self, kernels, layers: list[_Layer], held: list, final: tuple, width: int, int8_attention: bool):
+    def __init__(self, kernels, layers: list[_Layer], held: list, final: tuple, width: int, int8_attention: bool,
+                 head=None, embedding: tuple | None = None):
         self.kernels, self.width, self.final, self.int8_attention = kernels, width, final, int8_attention
         self.layers = (_Layer * len(layers))(*layers)
         self._held = held  # every tensor the structs point into
         self._caches = None
+        self.head = head  # the ScreenedArgmax that greedy() decides the next token as
+        self._head = None if head is None else _Head(
+            head.layer.weight.data_ptr(), pointer(head.layer.bias), *(t.data_ptr() for t in head.screen),
+            head.layer.out_features, _native.GRAIN)
+        self._embedding = embedding  # (the table's weight, its scale) where the C call can look a token up
 
     @classmethod
     def build(cls, decoder) -> "TokenStep | None":
@@ -123,14 +136,24 @@ class TokenStep:
                        gate.out_features, down.out_features, b["up_q"].stride(0) if mlp.int8 or mlp.int4 else 0)
             layers.append(_Layer(attention, cos.data_ptr(), sin.data_ptr(), window or 0, ffn))
             held += [step, cos, sin, gate.weight, up.weight, *b.values()]
-        return cls(kernels, layers, held, steps[-1], width, decoder.int8_attention)
+        head, embed = decoder.head, inner.embed_tokens
+        if not (isinstance(head, ScreenedArgmax) and head.screen is not None and head.layer.weight.is_contiguous()
+                and _native.biases_fit(head.layer)):
+            head = None  # greedy() needs the output layer's screen as the C kernel reads it
+        plain = type(embed) is torch.nn.Embedding and embed.weight.dtype is torch.float32 and \
+            embed.weight.is_contiguous() and isinstance(decoder.embedding_multiplier, (int, float))
+        return cls(kernels, layers, held, steps[-1], width, decoder.int8_attention, head,
+                   (embed.weight, float(decoder.embedding_multiplier)) if plain else None)
+
+    def _point_at(self, keys: list[Tensor], values: list[Tensor]) -> None:
+        if self._caches is None or self._caches[0] is not keys or self._caches[1] is not values:
+            self._caches = keys, values, *((ctypes.c_void_p * len(c))(*(t.data_ptr() for t in c))
+                                           for c in (keys, values))
 
     def __call__(self, h: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         """The final hidden state (1, d) of the token whose embedding is ``h`` (d, contiguous float32, changed in
         place) at position ``start``, writing its keys and values into the caches."""
-        if self._caches is None or self._caches[0] is not keys or self._caches[1] is not values:
-            self._caches = keys, values, *((ctypes.c_void_p * len(c))(*(t.data_ptr() for t in c))
-                                           for c in (keys, values))
+        self._point_at(keys, values)
         out = torch.empty(1, self.width, dtype=h.dtype)
         weight, eps, plus_one = self.final
         if self.kernels.decode_token(h.data_ptr(), self.layers, len(self.layers), self._caches[2], self._caches[3],
@@ -138,3 +161,31 @@ class TokenStep:
                                      out.data_ptr(), torch.get_num_threads()) < 0:
             raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
         return out
+
+    def greedy(self, token: int, start: int, count: int, keys: list[Tensor], values: list[Tensor], embed,
+               logits, eos_token_id: int | None = None) -> list[int]:
+        """Up to ``count`` greedy tokens after ``token`` at position ``start``, stopping after ``eos_token_id``: each
+        one C call (``lg_decode_next``: the token's embedding, the step, the next token by :attr:`head`'s screen), as
+        :meth:`__call__` then ``head`` give it. ``embed`` makes a token's embedding (1, 1, d) where the call cannot
+        look it up; ``logits`` gives the logits of a final hidden state whose next token the screen cannot decide (a
+        NaN or an infinity), as the decoder computes them without the screen. Needs :attr:`head`."""
+        self._point_at(keys, values)
+        out, h, read = torch.empty(1, self.width), torch.empty(self.width), torch.zeros(1, dtype=torch.int64)
+        (weight, eps, plus_one), threads, tokens = self.final, torch.get_num_threads(), []
+        table, scale = self._embedding if self._embedding is not None else (None, 1.0)
+        step = self.kernels.decode_next  # nothing between two calls but this loop: see lg_decode_next
+        table, head, length, screened = pointer(table), ctypes.byref(self._head), keys[0].shape[2], True
+        for pos in range(start, start + count):
+            if not table:
+                h.copy_(embed(torch.tensor([[token]])).reshape(-1))
+            token = step(token, table, scale, h.data_ptr(), self.layers, len(self.layers), self._caches[2],
+                         self._caches[3], length, pos, self.width, weight.data_ptr(), eps, plus_one, out.data_ptr(),
+                         threads, head, read.data_ptr())
+            if token == -1:
+                raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
+            screened, token = token >= 0, token if token >= 0 else int(logits(out).argmax(-1))
+            tokens.append(token)
+            if token == eos_token_id:
+                break
+        self.head.rows_read = int(read) if screened else self.head.layer.out_features  # the last token's
+        return tokens
