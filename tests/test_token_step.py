@@ -108,3 +108,17 @@ def test_a_final_state_the_screen_cannot_bound_takes_every_logit():
     with torch.inference_mode():
         ours, unscreened = decoder.generate(ids, 6), unscreened.generate(ids, 6)
     assert torch.equal(ours, unscreened) and decoder.head.rows_read == model.lm_head.out_features
+
+
+def test_a_head_with_more_rows_than_the_embedding_has_its_tokens_looked_up_apart():
+    """The C call looks a token up in the embedding only where every token the output layer can give has a row
+    there; otherwise the decoder's own embedding does (an index it does not have fails there, as in the model)."""
+    model = _model(FAMILIES["llama"]())
+    sparsify_(model, min_weights=0)
+    torch.manual_seed(0)
+    model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size + 3, bias=False)
+    decoder = LeanDecoder(model)
+    assert decoder._token._embedding is None and decoder._token.head is decoder.head
+    plain = _model(FAMILIES["llama"]())
+    sparsify_(plain, min_weights=0)
+    assert LeanDecoder(plain)._token._embedding is not None

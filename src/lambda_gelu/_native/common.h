@@ -31,7 +31,7 @@ static inline void split(int64_t n, int64_t align, int tid, int nt, int64_t *lo,
  * takes the rows runs_step gives, the i-th of each run (the last step: the few rows the runs leave, at most RUNS − 1).
  * The hardware prefetcher follows a few streams at once far better than one, which stops at every 4 KiB page: an
  * int8 matrix-vector product of 26 MB on this project's 2-core EPYC read 13 GB/s one row after another, 19.6 a row
- * of each of four runs in turn, 22.5 with the four summed side by side (dot4_i8_i16), and 14.5 with eight runs. */
+ * of each of four runs in turn, 22.5 with the four summed side by side (sums_i8_i16), and 14.5 with eight runs. */
 #define RUNS 4
 static inline int64_t runs_steps(int64_t lo, int64_t hi) {
     int64_t n = hi - lo;

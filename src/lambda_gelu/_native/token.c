@@ -1,7 +1,8 @@
 /* A whole token of a decoder in one call (lambda_gelu.inference.token_step): every layer's attention (decode.c) and
  * sparse gated FFN (gated.c) and the final norm in one parallel region, the team's threads meeting at barriers between
  * the steps instead of a parallel region, a Python call and a few torch calls for each — at batch 1 on a small model,
- * as much time as reading the weights. Its reference is the same decoder's layer-by-layer path. */
+ * as much time as reading the weights. Its reference is the same decoder's layer-by-layer path. Greedy decoding
+ * takes the token's embedding and the output layer's screen into the same call (lg_decode_next). */
 #include "token.h"
 
 /* A layer: its attention, its rotary tables (positions × rotary_dim), its sliding window (0: none), its FFN. */
@@ -15,7 +16,8 @@ struct lg_layer {
 /* The sizes of the structs the Python side mirrors, for it to check its own against. */
 void lg_token_sizes(int64_t *sizes) {
     sizes[0] = sizeof(struct lg_attention), sizes[1] = sizeof(struct lg_ffn), sizes[2] = sizeof(struct lg_layer);
-    sizes[3] = offsetof(struct lg_layer, ffn), sizes[4] = offsetof(struct lg_ffn, ff), sizes[5] = sizeof(struct lg_head);
+    sizes[3] = offsetof(struct lg_layer, ffn), sizes[4] = offsetof(struct lg_ffn, ff);
+    sizes[5] = sizeof(struct lg_head);
 }
 
 /* The token at position pos through the n layers, in place on its hidden state h (d), writing its keys and values

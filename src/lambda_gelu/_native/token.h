@@ -65,7 +65,8 @@ void lg_ffn_scratch_free(struct lg_ffn_scratch *s);
 void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg_ffn_scratch *s);
 
 /* The output layer's rows as the screened argmax reads them (argmax.c): float32 w (rows, d) and bias b (NULL: none),
- * their int8 copies q with scales s and radii r, nq (lambda_gelu.inference.gated.screen_rows). */
+ * their int8 copies q with scales s and radii r, nq (lambda_gelu.inference.gated.screen_rows), and the multiply-adds
+ * a thread is worth (grain: lambda_gelu._native.GRAIN). */
 struct lg_head { const float *w, *b; const int8_t *q; const float *s, *r, *nq; int64_t rows, grain; };
 
 int64_t lg_screened_argmax_f32(const float *x, const float *w, const float *b, const int8_t *q, const float *s,

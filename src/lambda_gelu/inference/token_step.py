@@ -140,8 +140,9 @@ class TokenStep:
         if not (isinstance(head, ScreenedArgmax) and head.screen is not None and head.layer.weight.is_contiguous()
                 and _native.biases_fit(head.layer)):
             head = None  # greedy() needs the output layer's screen as the C kernel reads it
-        plain = type(embed) is torch.nn.Embedding and embed.weight.dtype is torch.float32 and \
-            embed.weight.is_contiguous() and isinstance(decoder.embedding_multiplier, (int, float))
+        plain = (type(embed) is torch.nn.Embedding and embed.weight.dtype is torch.float32 and head is not None
+                 and embed.weight.is_contiguous() and isinstance(decoder.embedding_multiplier, (int, float))
+                 and embed.num_embeddings >= head.layer.out_features)  # every token the head gives has its row
         return cls(kernels, layers, held, steps[-1], width, decoder.int8_attention, head,
                    (embed.weight, float(decoder.embedding_multiplier)) if plain else None)
 
