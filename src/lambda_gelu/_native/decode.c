@@ -44,9 +44,15 @@ static void project(const float *w, const int8_t *q, const float *s, const float
             sums_i8_i16(rows, m, d, xq, sums);
             for (int k = 0; k < m; k++)
                 y[r[k]] = scaled_i8(s[r[k]], t, sums[k]) + (b ? b[r[k]] : 0.0f);
-        } else
+        } else {
+            const float *rows[RUNS];
+            float sums[RUNS];
             for (int k = 0; k < m; k++)
-                y[r[k]] = dot_f32(w + r[k] * d, x, d) + (b ? b[r[k]] : 0.0f);
+                rows[k] = w + r[k] * d;
+            rows4_f32(rows, x, m, d, sums);
+            for (int k = 0; k < m; k++)
+                y[r[k]] = sums[k] + (b ? b[r[k]] : 0.0f);
+        }
     }
 }
 
