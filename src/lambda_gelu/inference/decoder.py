@@ -15,9 +15,10 @@ what their speed-up can give end to end. :class:`LeanDecoder` runs the same mode
 - for each new token, one C call per layer from the input norm to the attention's residual (the projections, the
   rotary embedding, the cache write, the attention, Gemma 2's and 3's norm after it) and one for each of the FFN's
   norms, where the model allows it (float32 on CPU, RMS norms of the Llama or Gemma kind, Qwen3's and Gemma 3's
-  per-head ones too, Gemma 4's of the values; ``fused=False``: the torch path above, its reference); and where every
-  FFN is a sparse gated block (:func:`~lambda_gelu.inference.sparse.sparsify_`'s), one C call for the whole token,
-  every layer's attention and FFN and the final norm (:mod:`~lambda_gelu.inference.token_step`);
+  per-head ones too, Gemma 4's of the values; ``fused=False``: the torch path above, its reference,
+  :mod:`~lambda_gelu.inference.torch_path`); and where every FFN is a sparse gated block
+  (:func:`~lambda_gelu.inference.sparse.sparsify_`'s), one C call for the whole token, every layer's attention and FFN
+  and the final norm (:mod:`~lambda_gelu.inference.token_step`);
 - the next token from the output layer through its int8 screen
   (:class:`~lambda_gelu.inference.screened_argmax.ScreenedArgmax`: the largest logit's index, reading the float32 rows
   of the few that can hold it), and nothing else between tokens.
@@ -57,7 +58,7 @@ from torch import Tensor
 
 from .. import _native
 from .._native import pointer
-from . import layout
+from . import layout, torch_path
 from .derived import Made
 from .gated import SparseGatedMLP, quantize_rows
 from .sampling import settings_warpers
@@ -67,15 +68,6 @@ from .screened_argmax import ScreenedArgmax
 __all__ = ["LeanDecoder", "PROBE_TOLERANCE"]
 
 PROBE_TOLERANCE = 1e-3  # the probe's largest logit difference from the model's own forward, relative to their scale
-
-
-def _rotated(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x·cos + rotate_half(x)·sin over the first cos.shape[-1] features of each head (all but in a partial rotary
-    embedding, Phi-4-mini's), the rest as they are."""
-    width = cos.shape[-1]
-    x, rest = x[..., :width], x[..., width:]
-    half = width // 2
-    return torch.cat((x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin, rest), -1)
 
 
 class LeanDecoder:
@@ -280,7 +272,7 @@ class LeanDecoder:
         h = self._embed(ids)
         if self._token is not None and self._token.int8_attention == self.int8_attention:  # (the probe turns it)
             return self._token(h.reshape(d).contiguous(), start, keys, values)
-        per_layer = self._per_layer_inputs(ids, h)
+        per_layer = torch_path.per_layer_inputs(inner, ids, h)
         h = h.reshape(d).contiguous()
         x, y = torch.empty(1, 1, d, dtype=h.dtype), torch.empty(d, dtype=h.dtype)
         threads = torch.get_num_threads()
@@ -306,13 +298,13 @@ class LeanDecoder:
             else:
                 kernels.rms_norm_f32(h.data_ptr(), ffn[0].data_ptr(), x.data_ptr(), d, *ffn[1:])
             if ffn_post is None:  # Granite's scale of the FFN's output, where it has one
-                h += _ffn(layer, x, h.view(1, 1, d)).reshape(d) * getattr(layer, "residual_multiplier", 1.0)
+                h += torch_path.ffn(layer, x, h.view(1, 1, d)).reshape(d) * getattr(layer, "residual_multiplier", 1.0)
             else:  # Gemma 2's and 3's norm of the FFN's output
-                out = _ffn(layer, x, h.view(1, 1, d)).reshape(d).contiguous()  # held while the C call reads it
+                out = torch_path.ffn(layer, x, h.view(1, 1, d)).reshape(d).contiguous()  # held while C reads it
                 kernels.rms_norm_f32(out.data_ptr(), ffn_post[0].data_ptr(), y.data_ptr(), d, *ffn_post[1:])
                 h += y
             if per_layer is not None:  # Gemma 4's, as the torch path adds them
-                h += _per_layer_input(layer, h.view(1, 1, d), per_layer[:, :, i]).reshape(d)
+                h += torch_path.per_layer_input(layer, h.view(1, 1, d), per_layer[:, :, i]).reshape(d)
             if hasattr(layer, "layer_scalar"):
                 h *= layer.layer_scalar
         out, final = torch.empty(1, d, dtype=h.dtype), self._steps[-1]
@@ -321,79 +313,11 @@ class LeanDecoder:
 
     def _forward(self, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
         """The last position's final hidden state (1, d) for the tokens ``ids`` (1, T) at positions
-        start..start+T−1, writing their keys and values into the cache: a prompt (start 0) or one token."""
+        start..start+T−1, writing their keys and values into the cache: a prompt (start 0) or one token, by the C
+        step where it applies, else by the torch path (:func:`~lambda_gelu.inference.torch_path.forward`)."""
         if self._steps is not None and ids.shape[1] == 1:
             return self._step(ids, start, keys, values)
-        n, end = ids.shape[1], start + ids.shape[1]
-        inner = self.model.model
-        h = self._embed(ids)
-        per_layer = self._per_layer_inputs(ids, h)
-        for i, (layer, (weight, bias, split), (cos, sin), window, softcap, k_cache, v_cache, head_dim) in enumerate(
-                zip(inner.layers, self.qkv, self.rotary, self.windows, self.softcaps, keys, values, self.head_dims)):
-            a, whole = layer.self_attn, layout.whole_width(layer.self_attn, head_dim)
-            before, after, ffn_before, ffn_after = layout.norms(layer)
-            x = before(h) if before is not None else h  # OLMo 2 and 3: none
-            if self.int8_attention:  # the int8 rows' weights, as the C step reads them (but x's rounding)
-                weight = self.dequantized[i][0]
-            q, *kv = F.linear(x, weight, bias).split(split, -1)
-            if whole:  # OLMo 2 and 3, OLMoE: one norm over every head's query, and one over the keys
-                q, kv = a.q_norm(q), [a.k_norm(kv[0]), kv[1]] if kv else kv
-            if self.clip is not None:  # OLMo's and OLMoE's clip_qkv, after those norms
-                q, kv = q.clamp(-self.clip, self.clip), [t.clamp(-self.clip, self.clip) for t in kv]
-            q = q.view(1, n, -1, head_dim)
-            if hasattr(a, "q_norm") and not whole:  # Qwen3, Gemma 3 and 4: a norm over each head's query (and key)
-                q = a.q_norm(q)
-            cos, sin = cos[start:end], sin[start:end]
-            q = _rotated(q.transpose(1, 2), cos, sin)
-            if hasattr(a, "query_layernorm"):  # HunYuan's: each head's query normalized after the rotation
-                q = a.query_layernorm(q)
-            if kv:  # the layer's own keys and values, not an earlier layer's (Gemma 4's shared layers)
-                k, v = (t.view(1, n, -1, head_dim) for t in kv)
-                k = a.k_norm(k) if hasattr(a, "k_norm") and not whole else k
-                v = a.v_norm(v) if hasattr(a, "v_norm") else v  # Gemma 4's, without a weight
-                k = _rotated(k.transpose(1, 2), cos, sin)
-                k_cache[:, :, start:end] = a.key_layernorm(k) if hasattr(a, "key_layernorm") else k
-                v_cache[:, :, start:end] = v.transpose(1, 2)
-            o = self._attend(q, k_cache[:, :, :end], v_cache[:, :, :end], a.scaling, start, window, softcap)
-            o = o.transpose(1, 2).reshape(1, n, -1)
-            o = F.linear(o, self.dequantized[i][1], a.o_proj.bias) if self.int8_attention else a.o_proj(o)
-            scale = getattr(layer, "residual_multiplier", 1.0)  # Granite's scale of each sublayer's output
-            if ffn_before is before is not None:  # Cohere's: the FFN reads the layer's input beside the attention
-                h = h + o + _ffn(layer, x, h)
-                continue
-            h = h + (after(o) if after is not None else o) * scale  # Gemma 2-4, GLM-4, OLMo 2 and 3: normalized
-            out = _ffn(layer, ffn_before(h) if ffn_before is not None else h, h)
-            h = h + (ffn_after(out) if ffn_after is not None else out) * scale
-            if per_layer is not None:
-                h = h + _per_layer_input(layer, h, per_layer[:, :, i])
-            if hasattr(layer, "layer_scalar"):  # Gemma 4's scale of the layer's output
-                h = h * layer.layer_scalar
-        return inner.norm(h[:, -1])
-
-    def _per_layer_inputs(self, ids: Tensor, h: Tensor) -> Tensor | None:
-        """Gemma 4's inputs of each layer for each token (1, T, layers, width), from the tokens and their embeddings
-        ``h``, as its model makes them; None for a model without."""
-        inner = self.model.model
-        if not getattr(inner, "hidden_size_per_layer_input", None):
-            return None
-        return inner.project_per_layer_inputs(h, inner.get_per_layer_inputs(ids, h))
-
-    def _attend(self, q: Tensor, keys: Tensor, values: Tensor, scaling: float, start: int, window: int | None,
-                softcap: float | None) -> Tensor:
-        """Causal attention of the queries at positions start.. over the keys and values at 0..: each query over
-        the last ``window`` positions up to its own if a window is given, the scores soft-capped as
-        softcap·tanh(score / softcap) if a softcap is (Gemma 2's)."""
-        n, end, gqa = q.shape[2], keys.shape[2], keys.shape[1] != q.shape[1]
-        if window is None and softcap is None:
-            return F.scaled_dot_product_attention(q, keys, values, is_causal=n > 1, scale=scaling, enable_gqa=gqa)
-        at, to = torch.arange(start, start + n, device=q.device)[:, None], torch.arange(end, device=q.device)
-        allowed = (to <= at) & (to > at - window) if window is not None else to <= at
-        if softcap is None:
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=scaling, enable_gqa=gqa)
-        group = q.shape[1] // keys.shape[1]
-        scores = q @ keys.repeat_interleave(group, 1).transpose(-1, -2) * scaling
-        scores = (torch.tanh(scores / softcap) * softcap).masked_fill(~allowed, float("-inf"))
-        return F.softmax(scores, -1, dtype=torch.float32).to(q.dtype) @ values.repeat_interleave(group, 1)
+        return torch_path.forward(self, ids, start, keys, values)
 
     def _logits(self, hidden: Tensor) -> Tensor:
         """The output layer's logits, scaled as Cohere and Granite scale them (logit_scale, logits_scaling; > 0) and
@@ -494,27 +418,3 @@ class LeanDecoder:
         gap = float((ours - theirs).abs().max() / theirs.abs().max().clamp(min=1e-6))
         return None if gap <= PROBE_TOLERANCE else (f"gives other logits over its int8 attention rows in C than in "
                                                     f"torch (by {gap:.2g} of their scale)")
-
-
-def _ffn(layer, x: Tensor, residual: Tensor) -> Tensor:
-    """The layer's FFN on its normalized input x: its ``mlp`` (Granite's mixtures: ``block_sparse_moe``, with the
-    dense ``shared_mlp`` beside it if it has one), and beside it, where the layer has one (Gemma 4's
-    ``enable_moe_block``), its experts routed from the residual stream, each output normalized, the two summed."""
-    if not hasattr(layer, "mlp"):
-        shared = getattr(layer, "shared_mlp", None)
-        out = layer.block_sparse_moe(x)
-        return out if shared is None else out + shared(x)
-    out = layer.mlp(x)
-    if not getattr(layer, "enable_moe_block", False):
-        return out
-    flat = residual.reshape(-1, residual.shape[-1])
-    _, weights, index = layer.router(flat)
-    experts = layer.experts(layer.pre_feedforward_layernorm_2(flat), index, weights).reshape(residual.shape)
-    return layer.post_feedforward_layernorm_1(out) + layer.post_feedforward_layernorm_2(experts)
-
-
-def _per_layer_input(layer, h: Tensor, inputs: Tensor) -> Tensor:
-    """What a Gemma 4 layer adds to its hidden state ``h`` from its own ``inputs`` for each token: gated by the
-    hidden state, projected back to its width and normalized."""
-    gated = layer.act_fn(layer.per_layer_input_gate(h)) * inputs
-    return layer.post_per_layer_input_norm(layer.per_layer_projection(gated))
