@@ -248,15 +248,22 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
     int in_float = round_rows_i16(x, n, d, xq, t);  /* a NaN or an infinity is carried by float sums only */
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t k0 = 0; k0 < ff; k0 += 4) {
-        int m = ff - k0 < 4 ? (int)(ff - k0) : 4;
-        for (int64_t r = 0; r < n; r++) {
+    for (int64_t k = 0; k < ff; k++) {
+        const int8_t *row = gate_q + k * d;
+        for (int64_t r0 = 0; r0 < n; r0 += 4) {  /* four rows of x at a time, the unit's row read once for them */
+            int m = n - r0 < 4 ? (int)(n - r0) : 4;
             float v[4];
-            for (int i = 0; i < m; i++)
-                v[i] = row_i8(gate_q + (k0 + i) * d, gate_s[k0 + i], x + r * d, xq + r * d, t[r], in_float, d);
+            if (m == 4 && !in_float) {
+                int32_t sums[4];
+                dot4x_i8_i16(row, xq + r0 * d, xq + (r0 + 1) * d, xq + (r0 + 2) * d, xq + (r0 + 3) * d, d, sums);
+                for (int i = 0; i < 4; i++)
+                    v[i] = scaled_i8(gate_s[k], t[r0 + i], sums[i]);
+            } else
+                for (int i = 0; i < m; i++)
+                    v[i] = row_i8(row, gate_s[k], x + (r0 + i) * d, xq + (r0 + i) * d, t[r0 + i], in_float, d);
             for (int i = 0; i < m; i++) {
-                float vk = gate_b ? v[i] + gate_b[k0 + i] : v[i];
-                g[r * ff + k0 + i] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
+                float vk = gate_b ? v[i] + gate_b[k] : v[i];
+                g[(r0 + i) * ff + k] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
             }
         }
     }
