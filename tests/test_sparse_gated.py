@@ -11,7 +11,7 @@ import torch.nn as nn
 import lambda_gelu as lg
 from lambda_gelu.reluize import AnnealedGELU
 from lambda_gelu.inference.sparse import sparsify_
-from lambda_gelu.inference.gated import FUSED_ROWS, SparseGatedMLP, sparse_gated_reference
+from lambda_gelu.inference.gated import FUSED_ROWS, PROMPT_ROWS, SparseGatedMLP, sparse_gated_reference
 
 transformers = pytest.importorskip("transformers")
 SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -235,11 +235,11 @@ def test_a_dense_batch_runs_the_dense_block_and_the_reference_agrees():
     dense = copy.deepcopy(mlp)
     sparsify_(model, min_weights=0)
     sparse = model.model.layers[0].mlp
-    x = torch.randn(2 * FUSED_ROWS, 32)  # more rows than decoding: over max_density, the dense block, bit for bit
+    x = torch.randn(PROMPT_ROWS + 1, 32)  # more than a short prompt: over max_density, the dense block, bit for bit
     with torch.inference_mode():
         assert torch.equal(sparse(x), dense(x))
-        few = x[:FUSED_ROWS]  # decoding's sizes never fall back: the C loop, equal within rounding
-        torch.testing.assert_close(sparse(few), dense(few), rtol=1e-5, atol=1e-6)
+        for few in (x[:FUSED_ROWS], x[:PROMPT_ROWS]):  # decoding's and a short prompt's never fall back: the C loop
+            torch.testing.assert_close(sparse(few), dense(few), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(sparse_gated_reference(x, dense.gate_proj, dense.up_proj, dense.down_proj),
                                    dense(x), rtol=1e-5, atol=1e-6)
 

@@ -162,6 +162,27 @@ static inline void dots4_f32(const float *w, const float *x, int m, int64_t d, f
         s[i] = all[i];
 }
 
+/* dots4_f32 over four rows of x given apart (rows of a batch where a unit is active): s[i] = w · x_i for i < m ≤ 4,
+ * the chains past m repeating x_0 and dropped; one row is dot_f32's sum. Each sum is the one dots4_f32 makes of it. */
+static inline void dots4p_f32(const float *w, const float *x0, const float *x1, const float *x2, const float *x3,
+                              int m, int64_t d, float *s) {
+    if (m == 1) {
+        s[0] = dot_f32(w, x0, d);
+        return;
+    }
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    #pragma omp simd reduction(+:s0, s1, s2, s3)
+    for (int64_t j = 0; j < d; j++) {
+        s0 += w[j] * x0[j];
+        s1 += w[j] * x1[j];
+        s2 += w[j] * x2[j];
+        s3 += w[j] * x3[j];
+    }
+    float all[4] = {s0, s1, s2, s3};
+    for (int i = 0; i < m; i++)
+        s[i] = all[i];
+}
+
 /* Threads for a gate's n·ff·d multiply-adds: one per `grain`, at least one, at most max_threads. */
 static inline int gate_threads(int64_t n, int64_t d, int64_t ff, int max_threads, int64_t grain) {
     int64_t work = n * ff * d / grain;

@@ -3,30 +3,39 @@
 #include "int4.h"
 #include "token.h"
 
+/* Unit k of a gated block for the m ≤ 4 rows rs[0..m) of x (n, d): acc's row r (out wide) += g[r, k]·(u_row · x_r +
+ * u_b)·w for each, their up products side by side (dots4p_f32: the unit's row read once for them). */
+static inline void unit_some_rows_f32(const float *x, const float *g, int64_t k, const float *u_row, float u_b,
+                                      const float *w, float *acc, const int64_t *rs, int m, int64_t d, int64_t ff,
+                                      int64_t out) {
+    float u[4];
+    dots4p_f32(u_row, x + rs[0] * d, x + rs[m > 1 ? 1 : 0] * d, x + rs[m > 2 ? 2 : 0] * d, x + rs[m > 3 ? 3 : 0] * d,
+               m, d, u);
+    for (int i = 0; i < m; i++) {
+        float h = g[rs[i] * ff + k] * (u[i] + u_b), *yr = acc + rs[i] * out;
+        for (int64_t j = 0; j < out; j++)
+            yr[j] = FMA(h, w[j], yr[j]);
+    }
+}
+
 /* One unit k of a gated block over the n rows of x (n, d): adds g[r, k]·(u_row · x_r + u_b)·w to acc's row r (out
- * wide) for each row r where g[r, k] ≠ 0 (every row if `dense`), the up products four rows at a time; returns
- * whether some row's g was nonzero. */
+ * wide) for each row r where g[r, k] ≠ 0 (every row if `dense`), the up products of four such rows at a time: a row
+ * whose gate is 0 costs nothing. Returns whether some row's g was nonzero. */
 static inline int unit_rows_f32(const float *x, const float *g, int64_t k, const float *u_row, float u_b,
                                 const float *w, float *acc, int64_t n, int64_t d, int64_t ff, int64_t out, int dense) {
-    int active = 0;
-    for (int64_t r0 = 0; r0 < n; r0 += 4) {
-        int m = n - r0 < 4 ? (int)(n - r0) : 4, any = dense;
-        for (int i = 0; i < m; i++)
-            any |= g[(r0 + i) * ff + k] != 0.0f;
-        if (!any)
+    int active = 0, m = 0;
+    int64_t rs[4];
+    for (int64_t r = 0; r < n; r++) {
+        float gk = g[r * ff + k];
+        active |= gk != 0.0f;
+        if (gk == 0.0f && !dense)
             continue;
-        float u[4];
-        dots4_f32(u_row, x + r0 * d, m, d, u);
-        for (int i = 0; i < m; i++) {
-            float gk = g[(r0 + i) * ff + k];
-            if (gk == 0.0f && !dense)
-                continue;
-            active |= gk != 0.0f;
-            float h = gk * (u[i] + u_b), *yr = acc + (r0 + i) * out;
-            for (int64_t j = 0; j < out; j++)
-                yr[j] = FMA(h, w[j], yr[j]);
-        }
+        rs[m++] = r;
+        if (m == 4)
+            unit_some_rows_f32(x, g, k, u_row, u_b, w, acc, rs, m, d, ff, out), m = 0;
     }
+    if (m)
+        unit_some_rows_f32(x, g, k, u_row, u_b, w, acc, rs, m, d, ff, out);
     return active;
 }
 
