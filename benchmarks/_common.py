@@ -35,13 +35,25 @@ def _code() -> str | None:
 
 
 def _cpu_name() -> str:
+    """The CPU's model name, with its family and model numbers and its last-level cache where the kernel gives them:
+    a name such as "AMD EPYC" stands for several generations, whose results differ."""
+    fields = {}
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+            if not line.strip():
+                break
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    details = [f"family {fields['cpu family']} model {fields['model']}"] if "cpu family" in fields else []
+    try:
+        size = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        details.append(f"{int(size[:-1]) // 1024} MiB L3" if size.endswith("K") else f"{size} L3")
+    except (OSError, ValueError):
+        pass
+    return f"{name} ({'; '.join(details)})" if details else name  # no ", ": the report splits the machine on it
 
 
 def interleaved(fns: dict, reps: int, warmup: int = 2) -> dict[str, float]:
