@@ -139,31 +139,10 @@ static inline void rows4_f32(const float *const *w, const float *x, int m, int64
     s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
 }
 
-/* s[i] = w · x[i·d : (i + 1)·d] for the m ≤ 4 rows of x, side by side where there are two or more: each of w's
- * vectors read once for them, and four chains of multiply-adds in flight, where one dot_f32 after another waits on
- * each one's chain (at 8 rows a gated block's loop was bound by those chains, not by reading its rows). Fewer than
- * four rows repeat the first in the chains left over, whose sums are dropped. */
-static inline void dots4_f32(const float *w, const float *x, int m, int64_t d, float *s) {
-    if (m == 1) {
-        s[0] = dot_f32(w, x, d);
-        return;
-    }
-    const float *x0 = x, *x1 = x + d, *x2 = m > 2 ? x + 2 * d : x, *x3 = m > 3 ? x + 3 * d : x;
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    #pragma omp simd reduction(+:s0, s1, s2, s3)
-    for (int64_t j = 0; j < d; j++) {
-        s0 += w[j] * x0[j];
-        s1 += w[j] * x1[j];
-        s2 += w[j] * x2[j];
-        s3 += w[j] * x3[j];
-    }
-    float all[4] = {s0, s1, s2, s3};
-    for (int i = 0; i < m; i++)
-        s[i] = all[i];
-}
-
-/* dots4_f32 over four rows of x given apart (rows of a batch where a unit is active): s[i] = w · x_i for i < m ≤ 4,
- * the chains past m repeating x_0 and dropped; one row is dot_f32's sum. Each sum is the one dots4_f32 makes of it. */
+/* s[i] = w · x_i for the m ≤ 4 rows x_0..x_3 (of a batch, given apart: where a unit is active), side by side where
+ * there are two or more: each of w's vectors read once for them, and four chains of multiply-adds in flight, where
+ * one dot_f32 after another waits on each one's chain (at 8 rows a gated block's loop was bound by those chains, not
+ * by reading its rows). The chains past m repeat x_0 and are dropped; one row is dot_f32's sum. */
 static inline void dots4p_f32(const float *w, const float *x0, const float *x1, const float *x2, const float *x3,
                               int m, int64_t d, float *s) {
     if (m == 1) {
@@ -181,6 +160,11 @@ static inline void dots4p_f32(const float *w, const float *x0, const float *x1, 
     float all[4] = {s0, s1, s2, s3};
     for (int i = 0; i < m; i++)
         s[i] = all[i];
+}
+
+/* dots4p_f32 over the m ≤ 4 rows of x (m, d) in a row. */
+static inline void dots4_f32(const float *w, const float *x, int m, int64_t d, float *s) {
+    dots4p_f32(w, x, m > 1 ? x + d : x, m > 2 ? x + 2 * d : x, m > 3 ? x + 3 * d : x, m, d, s);
 }
 
 /* Threads for a gate's n·ff·d multiply-adds: one per `grain`, at least one, at most max_threads. */
