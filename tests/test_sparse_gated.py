@@ -265,11 +265,15 @@ def kernels():
     return library
 
 
-def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_exactly_enough(kernels):
-    """grain 1 makes every call multi-threaded: each thread sums a share of the active units into a partial."""
-    n, d, ff, out = 3, 40, 200, 24
+@pytest.mark.parametrize("n", [3, 11])
+def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_exactly_enough(kernels, n):
+    """grain 1 makes every call multi-threaded: each thread sums a share of the active units into a partial. At 11
+    rows a unit's active rows are gathered four at a time from rows far apart (a short prompt's), the rest alone."""
+    d, ff, out = 40, 200, 24
     x, up, down_t = torch.randn(n, d), torch.randn(ff, d), torch.randn(ff, out)
     g = torch.relu(torch.randn(n, ff) - 1.0)
+    g[:, :4] = 1.0  # units active in every row, and units active in none
+    g[:, 4:8] = 0.0
     y = torch.empty(n, out)
     got = kernels.sparse_gated_f32(x.data_ptr(), g.data_ptr(), up.data_ptr(), None, down_t.data_ptr(), None,
                                    y.data_ptr(), n, d, ff, out, ff, 2, 1)
