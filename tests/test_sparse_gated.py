@@ -593,3 +593,28 @@ def test_what_the_screen_rules_out_is_an_exact_zero_and_the_kernel_reads_only_wh
     if mlp.gate_proj.bias is not None:
         gate = gate + mlp.gate_proj.bias.double()
     assert (gate[~left] <= 0).all() and (~left).any() and left[gate > 0].all()
+
+
+@pytest.mark.parametrize("n", [1, 6, 15])
+def test_a_prompts_int8_projection_is_the_exact_integer_sum_scaled_once(n):
+    """linear_i8, the prompt's attention over int8 rows: each output is s·t·(q·x̃) in double rounded once to float32,
+    plus the bias, as the decoding step's projections give it (x̃: x rounded to 16 bits, int16_rows); a row of x that
+    holds a NaN is summed in float and carries it; the torch reference differs by x's rounding alone."""
+    from lambda_gelu import _native
+    from lambda_gelu.inference.gated import int16_rows, linear_i8, quantize_rows
+    if _native.library() is None:
+        pytest.skip("no C kernels here")
+    g = torch.Generator().manual_seed(5)
+    w, b = torch.randn(37, 64, generator=g), torch.randn(37, generator=g)
+    q, s = quantize_rows(w)
+    x = torch.randn(1, n, 64, generator=g) * 3
+    xq, t = int16_rows(x[0])
+    exact = ((s.double()[None, :] * t) * (xq @ q.double().t())).float() + b
+    assert torch.equal(linear_i8(x, q, s, b)[0], exact)
+    reference = torch.nn.functional.linear(x, q.float() * s[:, None], b)
+    rounding = (x[0].double() - t * xq).abs() @ (q.double() * s.double()[:, None]).abs().t()  # |x − t·x̃|·|w|
+    assert ((linear_i8(x, q, s, b) - reference)[0].abs().double() <= rounding + 64 * 2 ** -23 * (
+        x[0].double().abs() @ (q.double() * s.double()[:, None]).abs().t()) + 1e-6).all()
+    x[0, -1, 3] = float("nan")
+    y = linear_i8(x, q, s, b)
+    assert y[0, -1].isnan().all() and (n == 1 or not y[0, :-1].isnan().any())

@@ -233,6 +233,53 @@ static void gated_i8_rows(const void *c, float *acc, const int64_t *active, int6
     }
 }
 
+/* y (n, out) = x (n, d) · (s·q)ᵀ + b for int8 rows q (out, d) with a float32 scale each (b: out, or null), x taken as
+ * its int16 rounding (xq, t: round_rows_i16's) for exact integer sums, four rows of x at a time, each of q's rows read
+ * once for them, on nt threads; in float where in_float (x holds a NaN or an infinity). `relu`: y = relu(…), NaN kept
+ * as torch keeps it (a gate's). */
+static void batch_rows_i8(const float *x, const int16_t *xq, const double *t, int in_float, const int8_t *q,
+                          const float *s, const float *b, float *y, int64_t n, int64_t d, int64_t out, int relu,
+                          int nt) {
+    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+    for (int64_t k = 0; k < out; k++) {
+        const int8_t *row = q + k * d;
+        for (int64_t r0 = 0; r0 < n; r0 += 4) {
+            int m = n - r0 < 4 ? (int)(n - r0) : 4;
+            float v[4];
+            if (m == 4 && !in_float) {
+                int32_t sums[4];
+                dot4x_i8_i16(row, xq + r0 * d, xq + (r0 + 1) * d, xq + (r0 + 2) * d, xq + (r0 + 3) * d, d, sums);
+                for (int i = 0; i < 4; i++)
+                    v[i] = scaled_i8(s[k], t[r0 + i], sums[i]);
+            } else
+                for (int i = 0; i < m; i++)
+                    v[i] = row_i8(row, s[k], x + (r0 + i) * d, xq + (r0 + i) * d, t[r0 + i], in_float, d);
+            for (int i = 0; i < m; i++) {
+                float vk = b ? v[i] + b[k] : v[i];
+                y[(r0 + i) * out + k] = !relu || vk > 0.0f || vk != vk ? vk : 0.0f;
+            }
+        }
+    }
+}
+
+/* One call: a batch's projection over int8 rows (a prompt's attention, lambda_gelu.inference.gated.linear_i8), summed
+ * as the decoding step sums its int8 projections; 0, or −1 if its buffers could not be allocated. */
+int lg_linear_i8(const float *x, const int8_t *q, const float *s, const float *b, float *y, int64_t n, int64_t d,
+                 int64_t out, int max_threads, int64_t grain) {
+    int16_t *xq = malloc((size_t)(n > 0 ? n : 1) * (d > 0 ? d : 1) * sizeof *xq);
+    double *t = malloc((size_t)(n > 0 ? n : 1) * sizeof *t);
+    if (!xq || !t) {
+        free(xq);
+        free(t);
+        return -1;
+    }
+    int in_float = round_rows_i16(x, n, d, xq, t);
+    batch_rows_i8(x, xq, t, in_float, q, s, b, y, n, d, out, 0, gate_threads(n, d, out, max_threads, grain));
+    free(xq);
+    free(t);
+    return 0;
+}
+
 static int64_t one_row(const struct lg_ffn *f, const float *x, float *g, float *y, int64_t d, int nt);
 
 int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *gate_s, const float *gate_b,
@@ -256,26 +303,7 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
     }
     int in_float = round_rows_i16(x, n, d, xq, t);  /* a NaN or an infinity is carried by float sums only */
     int nt = gate_threads(n, d, ff, max_threads, grain);
-    #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
-    for (int64_t k = 0; k < ff; k++) {
-        const int8_t *row = gate_q + k * d;
-        for (int64_t r0 = 0; r0 < n; r0 += 4) {  /* four rows of x at a time, the unit's row read once for them */
-            int m = n - r0 < 4 ? (int)(n - r0) : 4;
-            float v[4];
-            if (m == 4 && !in_float) {
-                int32_t sums[4];
-                dot4x_i8_i16(row, xq + r0 * d, xq + (r0 + 1) * d, xq + (r0 + 2) * d, xq + (r0 + 3) * d, d, sums);
-                for (int i = 0; i < 4; i++)
-                    v[i] = scaled_i8(gate_s[k], t[r0 + i], sums[i]);
-            } else
-                for (int i = 0; i < m; i++)
-                    v[i] = row_i8(row, gate_s[k], x + (r0 + i) * d, xq + (r0 + i) * d, t[r0 + i], in_float, d);
-            for (int i = 0; i < m; i++) {
-                float vk = gate_b ? v[i] + gate_b[k] : v[i];
-                g[(r0 + i) * ff + k] = vk > 0.0f || vk != vk ? vk : 0.0f;  /* relu, NaN kept as torch keeps it */
-            }
-        }
-    }
+    batch_rows_i8(x, xq, t, in_float, gate_q, gate_s, gate_b, g, n, d, ff, 1, nt);  /* the gate, relu'd */
     struct gated_i8_ctx ctx = {x, g, up_s, up_b, up_q, down_q, xq, t, widened, n, d, ff, out, stride, dense, in_float};
     int64_t n_active = gated_units(gated_i8_rows, &ctx, g, down_s, down_b, y, n, d, ff, out, ff, dense, max_threads,
                                    grain);

@@ -47,6 +47,7 @@ from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "FUSED_ROWS", "PROMPT_ROWS", "Rows", "gated_parts",
            "sparse_gated_reference", "sparse_gated_int8_reference", "sparse_gated_int4_reference", "quantize_rows",
+           "linear_i8",
            "unit_rows", "unit_stride", "screen_rows", "int16_rows", "screened_in", "gated_mlps"]
 
 
@@ -113,6 +114,23 @@ def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
     s = w.abs().amax(1) / 127
     s = torch.where(s > 0, s, torch.ones_like(s))
     return torch.round(w / s[:, None]).clamp_(-127, 127).to(torch.int8).contiguous(), s.contiguous()
+
+
+def linear_i8(x: Tensor, q: Tensor, s: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x · (s·q)ᵀ + bias over :func:`quantize_rows`' rows, as the C kernels sum them (a prompt's int8 projections, as
+    the decoding step's): each row of x rounded to 16 bits (:func:`int16_rows`) and summed exactly in integers, in float
+    where a row holds a NaN or an infinity. Its reference, and where the kernels do not apply: ``F.linear`` over the
+    rows dequantized (which differs by x's rounding)."""
+    kernels = _native.library()
+    if (kernels is None or x.dtype is not torch.float32 or not x.is_cpu or x.shape[-1] != q.shape[1]
+            or bias is not None and (bias.dtype is not torch.float32 or bias.shape != q.shape[:1])):
+        return F.linear(x, (q.float() * s[:, None]).to(x.dtype), bias)
+    x2, b = x.reshape(-1, x.shape[-1]).contiguous(), None if bias is None else bias.contiguous()
+    y = torch.empty(len(x2), len(q), dtype=torch.float32)
+    if kernels.linear_i8(x2.data_ptr(), q.data_ptr(), s.data_ptr(), pointer(b), y.data_ptr(), len(x2), x2.shape[1],
+                         len(q), torch.get_num_threads(), _native.GRAIN) < 0:
+        raise MemoryError("linear_i8: the kernel could not allocate its buffers")
+    return y.reshape(*x.shape[:-1], len(q))
 
 
 def unit_rows(up_q: Tensor, down_q: Tensor) -> tuple[Tensor, Tensor]:

@@ -14,13 +14,16 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import layout
+from .gated import linear_i8
 
 __all__ = ["forward", "ffn", "per_layer_inputs", "per_layer_input"]
 
 
 def forward(decoder, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
     """The last position's final hidden state (1, d) for the tokens ``ids`` (1, T) at positions start..start+T−1,
-    writing their keys and values into the cache: a prompt (start 0) or one token."""
+    writing their keys and values into the cache: a prompt (start 0) or one token. With the decoder's int8 attention,
+    the projections are the C step's own sums over its int8 rows (:func:`~lambda_gelu.inference.gated.linear_i8`)
+    where the C step applies, else ``F.linear`` over those rows dequantized (the C step's reference)."""
     n, end = ids.shape[1], start + ids.shape[1]
     inner = decoder.model.model
     h = decoder._embed(ids)
@@ -31,9 +34,11 @@ def forward(decoder, ids: Tensor, start: int, keys: list[Tensor], values: list[T
         a, whole = layer.self_attn, layout.whole_width(layer.self_attn, head_dim)
         before, after, ffn_before, ffn_after = layout.norms(layer)
         x = before(h) if before is not None else h  # OLMo 2 and 3: none
-        if decoder.int8_attention:  # the int8 rows' weights, as the C step reads them (but x's rounding)
-            weight = decoder.dequantized[i][0]
-        q, *kv = F.linear(x, weight, bias).split(split, -1)
+        int8 = decoder.int8[i] if decoder.int8_attention and decoder._steps is not None else None
+        if int8 is not None:  # the int8 rows, summed as the C step sums them
+            q, *kv = linear_i8(x, int8[0], int8[1], bias).split(split, -1)
+        else:  # float32, or the int8 rows' weights as the C step reads them (but x's rounding)
+            q, *kv = F.linear(x, decoder.dequantized[i][0] if decoder.int8_attention else weight, bias).split(split, -1)
         if whole:  # OLMo 2 and 3, OLMoE: one norm over every head's query at once, and one over the keys
             q, kv = a.q_norm(q), [a.k_norm(kv[0]), kv[1]] if kv else kv
         if decoder.clip is not None:  # OLMo's and OLMoE's clip_qkv, after those norms
@@ -54,7 +59,10 @@ def forward(decoder, ids: Tensor, start: int, keys: list[Tensor], values: list[T
             v_cache[:, :, start:end] = v.transpose(1, 2)
         o = _attend(q, k_cache[:, :, :end], v_cache[:, :, :end], a.scaling, start, window, softcap)
         o = o.transpose(1, 2).reshape(1, n, -1)
-        o = F.linear(o, decoder.dequantized[i][1], a.o_proj.bias) if decoder.int8_attention else a.o_proj(o)
+        if int8 is not None:
+            o = linear_i8(o, int8[2], int8[3], a.o_proj.bias)
+        else:
+            o = F.linear(o, decoder.dequantized[i][1], a.o_proj.bias) if decoder.int8_attention else a.o_proj(o)
         scale = getattr(layer, "residual_multiplier", 1.0)  # Granite's scale of each sublayer's output
         if ffn_before is before is not None:  # Cohere's: the FFN reads the layer's input beside the attention
             h = h + o + ffn(layer, x, h)
