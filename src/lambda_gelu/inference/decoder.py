@@ -88,7 +88,8 @@ class LeanDecoder:
         int8_attention: the attention's projections (queries, keys and values stacked, and its output) read as int8
             rows with a float32 scale each (:func:`~lambda_gelu.inference.gated.quantize_rows`: a quarter of their
             bytes, which bound decoding at batch 1), their input rounded to 16 bits and summed exactly in integers
-            by the C step; the torch path (the prompt, and ``fused=False``) computes with the same rows dequantized.
+            by the C step, and so by the prompt's forward where the C step applies
+            (:func:`~lambda_gelu.inference.gated.linear_i8`); ``fused=False`` computes with the same rows dequantized.
             The weights' rounding is a quantization: it changes logits, and its cost is measured, not bounded.
         one_call: each new token in one C call, every layer and the final norm
             (:mod:`~lambda_gelu.inference.token_step`), where the C step applies and every layer's FFN is a sparse
@@ -397,9 +398,9 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def _probe_int8(self) -> str | None:
-        """Why the C step over the attention's int8 rows disagrees with the torch path over the same rows,
-        dequantized, on the probe prompt's two decoding steps (None if it agrees, or if there is no C step): the two
-        differ by the rounding of the projections' inputs to 16 bits alone."""
+        """Why the C step and the prompt's integer sums over the attention's int8 rows disagree with the torch path
+        over the same rows, dequantized, on the probe prompt and its two decoding steps (None if they agree, or if
+        there is no C step): the two differ by the rounding of the projections' inputs to 16 bits alone."""
         if self._steps is None:
             return None
         ids = torch.randint(0, self.model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
