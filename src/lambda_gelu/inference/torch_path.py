@@ -4,8 +4,9 @@ of its C step (``fused=False``).
 It runs the model's own modules and weights as the decoder holds them: the query, key and value projections stacked,
 the rotary embedding tabulated per layer, the static cache written in place, ``scaled_dot_product_attention`` with
 grouped-query heads (a sliding window and Gemma 2's soft-capped scores as that model's attention applies them), and
-each layer's ``mlp`` called as it is (with Gemma 4's experts and per-layer inputs beside it). The C step calls
-:func:`ffn` and :func:`per_layer_input` for what it does not compute itself.
+each layer's ``mlp`` called as it is (with Gemma 4's experts and per-layer inputs beside it; a sparse FFN runs its own
+C loop). Where the C step applies, a prompt's int8 projections are its integer sums; with ``fused=False`` every
+operation is torch's. The C step calls :func:`ffn` and :func:`per_layer_input` for what it does not compute itself.
 """
 from __future__ import annotations
 
