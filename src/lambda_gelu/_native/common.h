@@ -119,26 +119,6 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* s[i] = w[i] · x for the m ≤ 4 rows w[0..m) of a runs_step: four rows from four runs side by side, x read once for
- * them, each summed as dot_f32 sums it (one partial sum per lane); fewer one after another. */
-static inline void rows4_f32(const float *const *w, const float *x, int m, int64_t d, float *s) {
-    if (m < 4) {
-        for (int i = 0; i < m; i++)
-            s[i] = dot_f32(w[i], x, d);
-        return;
-    }
-    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-    #pragma omp simd reduction(+:s0, s1, s2, s3)
-    for (int64_t j = 0; j < d; j++) {
-        s0 += w0[j] * x[j];
-        s1 += w1[j] * x[j];
-        s2 += w2[j] * x[j];
-        s3 += w3[j] * x[j];
-    }
-    s[0] = s0, s[1] = s1, s[2] = s2, s[3] = s3;
-}
-
 /* s[i] = w · x_i for the m ≤ 4 rows x_0..x_3 (of a batch, given apart: where a unit is active), side by side where
  * there are two or more: each of w's vectors read once for them, and four chains of multiply-adds in flight, where
  * one dot_f32 after another waits on each one's chain (at 8 rows a gated block's loop was bound by those chains, not
@@ -165,6 +145,18 @@ static inline void dots4p_f32(const float *w, const float *x0, const float *x1, 
 /* dots4p_f32 over the m ≤ 4 rows of x (m, d) in a row. */
 static inline void dots4_f32(const float *w, const float *x, int m, int64_t d, float *s) {
     dots4p_f32(w, x, m > 1 ? x + d : x, m > 2 ? x + 2 * d : x, m > 3 ? x + 3 * d : x, m, d, s);
+}
+
+/* s[i] = w[i] · x for the m ≤ 4 rows w[0..m) of a runs_step: four rows from four runs side by side, x read once for
+ * them (dots4p_f32 with the roles of w and x swapped: the products are the same), each summed as dot_f32 sums it;
+ * fewer one after another. */
+static inline void rows4_f32(const float *const *w, const float *x, int m, int64_t d, float *s) {
+    if (m < 4) {
+        for (int i = 0; i < m; i++)
+            s[i] = dot_f32(w[i], x, d);
+        return;
+    }
+    dots4p_f32(x, w[0], w[1], w[2], w[3], 4, d, s);
 }
 
 /* Threads for a gate's n·ff·d multiply-adds: one per `grain`, at least one, at most max_threads. */
