@@ -22,6 +22,8 @@ FAMILIES = {
     "gemma3": lambda: transformers.Gemma3TextConfig(**SIZES, head_dim=16, sliding_window=6, hidden_activation="relu"),
     # rows of three blocks: the AVX2 loop's pair of blocks, then one alone
     "llama-odd-blocks": lambda: transformers.LlamaConfig(**dict(SIZES, hidden_size=96), hidden_act="relu"),
+    # rows of six blocks: four of them summed side by side take three pairs of blocks each
+    "llama-six-blocks": lambda: transformers.LlamaConfig(**dict(SIZES, hidden_size=192), hidden_act="relu"),
 }
 
 

@@ -156,15 +156,49 @@ static inline float q4_value(float s, float m, double t, int64_t steps, int64_t 
     return (float)(t * ((double)s * (double)steps + (double)m * (double)offsets));
 }
 
+#if defined(__AVX2__)
+/* q4_steps of four rows side by side, x̂ read once for them: the same integer sums (rows of an even number of fewer
+ * than 1000 blocks). Four rows from four runs (runs_step) are four streams the hardware prefetcher follows together,
+ * as the int8 rows are summed (int8.h); one row after another, each row's last lines were waited for. */
+static inline void q4_steps4(const uint8_t *const *r, const int8_t *xp, int64_t nb, int64_t *steps) {
+    const __m256i low = _mm256_set1_epi8(15), spread = _mm256_setr_epi8(
+        0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
+        1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
+    __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int64_t b = 0; b + 2 <= nb; b += 2) {
+        const int8_t *x = xp + b * Q4_BLOCK;
+        __m256i x0 = _mm256_loadu_si256((const __m256i *)x), x1 = _mm256_loadu_si256((const __m256i *)(x + Q4_BLOCK));
+        for (int i = 0; i < 4; i++) {
+            __m256i codes = _mm256_loadu_si256((const __m256i *)(r[i] + b * Q4_BLOCK / 2));
+            __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(codes, low), x0),
+                                             _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), low),
+                                                                  x1));
+            uint16_t ab;
+            memcpy(&ab, r[i] + nb * Q4_BLOCK / 2 + b, 2);
+            s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(_mm256_set1_epi16((short)ab),
+                                                                                       spread)));
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        steps[i] = hsum_i32x8(s[i]);
+}
+#endif
+
 /* The values w_i·x of the m ≤ 4 rows r[0..m) (scales s[i], mo[i]) into v[0..m), from x̂ (scale t) and its block sums
- * xs, one row after another (each row one stream, as int8.h reads its rows): what the dequantized rows give against
- * t·x̂, but for the last rounding. */
+ * xs: four rows side by side (q4_steps4), fewer one after another. What the dequantized rows give against t·x̂, but
+ * for the last rounding. */
 static inline void q4_rows(const uint8_t *const *r, int m, const float *s, const float *mo, const int8_t *xq,
                            const int8_t *xp, const int16_t *xs, double t, int64_t d, float *v) {
-    int64_t nb = d / Q4_BLOCK;
+    int64_t nb = d / Q4_BLOCK, steps[4];
+#if defined(__AVX2__)
+    if (m == 4 && nb % 2 == 0 && nb < 1000)
+        q4_steps4(r, xp, nb, steps);
+    else
+#endif
+        for (int i = 0; i < m; i++)
+            steps[i] = q4_steps(r[i], xq, xp, nb);
     for (int i = 0; i < m; i++)
-        v[i] = q4_value(s[i], mo[i], t, q4_steps(r[i], xq, xp, nb),
-                        q4_offsets((const int8_t *)(r[i] + nb * (Q4_BLOCK / 2 + 1)), xs, nb));
+        v[i] = q4_value(s[i], mo[i], t, steps[i], q4_offsets((const int8_t *)(r[i] + nb * (Q4_BLOCK / 2 + 1)), xs, nb));
 }
 
 /* The same row in float over x itself (an x with a NaN or an infinity, which no x̂ stands for). */
