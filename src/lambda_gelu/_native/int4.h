@@ -158,8 +158,9 @@ static inline float q4_value(float s, float m, double t, int64_t steps, int64_t 
 
 #if defined(__AVX2__)
 /* q4_steps of four rows side by side, x̂ read once for them: the same integer sums (rows of an even number of fewer
- * than 1000 blocks). Four rows from four runs (runs_step) are four streams the hardware prefetcher follows together,
- * as the int8 rows are summed (int8.h); one row after another, each row's last lines were waited for. */
+ * than 1000 blocks). A gate's four rows from four runs (runs_step) are four streams the hardware prefetcher follows
+ * together, as the int8 rows are summed (int8.h); one row after another, each row's last lines were waited for. (Four
+ * active units' up rows, near each other, measured the same either way.) */
 static inline void q4_steps4(const uint8_t *const *r, const int8_t *xp, int64_t nb, int64_t *steps) {
     const __m256i low = _mm256_set1_epi8(15), spread = _mm256_setr_epi8(
         0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
@@ -190,13 +191,13 @@ static inline void q4_steps4(const uint8_t *const *r, const int8_t *xp, int64_t 
 static inline void q4_rows(const uint8_t *const *r, int m, const float *s, const float *mo, const int8_t *xq,
                            const int8_t *xp, const int16_t *xs, double t, int64_t d, float *v) {
     int64_t nb = d / Q4_BLOCK, steps[4];
+    int summed = 0;
 #if defined(__AVX2__)
     if (m == 4 && nb % 2 == 0 && nb < 1000)
-        q4_steps4(r, xp, nb, steps);
-    else
+        q4_steps4(r, xp, nb, steps), summed = 4;
 #endif
-        for (int i = 0; i < m; i++)
-            steps[i] = q4_steps(r[i], xq, xp, nb);
+    for (int i = summed; i < m; i++)
+        steps[i] = q4_steps(r[i], xq, xp, nb);
     for (int i = 0; i < m; i++)
         v[i] = q4_value(s[i], mo[i], t, steps[i], q4_offsets((const int8_t *)(r[i] + nb * (Q4_BLOCK / 2 + 1)), xs, nb));
 }
