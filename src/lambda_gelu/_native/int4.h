@@ -99,6 +99,22 @@ static inline __m256i q4_block(const uint8_t *q, __m256i x, __m256i a) {
     __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(15));
     return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), a);
 }
+
+/* The eight int32 lanes of a_b·S_b + a_{b+1}·S_{b+1} for two blocks b, b + 1 (q4_steps' AVX2 step): their 32 bytes
+ * of codes q unpacked into low nibbles and high, u8 × s8 pairs of each against x̂ in pair order (x0: both blocks'
+ * first halves, x1: their second halves), the two added in int16, then times their steps a[0] (low half) and a[1]
+ * (high half), in pairs again, into int32. */
+static inline __m256i q4_pair(const uint8_t *q, const uint8_t *a, __m256i x0, __m256i x1) {
+    const __m256i low = _mm256_set1_epi8(15), spread = _mm256_setr_epi8(  /* a_b: lanes 0..7, a_{b+1}: 8..15 */
+        0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
+        1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
+    __m256i codes = _mm256_loadu_si256((const __m256i *)q);
+    __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(codes, low), x0),
+                                     _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), low), x1));
+    uint16_t ab;  /* a_b and a_{b+1} */
+    memcpy(&ab, a, 2);
+    return _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(_mm256_set1_epi16((short)ab), spread));
+}
 #endif
 
 /* x̂ (d) in the order the AVX2 loop of q4_steps reads it, two blocks b, b + 1 at a time: their first halves, then
@@ -115,30 +131,18 @@ static inline void q4_pair_order(const int8_t *xq, int64_t d, int8_t *xp) {
 }
 
 /* Σ_b a_b·S_b for one row r of nb blocks, from x̂ (xq) or the same in pair order (xp: q4_pair_order). The AVX2 loop
- * takes two blocks a step: their 32 bytes of codes unpack into one register of low nibbles and one of high, each
- * half from one block; u8 × s8 pairs of each against xp, the two added in int16 (|lane| ≤ 2·2·15·127), then times
- * a_b in the low half and a_{b+1} in the high one, in pairs again, into int32. Each lane holds at most
+ * takes two blocks a step (q4_pair: |int16 lane| ≤ 2·2·15·127 = 7620); each int32 lane holds at most
  * nb/2·2·7620·255 < 2³¹: rows of fewer than 1000 blocks (the plain loop takes longer ones). */
 static inline int64_t q4_steps(const uint8_t *r, const int8_t *xq, const int8_t *xp, int64_t nb) {
 #if defined(__AVX2__)
     if (nb < 1000) {
         const uint8_t *a = r + nb * Q4_BLOCK / 2;
-        const __m256i low = _mm256_set1_epi8(15), spread = _mm256_setr_epi8(  /* a_b: lanes 0..7, a_{b+1}: 8..15 */
-            0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
-            1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
         __m256i s = _mm256_setzero_si256();
         int64_t b = 0;
         for (; b + 2 <= nb; b += 2) {
-            __m256i codes = _mm256_loadu_si256((const __m256i *)(r + b * Q4_BLOCK / 2));
             const int8_t *x = xp + b * Q4_BLOCK;
-            __m256i pairs = _mm256_add_epi16(
-                _mm256_maddubs_epi16(_mm256_and_si256(codes, low), _mm256_loadu_si256((const __m256i *)x)),
-                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), low),
-                                     _mm256_loadu_si256((const __m256i *)(x + Q4_BLOCK))));
-            uint16_t ab;  /* a_b and a_{b+1} */
-            memcpy(&ab, a + b, 2);
-            __m256i steps = _mm256_shuffle_epi8(_mm256_set1_epi16((short)ab), spread);
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, steps));
+            s = _mm256_add_epi32(s, q4_pair(r + b * Q4_BLOCK / 2, a + b, _mm256_loadu_si256((const __m256i *)x),
+                                            _mm256_loadu_si256((const __m256i *)(x + Q4_BLOCK))));
         }
         if (b < nb) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(xq + b * Q4_BLOCK));
@@ -162,23 +166,12 @@ static inline float q4_value(float s, float m, double t, int64_t steps, int64_t 
  * together, as the int8 rows are summed (int8.h); one row after another, each row's last lines were waited for. (Four
  * active units' up rows, near each other, measured the same either way.) */
 static inline void q4_steps4(const uint8_t *const *r, const int8_t *xp, int64_t nb, int64_t *steps) {
-    const __m256i low = _mm256_set1_epi8(15), spread = _mm256_setr_epi8(
-        0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1, 0, -1,
-        1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
     __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int64_t b = 0; b + 2 <= nb; b += 2) {
         const int8_t *x = xp + b * Q4_BLOCK;
         __m256i x0 = _mm256_loadu_si256((const __m256i *)x), x1 = _mm256_loadu_si256((const __m256i *)(x + Q4_BLOCK));
-        for (int i = 0; i < 4; i++) {
-            __m256i codes = _mm256_loadu_si256((const __m256i *)(r[i] + b * Q4_BLOCK / 2));
-            __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(codes, low), x0),
-                                             _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), low),
-                                                                  x1));
-            uint16_t ab;
-            memcpy(&ab, r[i] + nb * Q4_BLOCK / 2 + b, 2);
-            s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(pairs, _mm256_shuffle_epi8(_mm256_set1_epi16((short)ab),
-                                                                                       spread)));
-        }
+        for (int i = 0; i < 4; i++)
+            s[i] = _mm256_add_epi32(s[i], q4_pair(r[i] + b * Q4_BLOCK / 2, r[i] + nb * Q4_BLOCK / 2 + b, x0, x1));
     }
     for (int i = 0; i < 4; i++)
         steps[i] = hsum_i32x8(s[i]);

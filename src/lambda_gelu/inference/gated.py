@@ -47,8 +47,7 @@ from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "FUSED_ROWS", "PROMPT_ROWS", "Rows", "gated_parts",
            "sparse_gated_reference", "sparse_gated_int8_reference", "sparse_gated_int4_reference", "quantize_rows",
-           "linear_i8",
-           "unit_rows", "unit_stride", "screen_rows", "int16_rows", "screened_in", "gated_mlps"]
+           "linear_i8", "unit_rows", "unit_stride", "screen_rows", "int16_rows", "screened_in", "gated_mlps"]
 
 
 GatedLayout = Gated  # where a gated FFN keeps its parts: one of the families table's rows
