@@ -45,6 +45,40 @@ def test_one_call_decodes_as_the_per_layer_path(family, int8):
     assert (ours - theirs).abs().max() <= 1e-5 * theirs.abs().max()
 
 
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+@pytest.mark.parametrize("family", [pytest.param(f, marks=() if f in ("llama", "gemma3") else pytest.mark.slow)
+                                    for f in ONE_CALL])
+def test_a_prompt_a_row_at_a_time_is_its_tokens_one_call_each(family, kind):
+    """A short prompt goes through the C step a row at a time, layer by layer: its final state and every key and
+    value it writes are those of its tokens fed one call each, bit for bit (the same functions in the same order for
+    each row), past Mistral's and Gemma 3's windows of 6; a prompt longer than PROMPT_ROWS_IN_C takes the torch path."""
+    model = _model(FAMILIES[family]())
+    assert sparsify_(model, min_weights=0, **{kind: True})
+    decoder, ids = LeanDecoder(model, int8_attention=True), _prompt(12)
+    assert decoder._prompt_rows_in_c() >= ids.shape[1] and decoder._token.ffn_rows == kind
+    calls = decoder._token.kernels = _Counting(decoder._token.kernels)
+    with torch.inference_mode():
+        keys, values = decoder._cache(12), decoder._cache(12)
+        rows = decoder._forward(ids, 0, keys, values)
+        assert calls.rows == [12]
+        one_keys, one_values = decoder._cache(12), decoder._cache(12)
+        for i in range(12):
+            ones = decoder._forward(ids[:, i:i + 1], i, one_keys, one_values)
+        assert calls.rows == [12] + [1] * 12
+        assert torch.equal(rows, ones)
+        assert all(torch.equal(a, b) for a, b in zip(keys + values, one_keys + one_values))
+        calls.rows.clear()
+        longer = _prompt(decoder._prompt_rows_in_c() + 1)
+        decoder._forward(longer, 0, decoder._cache(longer.shape[1]), decoder._cache(longer.shape[1]))
+        assert calls.rows == []
+
+
+def test_a_prompt_over_float32_rows_takes_the_torch_path():
+    model = _model(FAMILIES["llama"]())
+    sparsify_(model, min_weights=0)
+    assert LeanDecoder(model).one_call and LeanDecoder(model)._prompt_rows_in_c() == 0
+
+
 @pytest.mark.parametrize("family", ["gemma4", "granitemoe", "cohere"])
 def test_layers_it_does_not_compute_decode_layer_by_layer(family):
     model = _model(FAMILIES[family]())
@@ -62,10 +96,10 @@ def test_a_dense_ffn_decodes_layer_by_layer():
 
 
 class _Counting:
-    """The kernels, counting the one-call greedy steps."""
+    """The kernels, counting the one-call greedy steps and noting the rows of each call for whole tokens."""
 
     def __init__(self, kernels):
-        self.kernels, self.calls = kernels, 0
+        self.kernels, self.calls, self.rows = kernels, 0, []
 
     def __getattr__(self, name):
         return getattr(self.kernels, name)
@@ -73,6 +107,10 @@ class _Counting:
     def decode_next(self, *args):
         self.calls += 1
         return self.kernels.decode_next(*args)
+
+    def decode_tokens(self, h, rows, *args):
+        self.rows.append(rows)
+        return self.kernels.decode_tokens(h, rows, *args)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])  # an nn.Embedding the C call looks up; a scaled one

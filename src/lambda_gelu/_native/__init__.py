@@ -158,9 +158,10 @@ class Kernels:
         # plus_one: the layer's, q, k, post; then the values' norm's eps (< 0: none), whether the layer shares a cache,
         # whether its q and k norms span every head, whether they come after the rotation
         self.decode_attention_f32.restype = _I32
-        self.decode_token = self.lib.lg_decode_token  # lambda_gelu.inference.token_step: its structs' layout there
-        self.decode_token.argtypes = [_P, _P, _I64, _P, _P, _I64, _I64, _I64, _P, ctypes.c_double, _I32, _P, _I32]
-        self.decode_token.restype = _I32
+        self.decode_tokens = self.lib.lg_decode_tokens  # lambda_gelu.inference.token_step: its structs' layout there
+        self.decode_tokens.argtypes = [_P, _I64, _P, _I64, _P, _P, _I64, _I64, _I64, _P, ctypes.c_double, _I32, _P,
+                                       _I32]
+        self.decode_tokens.restype = _I32
         self.decode_next = self.lib.lg_decode_next  # the same, embedding and next token with it
         self.decode_next.argtypes = [_I64, _P, ctypes.c_double, _P, _P, _I64, _P, _P, _I64, _I64, _I64, _P,
                                      ctypes.c_double, _I32, _P, _I32, _P, _P]

@@ -78,7 +78,7 @@ static void project(const float *w, const int8_t *q, const float *s, const float
  * result s·t·(q·x̃) in double: the float32 projection of the dequantized rows but for x's rounding to 16 bits. An
  * input holding a NaN or an infinity, which no x̃ stands for, is read by the float32 rows, which carry it.
  * The projections' rows and the heads are split over the threads of the team that calls it (every one of them, inside
- * a parallel region: lg_decode_token's for a whole token, or lg_decode_attention_f32's, which opens one for this
+ * a parallel region: lg_decode_tokens' for whole tokens, or lg_decode_attention_f32's, which opens one for this
  * alone and returns 0, or −1 if buffers could not be allocated, h and the caches unchanged). */
 void lg_attention_team(const struct lg_attention *a, float *h, const float *cos, const float *sin, float *k_cache,
                        float *v_cache, int64_t pos, int64_t length, int64_t d, const struct lg_attention_scratch *s) {

@@ -20,14 +20,19 @@ void lg_token_sizes(int64_t *sizes) {
     sizes[5] = sizeof(struct lg_head);
 }
 
-/* The token at position pos through the n layers, in place on its hidden state h (d), writing its keys and values
- * into each layer's caches (k_caches[i], v_caches[i]: (kv_heads, length, head_dim); a layer that shares an earlier
- * layer's is given that layer's), then out = rms_norm(h)·final_w (final_eps, final_plus_one). Each layer's FFN writes
- * its output's width d; a layer with a window reads its caches from the window's first position. Returns 0, or −1 if
- * buffers could not be allocated (h, the caches and out unchanged). */
-int lg_decode_token(float *h, const struct lg_layer *layers, int64_t n, float *const *k_caches,
-                    float *const *v_caches, int64_t length, int64_t pos, int64_t d, const float *final_w,
-                    double final_eps, int final_plus_one, float *out, int max_threads) {
+/* The `rows` tokens at positions pos..pos + rows − 1 through the n layers, in place on their hidden states h (rows,
+ * d), writing their keys and values into each layer's caches (k_caches[i], v_caches[i]: (kv_heads, length, head_dim);
+ * a layer that shares an earlier layer's is given that layer's), then out = rms_norm(h's last row)·final_w
+ * (final_eps, final_plus_one). Layer by layer: each row's attention in turn (a row's reads its own keys and values and
+ * those before it), then each row's FFN: what the rows one call each would compute, the same functions in the same
+ * order for each row, while a layer's weights, read again for each row, come from the cache. (A prompt's rows through
+ * the torch path with C's FFN spent as long on its torch operations as on the C calls, and its batched products
+ * ran at a fraction of the multiply-adds' rate.) Each layer's FFN writes its output's width d; a layer with a window
+ * reads its caches from the window's first position. Returns 0, or −1 if buffers could not be allocated (h, the
+ * caches and out unchanged). */
+int lg_decode_tokens(float *h, int64_t rows, const struct lg_layer *layers, int64_t n, float *const *k_caches,
+                     float *const *v_caches, int64_t length, int64_t pos, int64_t d, const float *final_w,
+                     double final_eps, int final_plus_one, float *out, int max_threads) {
     int nt = max_threads > 1 ? max_threads : 1;
     struct lg_attention widest = {0};  /* the scratch is sized for the largest layer */
     widest.kv_heads = 1;
@@ -41,7 +46,7 @@ int lg_decode_token(float *h, const struct lg_layer *layers, int64_t n, float *c
     }
     struct lg_attention_scratch as;
     struct lg_ffn_scratch fs;
-    if (lg_attention_scratch(&widest, d, pos, &as) != 0)
+    if (rows < 1 || lg_attention_scratch(&widest, d, pos + rows - 1, &as) != 0)
         return -1;
     if (lg_ffn_scratch(d, ff, d, nt, &fs) != 0) {
         lg_attention_scratch_free(&as);
@@ -52,14 +57,17 @@ int lg_decode_token(float *h, const struct lg_layer *layers, int64_t n, float *c
         for (int64_t i = 0; i < n; i++) {
             const struct lg_layer *layer = &layers[i];
             int64_t window = layer->window, rotary = layer->attention.rotary_dim, head_dim = layer->attention.head_dim;
-            int64_t first = window > 0 && pos + 1 > window ? pos + 1 - window : 0;  /* the window's first position */
-            lg_attention_team(&layer->attention, h, layer->cos + pos * rotary, layer->sin + pos * rotary,
-                              k_caches[i] + first * head_dim, v_caches[i] + first * head_dim, pos - first, length, d,
-                              &as);
-            lg_ffn_team(&layer->ffn, h, 1, d, &fs);
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t at = pos + r, first = window > 0 && at + 1 > window ? at + 1 - window : 0;  /* window's first */
+                lg_attention_team(&layer->attention, h + r * d, layer->cos + at * rotary, layer->sin + at * rotary,
+                                  k_caches[i] + first * head_dim, v_caches[i] + first * head_dim, at - first, length,
+                                  d, &as);
+            }
+            for (int64_t r = 0; r < rows; r++)
+                lg_ffn_team(&layer->ffn, h + r * d, 1, d, &fs);
         }
         #pragma omp single
-        lg_rms_norm_f32(h, final_w, out, d, final_eps, final_plus_one);
+        lg_rms_norm_f32(h + (rows - 1) * d, final_w, out, d, final_eps, final_plus_one);
     }
     lg_attention_scratch_free(&as);
     lg_ffn_scratch_free(&fs);
@@ -69,7 +77,7 @@ int lg_decode_token(float *h, const struct lg_layer *layers, int64_t n, float *c
 /* A greedy decoder's step whole, for the Python loop to do nothing between tokens but call it (between two calls that
  * stream the weights through the caches, every torch operation ran ten times slower than alone, and a token's few
  * dozen of them cost 0.4 ms): h = embed's row `id` times embed_scale (embed NULL: h as given), the token through the
- * layers (lg_decode_token, the final hidden state into out), then the next token by the output layer's screen
+ * layers (lg_decode_tokens, the final hidden state into out), then the next token by the output layer's screen
  * (lg_screened_argmax_f32, *n_read the rows it read in float32). Returns that token, −1 if buffers could not be
  * allocated, or −2 if the screen cannot decide it (out holds the final hidden state, for the caller to compute every
  * logit). */
@@ -80,8 +88,8 @@ int64_t lg_decode_next(int64_t id, const float *embed, double embed_scale, float
     if (embed)
         for (int64_t j = 0; j < d; j++)
             h[j] = embed[id * d + j] * (float)embed_scale;  /* as torch multiplies float32 by a Python float */
-    if (lg_decode_token(h, layers, n, k_caches, v_caches, length, pos, d, final_w, final_eps, final_plus_one, out,
-                        max_threads) != 0)
+    if (lg_decode_tokens(h, 1, layers, n, k_caches, v_caches, length, pos, d, final_w, final_eps, final_plus_one, out,
+                         max_threads) != 0)
         return -1;
     return lg_screened_argmax_f32(out, head->w, head->b, head->q, head->s, head->r, head->nq, head->rows, d,
                                   max_threads, head->grain, n_read);

@@ -5,7 +5,7 @@ its FFN, with the torch operations between them: on SmolLM2-135M at batch 1 that
 opening a parallel region, and their overhead was a third of an int8 token. Where every layer's FFN is a
 :class:`~lambda_gelu.inference.gated.SparseGatedMLP` the C step can read as it is (int8, or float32 with its gate's
 int8 screen), :class:`TokenStep` describes the layers once, as the C structs of ``_native/token.h``, and a token is
-one call (``lg_decode_token``): one parallel region whose threads meet at barriers between the steps. It computes
+one call (``lg_decode_tokens``): one parallel region whose threads meet at barriers between the steps. It computes
 what the per-layer calls compute, the same functions in the same order (its reference is that path,
 ``LeanDecoder(one_call=False)``). Greedy decoding goes further: after the prompt, each token is one call
 (``lg_decode_next``) that also looks up its embedding and takes the next token by the output layer's screen
@@ -89,7 +89,7 @@ class TokenStep:
     they are (the decoder's ``refresh``)."""
 
     def __init__(self, kernels, layers: list[_Layer], held: list, final: tuple, width: int, int8_attention: bool,
-                 head=None, embedding: tuple | None = None):
+                 head=None, embedding: tuple | None = None, ffn_rows: str | None = None):
         self.kernels, self.width, self.final, self.int8_attention = kernels, width, final, int8_attention
         self.layers = (_Layer * len(layers))(*layers)
         self._held = held  # every tensor the structs point into
@@ -99,6 +99,7 @@ class TokenStep:
             head.layer.weight.data_ptr(), pointer(head.layer.bias), *(t.data_ptr() for t in head.screen),
             head.layer.out_features, _native.GRAIN)
         self._embedding = embedding  # (the table's weight, its scale) where the C call can look a token up
+        self.ffn_rows = ffn_rows  # the FFNs' rows: "int8", "int4", or None (float32, or mixed)
 
     @classmethod
     def build(cls, decoder) -> "TokenStep | None":
@@ -143,8 +144,10 @@ class TokenStep:
         plain = (type(embed) is torch.nn.Embedding and embed.weight.dtype is torch.float32 and head is not None
                  and embed.weight.is_contiguous() and isinstance(decoder.embedding_multiplier, (int, float))
                  and embed.num_embeddings >= head.layer.out_features)  # every token the head gives has its row
+        formats = {"int4" if layer.mlp.int4 else "int8" if layer.mlp.int8 else None for layer in inner.layers}
         return cls(kernels, layers, held, steps[-1], width, decoder.int8_attention, head,
-                   (embed.weight, float(decoder.embedding_multiplier)) if plain else None)
+                   (embed.weight, float(decoder.embedding_multiplier)) if plain else None,
+                   formats.pop() if len(formats) == 1 else None)
 
     def _point_at(self, keys: list[Tensor], values: list[Tensor]) -> None:
         if self._caches is None or self._caches[0] is not keys or self._caches[1] is not values:
@@ -152,14 +155,16 @@ class TokenStep:
                                            for c in (keys, values))
 
     def __call__(self, h: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-        """The final hidden state (1, d) of the token whose embedding is ``h`` (d, contiguous float32, changed in
-        place) at position ``start``, writing its keys and values into the caches."""
+        """The last token's final hidden state (1, d) of the tokens whose embeddings are the rows of ``h`` (T, d,
+        contiguous float32, changed in place) at positions ``start``..``start`` + T − 1, writing their keys and values
+        into the caches: one token, or a prompt's tokens layer by layer (each layer's weights read from the cache
+        for every row after the first)."""
         self._point_at(keys, values)
         out = torch.empty(1, self.width, dtype=h.dtype)
         weight, eps, plus_one = self.final
-        if self.kernels.decode_token(h.data_ptr(), self.layers, len(self.layers), self._caches[2], self._caches[3],
-                                     keys[0].shape[2], start, self.width, weight.data_ptr(), eps, plus_one,
-                                     out.data_ptr(), torch.get_num_threads()) < 0:
+        if self.kernels.decode_tokens(h.data_ptr(), h.shape[0], self.layers, len(self.layers), self._caches[2],
+                                      self._caches[3], keys[0].shape[2], start, self.width, weight.data_ptr(), eps,
+                                      plus_one, out.data_ptr(), torch.get_num_threads()) < 0:
             raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
         return out
 
