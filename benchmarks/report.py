@@ -23,7 +23,7 @@ def main():
              "`benchmarks/bench_model.py`, `benchmarks/bench_compile.py`, `benchmarks/bench_sweep.py`, "
              "`benchmarks/bench_switch.py`, `benchmarks/bench_sparse.py`, `benchmarks/bench_distill.py`, "
              "`benchmarks/bench_refit.py`, `benchmarks/bench_decode.py`, `benchmarks/bench_experts.py` and "
-             "`benchmarks/bench_layouts.py` write; "
+             "`benchmarks/bench_layouts.py` and `benchmarks/bench_gather.py` write; "
              "do not edit by hand. Every number is a ratio of medians of repetitions interleaved in one run "
              "(variant A, B, C, A, B, C, …), so machine load hits all variants alike. Absolute times are for "
              "orientation only.", ""]
@@ -192,6 +192,8 @@ def main():
                   f"{d['solve_gap']:.1e} (relative).", ""]
     for path in sorted(RESULTS.glob("llamacpp*.json")):
         lines += _llamacpp_section(json.loads(path.read_text()))
+    if (RESULTS / "gather.json").exists():
+        lines += _gather_section(json.loads((RESULTS / "gather.json").read_text()))
     for decode in _decodes():
         lines += _decode_section(json.loads(decode.read_text()))
     if (RESULTS / "gated_rows.json").exists():
@@ -240,6 +242,23 @@ def _llamacpp_section(d: dict) -> list[str]:
                       f"{d['perplexity_sentences']} docstring sentences): "
                   + "; ".join(f"{k} ×{v:.4f}" for k, v in d["quantization_cost"].items()) + "."]
     return lines + [""]
+
+
+def _gather_section(d: dict) -> list[str]:
+    """bench_gather.py's results: rows read scattered, as a sparse FFN's active units, against rows read in order."""
+    h = d["header"]
+    return [f"## Scattered rows ({_cpu(h)})", "",
+            f"`python benchmarks/bench_gather.py` — the sparse-input kernel (`lg_sparse_linear_f32`: the rows of the "
+            f"non-zero inputs, each requested a few rows ahead, the threads splitting them) over a "
+            f"{d['table_bytes'] // 2 ** 20} MB table of rows the size of SmolLM2's int8 units (1,152 bytes: up and down "
+            f"rows) and 4-bit ones (648), every row or a random share of them, in {d['rounds']} interleaved rounds; "
+            f"a 1 GiB read measured {d['bandwidth'] / 1e9:.1f} GB/s on the same threads. {h['threads']} threads, "
+            f"{h['machine']}; the code of commit {h['code']}. The decoding benchmark's bound counts a token's active "
+            "units at the 1 GiB read's rate; scattered, they read at the share below, so a sparse decoder's share of "
+            "that bound falls with the share of its bytes that are such units.", "",
+            "| row bytes | rows read | GB/s | of the 1 GiB read |", "|---|---|---|---|",
+            *[f"| {r['row_bytes']} | {r['density']:.0%} | {r['gb_per_s']:.1f} | {r['share_of_bandwidth']:.0%} |"
+              for r in d["results"]], ""]
 
 
 def _llamacpp_goals(d: dict) -> list[tuple[str, str, bool]]:
