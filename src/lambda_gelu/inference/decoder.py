@@ -71,9 +71,10 @@ __all__ = ["LeanDecoder", "PROBE_TOLERANCE", "PROMPT_ROWS_IN_C"]
 # The longest prompt that goes through the C step (TokenStep) a row at a time, layer by layer, where the attention's
 # rows are int8, by the format of the FFNs' rows; a longer one, or one over float32 rows, goes through torch's batched
 # products. One row at a time reads each layer's rows again from the cache and skips the torch path's hundred small
-# operations a layer. SmolLM2-135M on a 2-core EPYC: a 15-token prompt took 40 against 54 ms (int8) and 42 against
-# 56 (4-bit); the two met near 20 rows (int8) and 48 to 96 (4-bit); float32 rows took 100 against 69 ms at 15.
-PROMPT_ROWS_IN_C = {"int8": 16, "int4": 48}
+# operations a layer. SmolLM2-135M on a 2-core EPYC, interleaved in one process: a 15-token prompt took 40 against
+# 54 ms (int8) and 42 against 56 (4-bit); at 20 rows 67 against 71 (int8), at 24 79 against 72; 4-bit rows at 64
+# 165 against 169, at 128 441 against 346. Float32 rows took 100 against 69 ms at 15 rows.
+PROMPT_ROWS_IN_C = {"int8": 20, "int4": 64}
 PROBE_TOLERANCE = 1e-3  # the probe's largest logit difference from the model's own forward, relative to their scale
 
 
