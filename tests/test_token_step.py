@@ -22,8 +22,12 @@ def test_the_structs_are_the_c_ones():
 
 
 def _next_logits(decoder, ids):
+    """The logits after ids, each token fed alone: the C step's alone, in whichever decoder (a prompt may take the
+    torch path in one and the one call's rows in the other, which differ by more than the float rounding of one
+    step)."""
     keys, values = decoder._cache(ids.shape[1] + 2), decoder._cache(ids.shape[1] + 2)
-    decoder._forward(ids[:, :-1], 0, keys, values)
+    for i in range(ids.shape[1] - 1):
+        decoder._forward(ids[:, i:i + 1], i, keys, values)
     return decoder._logits(decoder._forward(ids[:, -1:], ids.shape[1] - 1, keys, values))[0]
 
 
