@@ -122,13 +122,17 @@ def _run_processes(todo, finish, splits, keep_weights, workers: int, threads: in
     pending = [cfg for _, cfg in todo]
     for attempt in (1, 2):  # a worker that dies breaks the pool: the lost runs get one more try
         lost = []
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                    initializer=_start_worker, initargs=(splits,)) as pool:
+        pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                      initializer=_start_worker, initargs=(splits,))
+        try:
             futures = {}
             for cfg in pending:
                 try:
                     futures[pool.submit(_train_in_worker, cfg, keep_weights, threads)] = cfg
-                except cf.process.BrokenProcessPool:  # a worker died while the runs were handed out
+                except (cf.process.BrokenProcessPool, OSError):  # a worker died while the runs were handed out
+                    # (OSError "handle is closed": CPython's pool, to 3.11, closes its wakeup pipe when a worker dies
+                    # without the lock submit() and shutdown() write to it under; a killed sweep stopped so, with an
+                    # error about its --out)
                     lost = pending[len(futures):]
                     break
             for future in cf.as_completed(futures):
@@ -138,6 +142,11 @@ def _run_processes(todo, finish, splits, keep_weights, workers: int, threads: in
                     lost.append(futures[future])
                     continue
                 finish(futures[future], result)
+        finally:
+            try:
+                pool.shutdown()
+            except OSError:  # that race under shutdown's own write: the pool is broken, its lost runs counted
+                pass
         if not lost:
             return
         print(f"a worker process died; {len(lost)} unfinished runs " + ("are retried" if attempt == 1 else "are lost"),

@@ -173,25 +173,25 @@ def test_workers_that_keep_dying_are_reported_and_the_finished_runs_kept(tmp_pat
     assert after[:len(kept)] == kept and len({r[:4] for r in after}) == 8
 
 
-def _pools_that_break(after: list[int]):
+def _pools_that_break(after: list[int], error=BrokenProcessPool("A child process terminated abruptly")):
     """Stand-ins for ProcessPoolExecutor, one per attempt: the n-th runs the first ``after[n]`` runs
-    handed to it, then refuses more, as a real pool does once a worker has died while runs were still
-    being submitted (a race the killing tests above hit only now and then)."""
+    handed to it, then refuses more with ``error``, as a real pool does once a worker has died while runs
+    were still being submitted (a race the killing tests above hit only now and then), and raises it from
+    its shutdown too if it broke (CPython's pool, to 3.11: OSError "handle is closed" from either)."""
     attempts = iter(after)
 
     class Pool:
         def __init__(self, **_):
-            self.left = next(attempts)
+            self.left, self.broken = next(attempts), False
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *_):
-            return False
+        def shutdown(self):
+            if self.broken and isinstance(error, OSError):
+                raise error
 
         def submit(self, fn, cfg, *_):
             if self.left == 0:
-                raise BrokenProcessPool("A child process terminated abruptly")
+                self.broken = True
+                raise error
             self.left -= 1
             future = Future()
             future.set_result(f"result of seed {cfg.seed}")
@@ -199,10 +199,12 @@ def _pools_that_break(after: list[int]):
     return Pool
 
 
+@pytest.mark.parametrize("error", [BrokenProcessPool("A child process terminated abruptly"),
+                                   OSError("handle is closed")], ids=["broken", "closed-pipe"])
 @pytest.mark.parametrize("after, finished, lost", [((3, 8), 8, 0), ((3, 3), 6, 2)])
 def test_a_pool_broken_while_runs_are_handed_out_loses_only_the_runs_not_handed_out(
-        monkeypatch, capsys, after, finished, lost):
-    monkeypatch.setattr(runner.cf, "ProcessPoolExecutor", _pools_that_break(list(after)))
+        monkeypatch, capsys, after, finished, lost, error):
+    monkeypatch.setattr(runner.cf, "ProcessPoolExecutor", _pools_that_break(list(after), error))
     todo = [(None, SimpleNamespace(task="wine-mlp", variant="gelu", seed=seed)) for seed in range(8)]
     done = []
     try:
