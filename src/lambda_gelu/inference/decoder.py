@@ -417,9 +417,10 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def _probe_int8(self) -> str | None:
-        """Why the C step and the prompt's integer sums over the attention's int8 rows disagree with the torch path
-        over the same rows, dequantized, on the probe prompt and its two decoding steps (None if they agree, or if
-        there is no C step): the two differ by the rounding of the projections' inputs to 16 bits alone."""
+        """Why the C step (the probe prompt's rows too, where the one call takes them; else the prompt's integer sums)
+        over the attention's int8 rows disagrees with the torch path over the same rows, dequantized, on the probe
+        prompt and its two decoding steps (None if they agree, or if there is no C step): the two differ by the
+        rounding of the projections' inputs to 16 bits and the float rounding of the two paths."""
         if self._steps is None:
             return None
         ids = torch.randint(0, self.model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))

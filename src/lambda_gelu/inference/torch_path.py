@@ -1,5 +1,6 @@
-""":class:`~lambda_gelu.inference.decoder.LeanDecoder`'s forward in torch operations: the prompt's, and the reference
-of its C step (``fused=False``).
+""":class:`~lambda_gelu.inference.decoder.LeanDecoder`'s forward in torch operations: a prompt's (but a short one over
+int8 rows, which the one-call C step takes a row at a time: ``PROMPT_ROWS_IN_C``), and the reference of its C step
+(``fused=False``).
 
 It runs the model's own modules and weights as the decoder holds them: the query, key and value projections stacked,
 the rotary embedding tabulated per layer, the static cache written in place, ``scaled_dot_product_attention`` with
