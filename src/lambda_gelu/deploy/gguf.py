@@ -23,7 +23,9 @@ must match), their hyper-parameters, and the tokenizer — the original GGUF's o
 conversion read one, else the checkpoint's byte-level BPE tokenizer with its merges, special tokens and chat template.
 The Llama family's biases travel too (a ``--gate-zeros`` conversion's gate thresholds: the gate's ×λ, up's ×1/√λ,
 down's as it is). Norms and biases stay float32; a matrix whose rows do not fill the type's blocks is float16; in the
-4-bit types the embedding and the output layer are Q8_0, as llama.cpp's own quantizer writes them.
+4-bit types the embedding and the output layer are Q8_0, as llama.cpp's own quantizer writes them. Q4_1's blocks hold
+0 on their grid (:func:`q4_1_blocks`) where llama.cpp's span each block from its smallest weight to its largest: a
+conversion of a Q4_1 GGUF, so written, would round back onto its source's grid and lose its fine-tuning.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from ..hf.load import load, model_directory, quiet_transformers
 from ..hf.save import REPORT
 
 __all__ = ["export_gguf", "Exported", "TYPES", "LAMBDAS", "SILU_GAP", "GELU_GAP", "ARCHITECTURES", "gguf_lambda",
-           "llama_cpp_model"]
+           "llama_cpp_model", "q4_1_blocks"]
 
 SILU_GAP = 0.27846454276  # max_t t·σ(−t): how far g·σ(λg) strays from relu(g), times λ
 # max_t |t·Φ̃(t) − relu(t)| for the tanh approximation Φ̃ (0.170041), plus what llama.cpp's GELU adds below |t| = 10,
@@ -52,12 +54,6 @@ GELU_GAP = 0.17005 + 1.13 * 10 * 2.0 ** -11 + 10 * 2.0 ** -11
 LAMBDAS = (1024.0, 512.0, 256.0, 128.0, 64.0, 32.0, 16.0)  # the hardness tried, largest first
 TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")
 _LEVELS = {"q8_0": 127.0, "q4_0": 8.0, "q4_1": 15.0}  # a block's largest magnitude over its float16 scale, at most
-# SmolLM2 at --gate-zeros 0.85, held-out perplexity over its float32 model's in llama.cpp 0.3.36: Q4_1 ×16.6 at λ = 256,
-# where Q4_0 at the same λ gives ×1.28 and Q8_0 ×1.003. Not the file: llama.cpp's own quantizer, from this module's F32
-# export, writes a Q4_1 that does the same (×18.8). Not λ: ×21 at λ = 16. Nor the FFN's biases themselves: its FFNs
-# alone in Q4_1 (the rest Q8_0) cost ×1.39, its attention alone ×3.5, where the default conversion's (no biases) cost
-# ×1.11 and ×1.12 (96 sentences). The conversions with gate thresholds are refused until the cause is found.
-_Q4_1_BIASES = "SmolLM2 at 85% gate zeros: ×16.6 its perplexity, where Q4_0 costs ×1.28"
 _F16_TINY, _F16_MAX = 6.104e-05, 65504.0  # float16's smallest normal and largest value
 _IN_RANGE = 0.99  # the share of blocks whose float16 scale must stay normal after scaling
 # the Llama family's tensors: GGUF name (per block where it has {}) → the module's weight in the transformers model
@@ -142,10 +138,6 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
                                                    or getattr(config, "attention_bias", False)):
         raise CheckpointError(f"{directory} has biases in its FFN or attention (mlp_bias, attention_bias), which "
                               f"llama.cpp's {architecture} layout does not read: it cannot be exported as this model")
-    if file_type == "q4_1" and getattr(config, "mlp_bias", False):  # measured, not understood: see _Q4_1_BIASES
-        raise CheckpointError(f"{directory} keeps gate thresholds as biases (a --gate-zeros conversion), which "
-                              f"llama.cpp decodes wrongly from a Q4_1 file ({_Q4_1_BIASES}): export it as q4_0, "
-                              "q8_0 or f32")
     if architecture == "gemma3" and (problem := _gemma3_problem(config)):
         raise CheckpointError(f"{directory}'s Gemma 3 {problem}, which llama.cpp fixes otherwise: it cannot be "
                               "exported as this model")
@@ -286,8 +278,37 @@ def _add(writer, name: str, w: np.ndarray, file_type: str, gguf) -> None:
         writer.add_tensor(name, data)
     elif kind == q.F16:
         writer.add_tensor(name, data.astype(np.float16))
+    elif kind == q.Q4_1:
+        writer.add_tensor(name, q4_1_blocks(data), raw_dtype=kind)
     else:
         writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+
+
+def q4_1_blocks(w: np.ndarray) -> np.ndarray:
+    """``w`` (rows, d; d a multiple of 32) as GGUF's Q4_1 blocks (rows, d / 32 · 20 bytes: a float16 step d and
+    offset m, then 32 4-bit codes q, the value m + q·d), with 0 on every block's grid: m = −z·d for an integer code z,
+    the step the least that covers the block and 0 (a block's span with 0 over 15, rounded up to 7 significant bits,
+    so that z·d is exact in float16), each weight rounded to its nearest code.
+
+    llama.cpp's and gguf-py's own Q4_1 spans each block from its smallest weight to its largest. A model quantized
+    that way and then fine-tuned, as a conversion from a Q4_1 GGUF is, keeps each block's extremes within the
+    fine-tuning's change of its old ones, so the same grid comes back and its weights round back onto the source's:
+    SmolLM2 converted from its Q4_1 GGUF at 85% gate zeros lost ×3.4 its held-out perplexity from its attention's
+    projections alone (in torch from the file's weights as in llama.cpp), ×1.10 on this grid, ×1.11 in Q4_0."""
+    blocks = np.ascontiguousarray(w, dtype=np.float64).reshape(-1, 32)
+    lo, hi = np.minimum(blocks.min(1), 0.0)[:, None], np.maximum(blocks.max(1), 0.0)[:, None]
+    z = np.arange(16.0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # z = 0 covers no weight below 0, z = 15 none above
+        below = np.where(z > 0, -lo / z, np.where(lo < 0, np.inf, 0.0))
+        above = np.where(z < 15, hi / (15 - z), np.where(hi > 0, np.inf, 0.0))
+    need = np.maximum(below, above)
+    zero = need.argmin(1)
+    frac, exp = np.frexp(need[np.arange(len(blocks)), zero])
+    step = np.ldexp(np.ceil(frac * 128) / 128, exp)  # up to 7 significant bits: z·step has at most 11
+    codes = np.clip(np.rint(blocks / np.where(step > 0, step, 1.0)[:, None]) + zero[:, None], 0, 15).astype(np.uint8)
+    scales = np.stack([step, -zero * step], 1).astype(np.float16).view(np.uint8)  # d, m: exact in float16
+    packed = codes[:, :16] | (codes[:, 16:] << 4)
+    return np.concatenate([scales, packed], 1).reshape(w.shape[0], -1)
 
 
 def _hyperparameters(writer, config, architecture: str, file_type: str, gguf) -> None:
