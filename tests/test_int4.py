@@ -44,17 +44,33 @@ def test_each_weight_is_within_half_its_blocks_step_and_the_codes_are_packed_as_
     w = torch.randn(40, 96, generator=g) * torch.rand(40, 1, generator=g)  # rows of different scales
     w[3, 32:64] = 0.25  # a constant block
     w[5] = 0.0  # a row of zeros
-    q, s, m = q4.quantize(w)
+    w[6, :32], w[8, 40] = -torch.rand(32, generator=g), 0.0  # a block below 0, a lone zero
+    q, s = q4.quantize(w)
     assert q.dtype == torch.uint8 and q.shape == (40, q4.row_bytes(96)) == (40, 48 + 6)
-    back = q4.dequantize(q, s, m, 96, torch.float64)
-    a = q[:, 48:51].double()
+    back = q4.dequantize(q, s, 96, torch.float64)
+    a, z = q[:, 48:51].double(), q[:, 51:54].double()
     step = (a * s.double()[:, None]).repeat_interleave(q4.BLOCK, 1)
-    assert ((back - w.double()).abs() <= step / 2 * (1 + 1e-9) + 1e-12).all()
+    assert ((back - w.double()).abs() <= step / 2 * (1 + 1e-12)).all()
+    assert torch.equal(back[w == 0], torch.zeros_like(back[w == 0]))  # 0 on every block's grid
     assert torch.equal(back[5], torch.zeros(96, dtype=torch.float64))
+    assert z.max() <= 15 and z[6, 0] == 15 and z[3, 1] == 0  # all codes below 0; all above it
     # byte i of a block: code i in its low nibble, code i + 16 in its high one
-    codes = torch.round((w.double()[7, :32] - m.double()[7] * q[7, 51:54].view(torch.int8)[0])
-                        / (s.double()[7] * q[7, 48])).clamp(0, 15)
+    codes = torch.round(w.double()[7, :32] / (s.double()[7] * a[7, 0])) + z[7, 0]
     assert torch.equal((q[7, :16] & 15).double(), codes[:16]) and torch.equal((q[7, :16] >> 4).double(), codes[16:])
+
+
+def test_a_fine_tuning_of_weights_on_a_min_to_max_grid_is_kept():
+    """Weights quantized once from each block's smallest to its largest (llama.cpp's Q4_1, as a converted model's
+    source GGUF holds them), then moved by a tenth of a step: on a grid through 0 most of that move survives the
+    4-bit rows (a grid re-found from the block's extremes rounds nearly all of it away)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 576, generator=g, dtype=torch.float64) * 0.1
+    blocks = w.reshape(256, -1, 32)
+    lo, span = blocks.amin(2, keepdim=True), (blocks.amax(2, keepdim=True) - blocks.amin(2, keepdim=True)) / 15
+    source = (lo + torch.round((blocks - lo) / span) * span).reshape(w.shape)
+    move = torch.randn(w.shape, generator=g, dtype=torch.float64) * span.repeat_interleave(32, 2).reshape(w.shape) / 10
+    back = q4.dequantize(*q4.quantize(source + move), 576, torch.float64)
+    assert float(((back - source) * move).sum() / (move * move).sum()) > 0.6
 
 
 def test_what_4_bit_rows_cannot_hold_is_refused():
@@ -77,7 +93,7 @@ def _bound(x, q, parts):
     """Float rounding of the 4-bit block over its dequantized weights and x rounded to int8 (as the kernels take it):
     the gate and up values are exact integer sums rounded once, the outputs sums of ff float32 products; a gate near 0
     may land on either side of it. So (d + ff)·u times the sums of the terms' magnitudes, as for the int8 block."""
-    w = {n: q4.dequantize(q[f"{n}_q"], q[f"{n}_s"], q[f"{n}_m"], d, torch.float64)
+    w = {n: q4.dequantize(q[f"{n}_q"], q[f"{n}_s"], d, torch.float64)
          for n, d in (("gate", x.shape[-1]), ("up", x.shape[-1]), ("down", parts[2].out_features))}
     b = {n: 0.0 if layer.bias is None else layer.bias.detach().double().abs()
          for n, layer in zip(("gate", "up", "down"), parts)}

@@ -142,7 +142,7 @@ class Kernels:
         self.sparse_gated_i8.argtypes = [_P] * 12 + [_I64, _I64, _I64, _I64, _I64, _I32, _I32, _I64]
         self.sparse_gated_i8.restype = _I64
         self.sparse_gated_q4 = self.lib.lg_sparse_gated_q4
-        self.sparse_gated_q4.argtypes = [_P] * 15 + [_I64] * 5 + [_I32, _I32, _I64]
+        self.sparse_gated_q4.argtypes = [_P] * 12 + [_I64] * 5 + [_I32, _I32, _I64]
         self.sparse_gated_q4.restype = _I64
         self.sparse_gated_screened_f32 = self.lib.lg_sparse_gated_screened_f32
         self.sparse_gated_screened_f32.argtypes = [_P] * 13 + [_I64, _I64, _I64, _I64, _I32, _I64]

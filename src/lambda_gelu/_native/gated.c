@@ -544,35 +544,35 @@ static inline void gates4_q4(const struct lg_ffn *f, const void *ctx, const int6
     const struct q4_ctx *c = ctx;
     int64_t width = q4_row_bytes(d);
     const uint8_t *gate = (const uint8_t *)f->gate_q, *rows[RUNS];
-    float s[RUNS], mo[RUNS];
+    float s[RUNS];
     for (int i = 0; i < m; i++)
-        rows[i] = gate + k[i] * width, s[i] = f->gate_s[k[i]], mo[i] = f->gate_m[k[i]];
+        rows[i] = gate + k[i] * width, s[i] = f->gate_s[k[i]];
     if (c->in_float)
         for (int i = 0; i < m; i++)
-            v[i] = q4_row_f32(rows[i], s[i], mo[i], c->x, d);
+            v[i] = q4_row_f32(rows[i], s[i], c->x, d);
     else
-        q4_rows(rows, m, s, mo, c->xq, c->xp, c->xs, c->t, d, v);
+        q4_rows(rows, m, s, c->xq, c->xp, c->xs, c->t, d, v);
 }
 
 static inline void units4_q4(const struct lg_ffn *f, const void *ctx, const int64_t *k, int m, const float *g,
                              int64_t d, float *acc) {
     const struct q4_ctx *c = ctx;
     const uint8_t *up[4], *down[4];
-    float h[4], s[4], mo[4];
+    float h[4], s[4];
     for (int i = 0; i < m; i++) {
         up[i] = (const uint8_t *)f->up_q + k[i] * f->stride, down[i] = (const uint8_t *)f->down_q + k[i] * f->stride;
-        s[i] = f->up_s[k[i]], mo[i] = f->up_m[k[i]];
+        s[i] = f->up_s[k[i]];
     }
     if (c->in_float)
         for (int i = 0; i < m; i++)
-            h[i] = q4_row_f32(up[i], s[i], mo[i], c->x, d);
+            h[i] = q4_row_f32(up[i], s[i], c->x, d);
     else
-        q4_rows(up, m, s, mo, c->xq, c->xp, c->xs, c->t, d, h);
+        q4_rows(up, m, s, c->xq, c->xp, c->xs, c->t, d, h);
     for (int i = 0; i < m; i++) {
         h[i] = g[k[i]] * (f->up_b ? h[i] + f->up_b[k[i]] : h[i]);
-        s[i] = f->down_s[k[i]], mo[i] = f->down_m[k[i]];
+        s[i] = f->down_s[k[i]];
     }
-    q4_add(down, m, s, mo, h, f->out, acc);
+    q4_add(down, m, s, h, f->out, acc);
 }
 
 /* One token's FFN inside a team (token.h): each thread's share of the units in one pass (units_pass), int8 or 4-bit;
@@ -671,15 +671,14 @@ static int64_t one_row(const struct lg_ffn *f, const float *x, float *g, float *
  * one after the other, each as a decoded token's (lg_ffn_team): the gates into g (n, ff), the block into y (n, out).
  * The rows and scales as struct lg_ffn holds them; in_float: x summed as it is, in float, not rounded to int8.
  * Returns the units active in the last row, or −1 if buffers could not be allocated. */
-int64_t lg_sparse_gated_q4(const float *x, const uint8_t *gate_q, const float *gate_s, const float *gate_m,
-                           const float *gate_b, const uint8_t *up_q, const float *up_s, const float *up_m,
-                           const float *up_b, const uint8_t *down_q, const float *down_s, const float *down_m,
-                           const float *down_b, float *g, float *y, int64_t n, int64_t d, int64_t ff, int64_t out,
-                           int64_t stride, int in_float, int max_threads, int64_t grain) {
+int64_t lg_sparse_gated_q4(const float *x, const uint8_t *gate_q, const float *gate_s, const float *gate_b,
+                           const uint8_t *up_q, const float *up_s, const float *up_b, const uint8_t *down_q,
+                           const float *down_s, const float *down_b, float *g, float *y, int64_t n, int64_t d,
+                           int64_t ff, int64_t out, int64_t stride, int in_float, int max_threads, int64_t grain) {
     struct lg_ffn f = {.eps = -1.0, .scale = 1.0, .int4 = in_float ? 2 : 1, .gate_q = (const int8_t *)gate_q,
                        .up_q = (const int8_t *)up_q, .down_q = (const int8_t *)down_q, .gate_s = gate_s, .up_s = up_s,
-                       .down_s = down_s, .gate_m = gate_m, .up_m = up_m, .down_m = down_m, .gate_b = gate_b,
-                       .up_b = up_b, .down_b = down_b, .ff = ff, .out = out, .stride = stride};
+                       .down_s = down_s, .gate_b = gate_b, .up_b = up_b, .down_b = down_b, .ff = ff, .out = out,
+                       .stride = stride};
     int nt = gate_threads(1, d, ff, max_threads, grain);
     int64_t active = 0;
     for (int64_t r = 0; r < n && active >= 0; r++)

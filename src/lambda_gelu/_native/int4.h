@@ -1,13 +1,14 @@
 /* 4-bit rows (lambda_gelu.inference.int4): blocks of 32 weights, block b's q_j in 0..15 standing for
- * s·a_b·q_j + m·c_b, its 32 codes in 16 bytes (byte i: q_i low nibble, q_{i+16} high), the row's step codes a_b
- * (uint8) and offset codes c_b (int8) after all its codes. Summed against x rounded to int8 (x ≈ t·x̂, one scale a
- * row: round_row_i8) in integers, exactly:
- *     w·x ≈ t·(s·Σ_b a_b·S_b + m·Σ_b c_b·X_b),   S_b = q_b·x̂_b,   X_b = Σ x̂ over block b (block_sums_i8),
+ * s·a_b·(q_j − z_b), its 32 codes in 16 bytes (byte i: q_i low nibble, q_{i+16} high), the row's step codes a_b
+ * (uint8) and zero codes z_b (uint8, 0..15) after all its codes. Summed against x rounded to int8 (x ≈ t·x̂, one scale
+ * a row: round_row_i8) in integers, exactly:
+ *     w·x ≈ t·s·(Σ_b a_b·S_b − Σ_b a_b·z_b·X_b),   S_b = q_b·x̂_b,   X_b = Σ x̂ over block b (block_sums_i8),
  * each |a_b·S_b| ≤ 255·15·127·32 < 2²⁴ and the sums over a row in 64 bits, so that the value is the float32
- * product of the dequantized row with t·x̂ but for one rounding. Codes (unsigned) times x̂ (signed) is what the
- * vector unit's u8 × s8 multiply-add takes, 32 products an instruction (int8 rows against int16 x take 16): 4-bit
- * rows read half the bytes of int8 ones, and this keeps their arithmetic from costing what the bytes save. The plain
- * C loops are the reference; an AVX2 loop beside them gives the same integers. */
+ * product of the dequantized row with t·x̂ but for its roundings in double and the last one to float. Codes
+ * (unsigned) times x̂ (signed) is what the vector unit's u8 × s8 multiply-add takes, 32 products an instruction (int8
+ * rows against int16 x take 16): 4-bit rows read half the bytes of int8 ones, and this keeps their arithmetic from
+ * costing what the bytes save. The plain C loops are the reference; an AVX2 loop beside them gives the same
+ * integers. */
 #pragma once
 #include "int8.h"
 
@@ -57,22 +58,23 @@ static inline int64_t hsum_i32x8(__m256i v) {  /* in 64 bits: each lane is below
 }
 #endif
 
-/* Σ_b c_b·X_b over the nb offset codes c of a row (|c_b·X_b| ≤ 127·32·127: exact in int32 for rows of fewer than
- * 4000 blocks, in the AVX2 loop's lanes as in the sum). */
-static inline int64_t q4_offsets(const int8_t *c, const int16_t *xs, int64_t nb) {
+/* Σ_b a_b·z_b·X_b over the nb step codes a and zero codes z of a row (|a_b·z_b| ≤ 255·15 = 3825, an int16, and
+ * |a_b·z_b·X_b| ≤ 3825·32·127: exact in the AVX2 loop's int32 lanes for rows of fewer than 1000 blocks, as q4_steps'). */
+static inline int64_t q4_offsets(const uint8_t *a, const uint8_t *z, const int16_t *xs, int64_t nb) {
     int64_t sum = 0, b = 0;
 #if defined(__AVX2__)
-    if (nb < 4000) {
+    if (nb < 1000) {
         __m256i lanes = _mm256_setzero_si256();
         for (; b + 16 <= nb; b += 16)
-            lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(
-                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + b))),
+            lanes = _mm256_add_epi32(lanes, _mm256_madd_epi16(_mm256_mullo_epi16(
+                _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(a + b))),
+                _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(z + b)))),
                 _mm256_loadu_si256((const __m256i *)(xs + b))));
         sum = hsum_i32x8(lanes);
     }
 #endif
     for (; b < nb; b++)
-        sum += (int32_t)c[b] * xs[b];
+        sum += (int32_t)a[b] * z[b] * xs[b];
     return sum;
 }
 
@@ -155,9 +157,10 @@ static inline int64_t q4_steps(const uint8_t *r, const int8_t *xq, const int8_t 
     return q4_steps_plain(r, xq, nb);
 }
 
-/* A row's value from its two integer sums: t·(s·steps + m·offsets), in double, rounded once to float. */
-static inline float q4_value(float s, float m, double t, int64_t steps, int64_t offsets) {
-    return (float)(t * ((double)s * (double)steps + (double)m * (double)offsets));
+/* A row's value from its two integer sums: t·s·(steps − offsets), the difference exact, in double, rounded once to
+ * float. */
+static inline float q4_value(float s, double t, int64_t steps, int64_t offsets) {
+    return (float)(t * ((double)s * (double)(steps - offsets)));
 }
 
 #if defined(__AVX2__)
@@ -178,11 +181,11 @@ static inline void q4_steps4(const uint8_t *const *r, const int8_t *xp, int64_t 
 }
 #endif
 
-/* The values w_i·x of the m ≤ 4 rows r[0..m) (scales s[i], mo[i]) into v[0..m), from x̂ (scale t) and its block sums
- * xs: four rows side by side (q4_steps4), fewer one after another. What the dequantized rows give against t·x̂, but
- * for the last rounding. */
-static inline void q4_rows(const uint8_t *const *r, int m, const float *s, const float *mo, const int8_t *xq,
-                           const int8_t *xp, const int16_t *xs, double t, int64_t d, float *v) {
+/* The values w_i·x of the m ≤ 4 rows r[0..m) (scales s[i]) into v[0..m), from x̂ (scale t) and its block sums xs:
+ * four rows side by side (q4_steps4), fewer one after another. What the dequantized rows give against t·x̂, but for
+ * the last rounding. */
+static inline void q4_rows(const uint8_t *const *r, int m, const float *s, const int8_t *xq, const int8_t *xp,
+                           const int16_t *xs, double t, int64_t d, float *v) {
     int64_t nb = d / Q4_BLOCK, steps[4];
     int summed = 0;
 #if defined(__AVX2__)
@@ -191,30 +194,31 @@ static inline void q4_rows(const uint8_t *const *r, int m, const float *s, const
 #endif
     for (int i = summed; i < m; i++)
         steps[i] = q4_steps(r[i], xq, xp, nb);
-    for (int i = 0; i < m; i++)
-        v[i] = q4_value(s[i], mo[i], t, steps[i], q4_offsets((const int8_t *)(r[i] + nb * (Q4_BLOCK / 2 + 1)), xs, nb));
+    for (int i = 0; i < m; i++) {
+        const uint8_t *a = r[i] + nb * Q4_BLOCK / 2;
+        v[i] = q4_value(s[i], t, steps[i], q4_offsets(a, a + nb, xs, nb));
+    }
 }
 
 /* The same row in float over x itself (an x with a NaN or an infinity, which no x̂ stands for). */
-static inline float q4_row_f32(const uint8_t *r, float s, float m, const float *x, int64_t d) {
+static inline float q4_row_f32(const uint8_t *r, float s, const float *x, int64_t d) {
     int64_t nb = d / Q4_BLOCK;
-    const uint8_t *a = r + d / 2;
-    const int8_t *c = (const int8_t *)(a + nb);
+    const uint8_t *a = r + d / 2, *z = a + nb;
     float sum = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *q = r + b * Q4_BLOCK / 2;
         const float *xb = x + b * Q4_BLOCK;
-        float step = s * a[b], offset = m * c[b];
+        float step = s * a[b], zero = (float)z[b];
         for (int i = 0; i < Q4_BLOCK / 2; i++)
-            sum += (step * (q[i] & 15) + offset) * xb[i] + (step * (q[i] >> 4) + offset) * xb[i + Q4_BLOCK / 2];
+            sum += step * ((float)(q[i] & 15) - zero) * xb[i] + step * ((float)(q[i] >> 4) - zero) * xb[i + Q4_BLOCK / 2];
     }
     return sum;
 }
 
-/* acc (out) += Σ_u h[u]·w_u for the m ≤ 4 4-bit rows w_u at rows[u] (out weights, scales s[u], mo[u]): per block, each
- * code times h·s·a_b, plus the rows' h·m·c_b summed once for the block; acc read and written once for the m rows. */
-static inline void q4_add(const uint8_t *const *rows, int m, const float *s, const float *mo, const float *h,
-                          int64_t out, float *restrict acc) {
+/* acc (out) += Σ_u h[u]·w_u for the m ≤ 4 4-bit rows w_u at rows[u] (out weights, scales s[u]): per block, each code
+ * times h·s·a_b, less the rows' h·s·a_b·z_b summed once for the block; acc read and written once for the m rows. */
+static inline void q4_add(const uint8_t *const *rows, int m, const float *s, const float *h, int64_t out,
+                          float *restrict acc) {
     int64_t nb = out / Q4_BLOCK;
     for (int64_t b = 0; b < nb; b++) {
         float step[4] = {0.0f, 0.0f, 0.0f, 0.0f}, offset = 0.0f, *y = acc + b * Q4_BLOCK;
@@ -224,7 +228,7 @@ static inline void q4_add(const uint8_t *const *rows, int m, const float *s, con
             q[u] = r + b * Q4_BLOCK / 2;
             if (u < m) {
                 step[u] = h[u] * s[u] * a[b];
-                offset += h[u] * mo[u] * ((const int8_t *)(a + nb))[b];
+                offset -= step[u] * a[nb + b];
             }
         }
         int i = 0;

@@ -36,9 +36,8 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
  * before it (eps < 0: none) and the one after it (post_w NULL: none), its output's scale (Granite's; 1: none), and its
  * rows: with int8, gate_q, up_q, down_q (downᵀ's rows) with scales gate_s, up_s (a row each) and down_s (an output
  * each), unit k's up row at up_q + k·stride and its downᵀ row at down_q + k·stride (unit_rows: one block of rows
- * [up | downᵀ], stride d + out); with int4, the same rows as 4-bit rows (int4.h) with a step scale (gate_s, up_s,
- * down_s) and an offset scale (gate_m, up_m, down_m) a row each, downᵀ's rows included, against x rounded to int8
- * (int4 = 1) or x itself in float (int4 = 2: continuous in x, for a decoder's probe); else the float32 rows gate,
+ * [up | downᵀ], stride d + out); with int4, the same rows as 4-bit rows (int4.h) with a scale a row (gate_s, up_s,
+ * down_s), downᵀ's rows included, against x rounded to int8 (int4 = 1) or x itself in float (int4 = 2: continuous in x, for a decoder's probe); else the float32 rows gate,
  * up, down_t (downᵀ) with the gate's int8 screen gate_q, gate_s, gate_r, gate_n (screen_rows). Biases may be NULL. */
 struct lg_ffn {
     const float *norm_w, *post_w;
@@ -46,7 +45,6 @@ struct lg_ffn {
     int plus_one, post_plus_one, int8, int4;
     const int8_t *gate_q, *up_q, *down_q;
     const float *gate_s, *up_s, *down_s, *gate_r, *gate_n, *gate, *up, *down_t, *gate_b, *up_b, *down_b;
-    const float *gate_m, *up_m, *down_m;
     int64_t ff, out, stride;
 };
 

@@ -52,8 +52,7 @@ __all__ = ["SparseGatedMLP", "GatedLayout", "FUSED_ROWS", "PROMPT_ROWS", "Rows",
 
 GatedLayout = Gated  # where a gated FFN keeps its parts: one of the families table's rows
 INT8_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")  # an int8 block's rows and scales
-# a 4-bit block's rows (int4.py) and each row's step and offset scales
-INT4_BUFFERS = ("gate_q", "gate_s", "gate_m", "up_q", "up_s", "up_m", "down_q", "down_s", "down_m")
+INT4_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")  # a 4-bit block's rows (int4.py) and scales
 FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too, screened (decoding)
 # rows up to which a float32 block's C call computes the gate too, unscreened (a short prompt's: a unit is active in
 # some of so many rows, so the screen rules out few), and the up products only of the rows a unit is active in;
@@ -210,14 +209,14 @@ def sparse_gated_int8_reference(x: Tensor, quantized: dict[str, Tensor], gate: n
 def sparse_gated_int4_reference(x: Tensor, quantized: dict[str, Tensor], gate: nn.Linear, up: nn.Linear,
                                 down: nn.Linear, round_inputs: bool = True) -> Tensor:
     """The 4-bit block in plain torch (the C kernel's reference): ``down(relu(gate(x)) * up(x))`` with each matrix's
-    rows dequantized from ``quantized`` (``gate_q, gate_s, gate_m``, ..., ``down_q`` the 4-bit rows of ``down``'s
+    rows dequantized from ``quantized`` (``gate_q, gate_s``, ..., ``down_q`` the 4-bit rows of ``down``'s
     transpose: :func:`~lambda_gelu.inference.int4.dequantize`), in the scales' dtype, the layers' biases as they are,
     and each row of x as the kernel reads it (:func:`~lambda_gelu.inference.int4.int8_rows`; as it is if it holds a
     NaN or an infinity, or with ``round_inputs=False``)."""
     dtype = quantized["gate_s"].dtype
 
     def weight(name, d):
-        return q4.dequantize(quantized[f"{name}_q"], quantized[f"{name}_s"], quantized[f"{name}_m"], d, dtype)
+        return q4.dequantize(quantized[f"{name}_q"], quantized[f"{name}_s"], d, dtype)
     if round_inputs:
         xq, t = q4.int8_rows(x)
         x = torch.where(torch.isfinite(x).all(-1, keepdim=True), t * xq, x.to(t.dtype))
@@ -241,8 +240,8 @@ class SparseGatedMLP(nn.Module):
     skipping buys: the same C loop without it (decoding and short prompts, and int8), the dense block elsewhere.
     ``max_density``: the share of active units above which a batch of more than :data:`PROMPT_ROWS` rows runs the
     dense block.
-    ``int4=True``: the three matrices as 4-bit rows (:mod:`~lambda_gelu.inference.int4`; ``gate_m``, ``up_m``,
-    ``down_m`` their offset scales; ``down_q`` downᵀ's rows, each with its own scales), input and output widths
+    ``int4=True``: the three matrices as 4-bit rows (:mod:`~lambda_gelu.inference.int4`; ``down_q`` downᵀ's rows,
+    each with its own scale), input and output widths
     multiples of 32, sparse only; every batch runs the C loop, row by row. It rounds each row of its input to int8 (a
     jump in its output where an input crosses a rounding boundary); ``round_inputs = False`` sums the inputs as they
     are, in float (a continuous function of them, and slow: a decoder's probe). Build it with :meth:`from_dense`.
@@ -289,10 +288,9 @@ class SparseGatedMLP(nn.Module):
         gate, up, down = (layer.weight for layer in self._parts())
         self._made, self._screened = Made(self._sources()), None
         if self.int4:
-            (gate_q, gate_s, gate_m), (up_q, up_s, up_m), (down_q, down_s, down_m) = (
-                q4.quantize(w) for w in (gate, up, down.t()))
+            (gate_q, gate_s), (up_q, up_s), (down_q, down_s) = (q4.quantize(w) for w in (gate, up, down.t()))
             up_q, down_q = unit_rows(up_q, down_q)
-            for name, t in zip(INT4_BUFFERS, (gate_q, gate_s, gate_m, up_q, up_s, up_m, down_q, down_s, down_m)):
+            for name, t in zip(INT4_BUFFERS, (gate_q, gate_s, up_q, up_s, down_q, down_s)):
                 self.register_buffer(name, t, persistent=False)
             self._screened = self._int4_call()
             return
@@ -353,9 +351,8 @@ class SparseGatedMLP(nn.Module):
         if kernels is None or not biases_fit(gate, up, down) or unit_stride(b["up_q"], b["down_q"]) is None:
             return None
         return kernels.sparse_gated_q4, (
-            *(b[n].data_ptr() for n in ("gate_q", "gate_s", "gate_m")), pointer(gate.bias),
-            *(b[n].data_ptr() for n in ("up_q", "up_s", "up_m")), pointer(up.bias),
-            *(b[n].data_ptr() for n in ("down_q", "down_s", "down_m")), pointer(down.bias))
+            b["gate_q"].data_ptr(), b["gate_s"].data_ptr(), pointer(gate.bias), b["up_q"].data_ptr(),
+            b["up_s"].data_ptr(), pointer(up.bias), b["down_q"].data_ptr(), b["down_s"].data_ptr(), pointer(down.bias))
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up, down = self._parts()

@@ -41,7 +41,7 @@ class _FFN(ctypes.Structure):  # struct lg_ffn
     _fields_ = [("norm_w", _P), ("post_w", _P), *((n, _D) for n in ("eps", "post_eps", "scale")),
                 *((n, _I) for n in ("plus_one", "post_plus_one", "int8", "int4")),
                 *((n, _P) for n in ("gate_q", "up_q", "down_q", "gate_s", "up_s", "down_s", "gate_r", "gate_n", "gate",
-                                    "up", "down_t", "gate_b", "up_b", "down_b", "gate_m", "up_m", "down_m")),
+                                    "up", "down_t", "gate_b", "up_b", "down_b")),
                 ("ff", _I64), ("out", _I64), ("stride", _I64)]
 
 
@@ -133,7 +133,6 @@ class TokenStep:
                        pointer(b.get("up_s")), pointer(b.get("down_s")), pointer(b.get("gate_r")),
                        pointer(b.get("gate_n")), gate.weight.data_ptr(), up.weight.data_ptr(),
                        pointer(b.get("down_t")), pointer(gate.bias), pointer(up.bias), pointer(down.bias),
-                       pointer(b.get("gate_m")), pointer(b.get("up_m")), pointer(b.get("down_m")),
                        gate.out_features, down.out_features, b["up_q"].stride(0) if mlp.int8 or mlp.int4 else 0)
             layers.append(_Layer(attention, cos.data_ptr(), sin.data_ptr(), window or 0, ffn))
             held += [step, cos, sin, gate.weight, up.weight, *b.values()]
