@@ -6,6 +6,7 @@ import os
 import platform
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -54,6 +55,18 @@ def _cpu_name() -> str:
     except (OSError, ValueError):
         pass
     return f"{name} ({'; '.join(details)})" if details else name  # no ", ": the report splits the machine on it
+
+
+def bandwidth(threads: int, gib: float = 1.0, reps: int = 7) -> float:
+    """Bytes per second a sum over a ``gib`` GiB float32 tensor reads, the best of ``reps``."""
+    torch.set_num_threads(threads)
+    x = torch.ones(int(gib * 2 ** 28))
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t)
+    return x.numel() * 4 / best
 
 
 def interleaved(fns: dict, reps: int, warmup: int = 2) -> dict[str, float]:

@@ -18,8 +18,7 @@ import statistics
 
 import torch
 
-from _common import header, print_table, save
-from bench_llamacpp import bandwidth
+from _common import bandwidth, header, print_table, save
 from lambda_gelu import _native
 from lambda_gelu.timing import time_interleaved
 
