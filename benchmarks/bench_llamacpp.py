@@ -337,10 +337,10 @@ def main():
         rows.append([name, f"{speed[name]:.1f}", f"{per_token[name] / 1e6:.1f}", f"{bw / per_token[name]:.1f}",
                      f"{share:.0%} ({share_median:.0%})", f"{same}/{args.new_tokens}", f"{first_ms[name]:.0f}"])
     print_table(f"decoding at batch 1, {args.new_tokens} tokens after {len(prompt)}, {args.rounds} rounds; memory "
-                f"bandwidth {bw / 1e9:.1f} GB/s (median {bw_median / 1e9:.1f}); FFN reads: {reads['gate_rows_read']:.1%} of gate rows, "
-                f"{reads['active']:.1%} of units active", head, rows,
-                ["decoder, model, precision", "tokens/s", "MB/token", "bound tokens/s", "of bound (median read)", "same tokens",
-                 "first token, ms"])
+                f"bandwidth {bw / 1e9:.1f} GB/s (median {bw_median / 1e9:.1f}); FFN reads: "
+                f"{reads['gate_rows_read']:.1%} of gate rows, {reads['active']:.1%} of units active", head, rows,
+                ["decoder, model, precision", "tokens/s", "MB/token", "bound tokens/s", "of bound (median read)",
+                 "same tokens", "first token, ms"])
     for ours, theirs in (("sparse, float32", "F32"), ("sparse, int8", "Q8_0"), ("sparse, int4", "Q4_0"),
                          ("sparse, int4", "Q4_1")):
         ratio = [t / o for o, t in zip(times[f"ours, converted, {ours}"], times[f"llama.cpp, original, {theirs}"])]

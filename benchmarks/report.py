@@ -215,8 +215,9 @@ def _llamacpp_section(d: dict) -> list[str]:
              f"`python benchmarks/bench_llamacpp.py --model {d['model']}` — greedy decoding at batch 1, "
              f"{d['new_tokens']} tokens after a {d['prompt_tokens']}-token prompt, {d['threads']} threads, medians of "
              f"{d['rounds']} interleaved rounds, llama-cpp-python {d['llama_cpp']} built on this machine (commit "
-             f"{d.get('code')}). Memory bandwidth {_bandwidth(d)}; while decoding, the int8 screen left {reads['gate_rows_read']:.1%} of the gate rows to read "
-             f"and {reads['active']:.1%} of the units were active. *Of bound*: tokens/s × bytes per token / "
+             f"{d.get('code')}). Memory bandwidth {_bandwidth(d)}; while decoding, the int8 screen left "
+             f"{reads['gate_rows_read']:.1%} of the gate rows to read and {reads['active']:.1%} of the units were "
+             "active. *Of bound*: tokens/s × bytes per token / "
              "bandwidth, against the best read (and the median read; where a variant's bytes fit in the last-level "
              "cache, DRAM is not its bound). *First token*: "
              "the prompt's forward and that token's argmax.", "",

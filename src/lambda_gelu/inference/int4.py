@@ -10,10 +10,11 @@ every weight rounds to its nearest code, none is clipped (an error of at most ha
 every grid. A grid spanning each block from its smallest weight to its largest (llama.cpp's Q4_1) re-finds, in a
 model quantized that way once and fine-tuned since (a conversion from a Q4_1 GGUF), nearly the grid it came from,
 and rounds the fine-tuning away: SmolLM2 converted at 85% gate zeros lost ×1.42 its held-out perplexity to such 4-bit
-FFN rows, ×1.13 on these. A row of width d is ``d / 2`` bytes of codes (byte i of a block: q_i in its low nibble,
-q_{i+16} in its high one, the order a vector unit unpacks in two steps), then its d / BLOCK step codes a_b and its
-d / BLOCK zero codes z_b (as bytes): ``row_bytes(d)`` in all. The C kernels (``_native/int4.h``) sum such a row
-against x rounded to int8, one scale a row (x ≈ t·x̂: :func:`int8_rows`), as
+FFN rows, ×1.11 on these (``benchmarks/bench_llamacpp.py``, 256 sentences). A row of width d is ``d / 2`` bytes of
+codes (byte i of a block: q_i in its low nibble, q_{i+16} in its high one, the order a vector unit unpacks in two
+steps), then its d / BLOCK step codes a_b and its d / BLOCK zero codes z_b (as bytes): ``row_bytes(d)`` in all. The C
+kernels (``_native/int4.h``) sum such a row against x rounded to int8, one scale a row (x ≈ t·x̂:
+:func:`int8_rows`), as
 
     w·x ≈ t·s·Σ_b a_b·(q_b·x̂_b − z_b·Σ x̂_b)
 
