@@ -59,7 +59,8 @@ static inline int64_t hsum_i32x8(__m256i v) {  /* in 64 bits: each lane is below
 #endif
 
 /* Σ_b a_b·z_b·X_b over the nb step codes a and zero codes z of a row (|a_b·z_b| ≤ 255·15 = 3825, an int16, and
- * |a_b·z_b·X_b| ≤ 3825·32·127: exact in the AVX2 loop's int32 lanes for rows of fewer than 1000 blocks, as q4_steps'). */
+ * |a_b·z_b·X_b| ≤ 3825·32·127: exact in the AVX2 loop's int32 lanes for rows of fewer than 1000 blocks, as in
+ * q4_steps). */
 static inline int64_t q4_offsets(const uint8_t *a, const uint8_t *z, const int16_t *xs, int64_t nb) {
     int64_t sum = 0, b = 0;
 #if defined(__AVX2__)
@@ -210,7 +211,8 @@ static inline float q4_row_f32(const uint8_t *r, float s, const float *x, int64_
         const float *xb = x + b * Q4_BLOCK;
         float step = s * a[b], zero = (float)z[b];
         for (int i = 0; i < Q4_BLOCK / 2; i++)
-            sum += step * ((float)(q[i] & 15) - zero) * xb[i] + step * ((float)(q[i] >> 4) - zero) * xb[i + Q4_BLOCK / 2];
+            sum += step * ((float)(q[i] & 15) - zero) * xb[i]
+                   + step * ((float)(q[i] >> 4) - zero) * xb[i + Q4_BLOCK / 2];
     }
     return sum;
 }

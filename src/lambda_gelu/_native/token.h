@@ -37,8 +37,9 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
  * rows: with int8, gate_q, up_q, down_q (downᵀ's rows) with scales gate_s, up_s (a row each) and down_s (an output
  * each), unit k's up row at up_q + k·stride and its downᵀ row at down_q + k·stride (unit_rows: one block of rows
  * [up | downᵀ], stride d + out); with int4, the same rows as 4-bit rows (int4.h) with a scale a row (gate_s, up_s,
- * down_s), downᵀ's rows included, against x rounded to int8 (int4 = 1) or x itself in float (int4 = 2: continuous in x, for a decoder's probe); else the float32 rows gate,
- * up, down_t (downᵀ) with the gate's int8 screen gate_q, gate_s, gate_r, gate_n (screen_rows). Biases may be NULL. */
+ * down_s), downᵀ's rows included, against x rounded to int8 (int4 = 1) or x itself in float (int4 = 2: continuous in
+ * x, for a decoder's probe); else the float32 rows gate, up, down_t (downᵀ) with the gate's int8 screen gate_q,
+ * gate_s, gate_r, gate_n (screen_rows). Biases may be NULL. */
 struct lg_ffn {
     const float *norm_w, *post_w;
     double eps, post_eps, scale;
