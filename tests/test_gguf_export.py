@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 
 from lambda_gelu.cli import main
@@ -160,6 +161,14 @@ def test_what_cannot_be_exported_is_one_line_and_writes_nothing(relu_llama, tmp_
     err = capsys.readouterr().err.strip()
     assert err.splitlines() == [err] and "not a converted checkpoint" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.gguf", "silu"]  # nothing half-written left
+    (silu / "config.json").write_text(json.dumps(config))
+    weights = safetensors.torch.load_file(silu / "model.safetensors")
+    weights["model.layers.0.self_attn.o_proj.weight"][3, 5] = float("nan")
+    safetensors.torch.save_file(weights, silu / "model.safetensors", metadata={"format": "pt"})
+    assert main(["export", str(silu), "--gguf", str(tmp_path / "x.gguf"), "--type", "q4_1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and "o_proj.weight holds a NaN or an infinity" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.gguf", "silu"]
 
 
 def test_llama_cpp_decodes_the_export_with_the_relu_models_tokens(relu_llama, tmp_path):

@@ -144,6 +144,8 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
     arch = ARCHITECTURES[architecture]
     names = arch.tensors
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    if bad := next((k for k, v in state.items() if not np.isfinite(v).all()), None):
+        raise CheckpointError(f"{directory}'s {bad} holds a NaN or an infinity: no file type holds it as a weight")
     gates = [state[f"model.layers.{i}.mlp.gate_proj.weight"] for i in range(config.num_hidden_layers)]
     ups = [state[f"model.layers.{i}.mlp.{p}_proj.weight"] for i in range(config.num_hidden_layers)
            for p in ("up", "down")]
@@ -287,8 +289,8 @@ def _add(writer, name: str, w: np.ndarray, file_type: str, gguf) -> None:
 def q4_1_blocks(w: np.ndarray) -> np.ndarray:
     """``w`` (rows, d; d a multiple of 32) as GGUF's Q4_1 blocks (rows, d / 32 · 20 bytes: a float16 step d and
     offset m, then 32 4-bit codes q, the value m + q·d), with 0 on every block's grid: m = −z·d for an integer code z,
-    the step the least that covers the block and 0 (a block's span with 0 over 15, rounded up to 7 significant bits,
-    so that z·d is exact in float16), each weight rounded to its nearest code.
+    the step the least with which some z covers the block, rounded up to 7 significant bits (so that z·d is exact in
+    float16), each weight rounded to its nearest code.
 
     llama.cpp's and gguf-py's own Q4_1 spans each block from its smallest weight to its largest. A model quantized
     that way and then fine-tuned, as a conversion from a Q4_1 GGUF is, keeps each block's extremes within the

@@ -241,10 +241,10 @@ class SparseGatedMLP(nn.Module):
     ``max_density``: the share of active units above which a batch of more than :data:`PROMPT_ROWS` rows runs the
     dense block.
     ``int4=True``: the three matrices as 4-bit rows (:mod:`~lambda_gelu.inference.int4`; ``down_q`` downᵀ's rows,
-    each with its own scale), input and output widths
-    multiples of 32, sparse only; every batch runs the C loop, row by row. It rounds each row of its input to int8 (a
-    jump in its output where an input crosses a rounding boundary); ``round_inputs = False`` sums the inputs as they
-    are, in float (a continuous function of them, and slow: a decoder's probe). Build it with :meth:`from_dense`.
+    each with its own scale), input and output widths multiples of 32, sparse only; every batch runs the C loop, row
+    by row. It rounds each row of its input to int8 (a jump in its output where an input crosses a rounding
+    boundary); ``round_inputs = False`` sums the inputs as they are, in float (a continuous function of them, and
+    slow: a decoder's probe). Build it with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
