@@ -1,8 +1,8 @@
 """Decoding at batch 1 against llama.cpp, on the same CPU, in the same run: llama.cpp (llama-cpp-python) on the
 original model at F32, F16, Q8_0, Q4_0 and Q4_1, the project's decoder (LeanDecoder) on the converted model at each
 precision it offers (float32 dense and sparse; sparse int8; sparse 4-bit FFNs with int8 attention), and llama.cpp on
-the converted model as `lambda-gelu export` writes it (F32, Q8_0, Q4_1); plus each variant's bytes read per token and
-the machine's measured memory bandwidth, so that every figure also reads as a share of its own physical bound.
+the converted model as `lambda-gelu export` writes it (F32, Q8_0, Q4_0, Q4_1); plus each variant's bytes read per token
+and the machine's measured memory bandwidth, so that every figure also reads as a share of its own physical bound.
 
     lambda-gelu reluize smollm2-135m-instruct --out runs/smollm2-relu          # 30 minutes
     pip install 'lambda-gelu[llamacpp]'                                          # builds llama.cpp: ~8 minutes
@@ -47,21 +47,25 @@ from _common import header, print_table, save
 PROMPT = "The standard library of Python provides modules for reading files, talking to networks and"
 TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
 READ = "a 1 GiB read"  # the bandwidth, timed in the rounds beside the decoders
-EXPORTS = ("F32", "Q8_0", "Q4_1")  # the converted model as `lambda-gelu export` writes it, run by llama.cpp
+EXPORTS = ("F32", "Q8_0", "Q4_0", "Q4_1")  # the converted model as `lambda-gelu export` writes it, run by llama.cpp
 
 
 def requantized(source: Path, kind: str, work: Path) -> Path:
-    """``source`` written by llama.cpp's quantizer at ``kind`` (the source itself if it is that type already)."""
+    """``source`` written by llama.cpp's quantizer at ``kind``, kept in ``work`` under the source's name: a file made
+    from another original is never taken for this one's."""
     import llama_cpp
-    out = work / f"original-{kind.lower()}.gguf"
+    out = work / f"{source.stem}-{kind.lower()}.gguf"
     if out.exists():
         return out
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, "LLAMA_FTYPE_ALL_F32" if kind == "F32" else f"LLAMA_FTYPE_MOSTLY_{kind}")
     params.allow_requantize = True
     params.nthread = 2
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(out).encode(), params) != 0:
+    part = out.with_name(out.name + ".part")  # a file cut short is not taken for a whole one next time
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(part).encode(), params) != 0:
+        part.unlink(missing_ok=True)
         raise SystemExit(f"llama.cpp could not write {source} as {kind}")
+    part.replace(out)
     return out
 
 
