@@ -226,11 +226,11 @@ static inline void q4_add(const uint8_t *const *rows, int m, const float *s, con
         float step[4] = {0.0f, 0.0f, 0.0f, 0.0f}, offset = 0.0f, *y = acc + b * Q4_BLOCK;
         const uint8_t *q[4];
         for (int u = 0; u < 4; u++) {
-            const uint8_t *r = rows[u < m ? u : 0], *a = r + out / 2;
+            const uint8_t *r = rows[u < m ? u : 0], *a = r + out / 2, *z = a + nb;
             q[u] = r + b * Q4_BLOCK / 2;
             if (u < m) {
                 step[u] = h[u] * s[u] * a[b];
-                offset -= step[u] * a[nb + b];
+                offset -= step[u] * z[b];
             }
         }
         int i = 0;

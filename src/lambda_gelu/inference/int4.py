@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK", "row_bytes", "fits", "quantize", "dequantize", "int8_rows"]
+__all__ = ["BLOCK", "row_bytes", "fits", "quantize", "grids_through_zero", "dequantize", "int8_rows"]
 
 BLOCK = 32  # weights per block: one 16-byte load of codes, two int16 vectors of x
 
@@ -55,12 +55,7 @@ def quantize(w: Tensor) -> tuple[Tensor, Tensor]:
     if not bool(torch.isfinite(w).all()):
         raise ValueError("4-bit rows: the weights hold a NaN or an infinity")
     blocks = w.reshape(rows, d // BLOCK, BLOCK)
-    lo, hi = blocks.amin(2, keepdim=True).clamp(max=0), blocks.amax(2, keepdim=True).clamp(min=0)
-    z = torch.arange(16, dtype=torch.float64)
-    none = torch.tensor(float("inf"), dtype=torch.float64)  # a zero code that cannot cover the block
-    below = torch.where(z > 0, -lo / z.clamp(min=1), torch.where(lo < 0, none, 0.0))  # z codes below 0
-    above = torch.where(z < 15, hi / (15 - z).clamp(min=1), torch.where(hi > 0, none, 0.0))  # 15 − z above
-    need, zero = torch.maximum(below, above).min(2)  # each block's least step, the first zero code that gives it
+    need, zero = grids_through_zero(blocks)
     s64 = need.amax(1) / 255
     s = s64.float()
     s = torch.where(s.double() < s64, torch.nextafter(s, torch.tensor(float("inf"))), s)  # 255·s covers every step
@@ -73,6 +68,18 @@ def quantize(w: Tensor) -> tuple[Tensor, Tensor]:
     codes = q[..., :BLOCK // 2] | (q[..., BLOCK // 2:] << 4)  # byte i: q_i low, q_{i+16} high
     out = torch.cat([codes.reshape(rows, d // 2), a.to(torch.uint8), zero.to(torch.uint8)], 1)
     return out.contiguous(), s.contiguous()
+
+
+def grids_through_zero(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """For blocks of weights (..., n) in float64: each block's least step with which 16 codes, one of them 0, cover it
+    and 0, and the first zero code z (0..15, as int64) that gives it: z steps below 0, 15 − z above. A block of
+    zeros takes step 0 and z = 0. (GGUF's Q4_1 is written on the same grids: ``deploy.gguf.q4_1_blocks``.)"""
+    lo, hi = blocks.amin(-1, keepdim=True).clamp(max=0), blocks.amax(-1, keepdim=True).clamp(min=0)
+    z = torch.arange(16, dtype=torch.float64)
+    none = torch.tensor(float("inf"), dtype=torch.float64)  # a zero code that cannot cover the block
+    below = torch.where(z > 0, -lo / z.clamp(min=1), torch.where(lo < 0, none, 0.0))  # z codes below 0
+    above = torch.where(z < 15, hi / (15 - z).clamp(min=1), torch.where(hi > 0, none, 0.0))  # 15 − z above
+    return torch.maximum(below, above).min(-1)
 
 
 def dequantize(q: Tensor, s: Tensor, d: int, dtype: torch.dtype = torch.float32) -> Tensor:
