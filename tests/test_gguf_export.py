@@ -12,7 +12,8 @@ import safetensors.torch
 import torch
 
 from lambda_gelu.cli import main
-from lambda_gelu.deploy.gguf import GELU_GAP, SILU_GAP, export_gguf, gguf_lambda, llama_cpp_model, q4_1_blocks
+from lambda_gelu.deploy.gguf import (GELU_GAP, SILU_GAP, export_gguf, gguf_lambda, llama_cpp_model, on_4bit_grids,
+                                     q4_0_blocks, q4_1_blocks)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -94,13 +95,14 @@ def test_written_plainly_the_same_file_is_another_model(relu_llama):
 
 
 # Q4_1's step is a block's range over 15 where Q8_0's is its largest magnitude over 127: some 8 times coarser
-@pytest.mark.parametrize("file_type, tolerance", [("f16", 0.01), ("q8_0", 0.03), ("q4_1", 0.25)])
+@pytest.mark.parametrize("file_type, tolerance", [("f16", 0.01), ("q8_0", 0.03), ("q4_0", 0.25), ("q4_1", 0.25)])
 def test_quantized_exports_stay_within_their_own_rounding(relu_llama, file_type, tolerance):
     directory, model, ids = relu_llama
     exported = export_gguf(directory, directory.parent / f"m-{file_type}.gguf", file_type)
     with torch.no_grad():
         want, got = model(ids).logits, _read(exported.path)(ids).logits
     assert float((got - want).abs().max()) <= tolerance * float(want.abs().max()) + exported.bound
+    assert not exported.symmetric  # random weights, on no 4-bit grid: Q4_0 as llama.cpp quantizes it
     if file_type == "q4_1":  # the embedding (here also the output layer) as llama.cpp's quantizer keeps it
         from gguf import GGUFReader
         types = {t.name: t.tensor_type.name for t in GGUFReader(str(exported.path)).tensors}
@@ -133,6 +135,68 @@ def test_q4_1_blocks_hold_zero_and_keep_a_fine_tuning_of_a_q4_1_source():
     kept = float(((gguf.quants.dequantize(q4_1_blocks(source + move), q4_1) - source) * move).sum()
                  / (move * move).sum())
     assert kept > 0.6
+
+
+def test_q4_0_blocks_clip_nothing_and_keep_a_fine_tuning_of_a_4bit_source():
+    """Every weight within half its block's step, where llama.cpp's Q4_0 clips the largest weight of the other sign
+    at 7 of its 8 steps; a model quantized to Q4_0 by llama.cpp's rule then moved by a tenth of a step, as a conversion
+    from a Q4_0 GGUF fine-tunes it, keeps most of that move (the rule itself finds the source's steps again and keeps
+    little of it); on_4bit_grids finds such weights on their grids, a Q4_1 source's too, and random ones off them."""
+    gguf = pytest.importorskip("gguf")
+    q4_0, q4_1 = gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.1, (256, 576)).astype(np.float32)
+    w[0, :32], w[1, :2] = 0, (1.0, -1.0)  # a block of zeros; one with two extremes of opposite signs
+    blocks = q4_0_blocks(w)
+    assert blocks.shape == gguf.quants.quantize(w, q4_0).shape
+    ours = gguf.quants.dequantize(blocks, q4_0)
+    theirs = gguf.quants.dequantize(gguf.quants.quantize(w, q4_0), q4_0)
+    step = blocks.reshape(-1, 18)[:, :2].copy().view(np.float16)[:, 0].astype(np.float64)
+    assert (np.abs(ours - w).reshape(-1, 32).max(1) <= step * 0.501).all() and (ours[0, :32] == 0).all()
+    assert abs(ours[1, 1] + 1) < 1e-3 and abs(theirs[1, 1] + 1) > 0.1  # -1 clipped at -7/8 by llama.cpp's rule
+
+    def kept(source, quantize):
+        largest = np.abs(source).reshape(-1, 32).max(1).repeat(32).reshape(w.shape)
+        move = (rng.standard_normal(w.shape) * largest / 80).astype(np.float32)  # a tenth of Q4_0's step
+        back = gguf.quants.dequantize(quantize(source + move), q4_0)
+        return float(((back - source) * move).sum() / (move * move).sum()), source + move
+
+    got, tuned = kept(theirs, q4_0_blocks)
+    lost, _ = kept(theirs, lambda v: gguf.quants.quantize(v, q4_0))
+    assert got > 0.6 and lost < 0.2
+    from_q4_1 = gguf.quants.dequantize(gguf.quants.quantize(w, q4_1), q4_1)
+    assert on_4bit_grids([tuned]) > 0.9 and on_4bit_grids([from_q4_1 + (tuned - theirs)]) > 0.5
+    assert on_4bit_grids([w]) < 0.01
+
+
+def test_a_checkpoint_on_4bit_grids_is_written_in_q4_0_with_steps_over_7(relu_llama, tmp_path):
+    """A checkpoint whose weights sit on Q4_0's grids, a little moved (a conversion of a Q4_0 file), exports with
+    :func:`q4_0_blocks`' steps, within Q4_0's rounding of the model."""
+    gguf = pytest.importorskip("gguf")
+    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    directory, model, ids = relu_llama
+    gridded = transformers.LlamaForCausalLM.from_pretrained(directory).eval()
+    rng = np.random.default_rng(1)
+    with torch.no_grad():
+        for name, p in gridded.named_parameters():
+            if p.ndim == 2 and "embed" not in name and "lm_head" not in name:
+                w = p.numpy()
+                grid = gguf.quants.dequantize(gguf.quants.quantize(w, q4_0), q4_0)
+                step = np.abs(w).reshape(-1, 32).max(1).repeat(32).reshape(w.shape) / 8
+                p.copy_(torch.from_numpy(grid + (rng.standard_normal(w.shape) * step / 10).astype(np.float32)))
+    gridded.save_pretrained(tmp_path / "gridded")
+    for f in directory.iterdir():
+        if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
+            (tmp_path / "gridded" / f.name).write_bytes(f.read_bytes())
+    exported = export_gguf(tmp_path / "gridded", tmp_path / "g.gguf", "q4_0")
+    assert exported.symmetric and "over 7" in exported.summary()
+    from gguf import GGUFReader
+    written = {t.name: t for t in GGUFReader(str(exported.path)).tensors}["blk.0.attn_v.weight"]
+    want = q4_0_blocks(gridded.model.layers[0].self_attn.v_proj.weight.detach().numpy())
+    assert np.array_equal(np.asarray(written.data).reshape(want.shape), want)
+    with torch.no_grad():
+        want_logits, got = gridded(ids).logits, _read(exported.path)(ids).logits
+    assert float((got - want_logits).abs().max()) <= 0.25 * float(want_logits.abs().max()) + exported.bound
 
 
 def test_the_hardness_keeps_every_type_in_range():
