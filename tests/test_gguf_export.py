@@ -13,7 +13,7 @@ import torch
 
 from lambda_gelu.cli import main
 from lambda_gelu.deploy.gguf import (GELU_GAP, SILU_GAP, export_gguf, gguf_lambda, llama_cpp_model, on_4bit_grids,
-                                     q4_0_blocks, q4_1_blocks)
+                                     symmetric_blocks)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -109,90 +109,74 @@ def test_quantized_exports_stay_within_their_own_rounding(relu_llama, file_type,
         assert types["token_embd.weight"] == "Q8_0" and types["blk.0.ffn_gate.weight"] == "Q4_1"
 
 
-def test_q4_1_blocks_hold_zero_and_keep_a_fine_tuning_of_a_q4_1_source():
-    """Every weight within half its block's step of its value, 0 exactly on each block's grid (m = −z·d, both exact in
-    float16); and a model quantized to Q4_1 (llama.cpp's grid, a block's smallest to its largest weight) then moved
-    by a tenth of a step, as a conversion from a Q4_1 GGUF fine-tunes it, keeps most of that move: re-quantized on
-    the source's own grid it would round back (gguf-py's Q4_1 keeps 6% of it)."""
-    gguf = pytest.importorskip("gguf")
-    q4_1 = gguf.GGMLQuantizationType.Q4_1
-    rng = np.random.default_rng(0)
-    w = rng.normal(0, 0.1, (256, 576)).astype(np.float32)
-    w[0, :32], w[1, :32], w[2, 40] = 0, np.abs(w[1, :32]), 0  # a block of zeros, one of one sign, a lone zero
-    blocks = q4_1_blocks(w)
-    assert blocks.shape == gguf.quants.quantize(w, q4_1).shape
-    back = gguf.quants.dequantize(blocks, q4_1)
-    scales = blocks.reshape(-1, 20)[:, :4].copy().view(np.float16).astype(np.float64)
-    step, offset = scales[:, 0], scales[:, 1]
-    zero = -offset / np.where(step > 0, step, 1)
-    assert np.array_equal(zero, np.round(zero)) and zero.min() >= 0 and zero.max() <= 15
-    assert (np.abs(back - w).reshape(-1, 32).max(1) <= step / 2).all()
-    assert (back[w == 0] == 0).all()
-
-    source = gguf.quants.dequantize(gguf.quants.quantize(w, q4_1), q4_1)
-    span = np.ptp(w.reshape(-1, 32), 1).repeat(32).reshape(w.shape) / 15
-    move = (rng.standard_normal(w.shape) * span / 10).astype(np.float32)
-    kept = float(((gguf.quants.dequantize(q4_1_blocks(source + move), q4_1) - source) * move).sum()
-                 / (move * move).sum())
-    assert kept > 0.6
-
-
-def test_q4_0_blocks_clip_nothing_and_keep_a_fine_tuning_of_a_4bit_source():
+def test_symmetric_blocks_clip_nothing_and_keep_a_fine_tuning_of_a_4bit_source():
     """Every weight within half its block's step, where llama.cpp's Q4_0 clips the largest weight of the other sign
-    at 7 of its 8 steps; a model quantized to Q4_0 by llama.cpp's rule then moved by a tenth of a step, as a conversion
-    from a Q4_0 GGUF fine-tunes it, keeps most of that move (the rule itself finds the source's steps again and keeps
-    little of it); on_4bit_grids finds such weights on their grids, a Q4_1 source's too, and random ones off them."""
+    at 7 of its 8 steps, and the same values in Q4_1; a model quantized by llama.cpp's Q4_0 or Q4_1 then moved by a
+    tenth of a step, as a conversion from such a GGUF fine-tunes it, keeps most of that move (llama.cpp's own
+    quantizer finds the source's steps again and keeps little of it); on_4bit_grids finds such weights on their
+    grids, and random ones off them."""
     gguf = pytest.importorskip("gguf")
-    q4_0, q4_1 = gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1
+    types = gguf.GGMLQuantizationType
     rng = np.random.default_rng(0)
     w = rng.normal(0, 0.1, (256, 576)).astype(np.float32)
     w[0, :32], w[1, :2] = 0, (1.0, -1.0)  # a block of zeros; one with two extremes of opposite signs
-    blocks = q4_0_blocks(w)
-    assert blocks.shape == gguf.quants.quantize(w, q4_0).shape
-    ours = gguf.quants.dequantize(blocks, q4_0)
-    theirs = gguf.quants.dequantize(gguf.quants.quantize(w, q4_0), q4_0)
+    blocks = symmetric_blocks(w, "Q4_0")
+    assert blocks.shape == gguf.quants.quantize(w, types.Q4_0).shape
+    ours = gguf.quants.dequantize(blocks, types.Q4_0)
+    assert np.array_equal(gguf.quants.dequantize(symmetric_blocks(w, "Q4_1"), types.Q4_1), ours)
+    theirs = gguf.quants.dequantize(gguf.quants.quantize(w, types.Q4_0), types.Q4_0)
     step = blocks.reshape(-1, 18)[:, :2].copy().view(np.float16)[:, 0].astype(np.float64)
     assert (np.abs(ours - w).reshape(-1, 32).max(1) <= step * 0.501).all() and (ours[0, :32] == 0).all()
     assert abs(ours[1, 1] + 1) < 1e-3 and abs(theirs[1, 1] + 1) > 0.1  # -1 clipped at -7/8 by llama.cpp's rule
 
-    def kept(source, quantize):
-        largest = np.abs(source).reshape(-1, 32).max(1).repeat(32).reshape(w.shape)
-        move = (rng.standard_normal(w.shape) * largest / 80).astype(np.float32)  # a tenth of Q4_0's step
-        back = gguf.quants.dequantize(quantize(source + move), q4_0)
-        return float(((back - source) * move).sum() / (move * move).sum()), source + move
+    for kind in (types.Q4_0, types.Q4_1):
+        source = gguf.quants.dequantize(gguf.quants.quantize(w, kind), kind)
+        blocks = source.reshape(-1, 32)
+        steps = np.where(kind == types.Q4_0, np.abs(blocks).max(1) / 8, np.ptp(blocks, 1) / 15)
+        move = (rng.standard_normal(w.shape) * steps.repeat(32).reshape(w.shape) / 10).astype(np.float32)
 
-    got, tuned = kept(theirs, q4_0_blocks)
-    lost, _ = kept(theirs, lambda v: gguf.quants.quantize(v, q4_0))
-    assert got > 0.6 and lost < 0.2
-    from_q4_1 = gguf.quants.dequantize(gguf.quants.quantize(w, q4_1), q4_1)
-    assert on_4bit_grids([tuned]) > 0.9 and on_4bit_grids([from_q4_1 + (tuned - theirs)]) > 0.5
+        def kept(quantize):
+            back = gguf.quants.dequantize(quantize(source + move), kind)
+            return float(((back - source) * move).sum() / (move * move).sum())
+
+        assert kept(lambda v: symmetric_blocks(v, kind.name)) > 0.6
+        assert kept(lambda v: gguf.quants.quantize(v, kind)) < 0.2
+        assert on_4bit_grids([source + move]) > 0.9
     assert on_4bit_grids([w]) < 0.01
 
 
-def test_a_checkpoint_on_4bit_grids_is_written_in_q4_0_with_steps_over_7(relu_llama, tmp_path):
+@pytest.mark.parametrize("file_type", ["q4_0", "q4_1"])
+def test_a_checkpoint_on_4bit_grids_is_written_on_steps_over_7(relu_llama, tmp_path, file_type):
     """A checkpoint whose weights sit on Q4_0's grids, a little moved (a conversion of a Q4_0 file), exports with
-    :func:`q4_0_blocks`' steps, within Q4_0's rounding of the model."""
+    :func:`symmetric_blocks`, within 4 bits' rounding of the model; the random model of the other tests, on no grid,
+    as llama.cpp's own quantizer writes it."""
     gguf = pytest.importorskip("gguf")
-    q4_0 = gguf.GGMLQuantizationType.Q4_0
+    from gguf import GGUFReader
+    kind = gguf.GGMLQuantizationType[file_type.upper()]
     directory, model, ids = relu_llama
+    plain = export_gguf(directory, tmp_path / "plain.gguf", file_type)
+    written = {t.name: t for t in GGUFReader(str(plain.path)).tensors}["blk.0.attn_v.weight"]
+    want = gguf.quants.quantize(model.model.layers[0].self_attn.v_proj.weight.detach().numpy(), kind)
+    assert not plain.symmetric and np.array_equal(np.asarray(written.data).reshape(want.shape), want)
+
     gridded = transformers.LlamaForCausalLM.from_pretrained(directory).eval()
     rng = np.random.default_rng(1)
     with torch.no_grad():
         for name, p in gridded.named_parameters():
             if p.ndim == 2 and "embed" not in name and "lm_head" not in name:
                 w = p.numpy()
-                grid = gguf.quants.dequantize(gguf.quants.quantize(w, q4_0), q4_0)
+                grid = gguf.quants.dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_0),
+                                              gguf.GGMLQuantizationType.Q4_0)
                 step = np.abs(w).reshape(-1, 32).max(1).repeat(32).reshape(w.shape) / 8
                 p.copy_(torch.from_numpy(grid + (rng.standard_normal(w.shape) * step / 10).astype(np.float32)))
     gridded.save_pretrained(tmp_path / "gridded")
     for f in directory.iterdir():
         if f.name.startswith("tokenizer") or f.name.endswith(".jinja"):
             (tmp_path / "gridded" / f.name).write_bytes(f.read_bytes())
-    exported = export_gguf(tmp_path / "gridded", tmp_path / "g.gguf", "q4_0")
+    exported = export_gguf(tmp_path / "gridded", tmp_path / "g.gguf", file_type)
     assert exported.symmetric and "over 7" in exported.summary()
-    from gguf import GGUFReader
     written = {t.name: t for t in GGUFReader(str(exported.path)).tensors}["blk.0.attn_v.weight"]
-    want = q4_0_blocks(gridded.model.layers[0].self_attn.v_proj.weight.detach().numpy())
+    want = symmetric_blocks(gridded.model.layers[0].self_attn.v_proj.weight.detach().numpy(), kind.name)
     assert np.array_equal(np.asarray(written.data).reshape(want.shape), want)
     with torch.no_grad():
         want_logits, got = gridded(ids).logits, _read(exported.path)(ids).logits

@@ -26,10 +26,9 @@ down's as it is). Norms and biases stay float32; a matrix whose rows do not fill
 4-bit types the embedding and the output layer are Q8_0, as llama.cpp's own quantizer writes them.
 
 A conversion of a 4-bit GGUF is fine-tuned from weights on that file's grids, by less than a step, and llama.cpp's
-own 4-bit quantizers find those grids again and round the fine-tuning away. So Q4_1's blocks hold 0 on their grid
-(:func:`q4_1_blocks`) where llama.cpp's span each block from its smallest weight to its largest; and Q4_0's, whose
-step llama.cpp takes as a block's largest magnitude over 8 (:func:`q4_0_blocks`), take it over 7 instead where most
-blocks of the checkpoint sit on a 4-bit grid (:func:`on_4bit_grids`).
+own 4-bit quantizers find those grids again and round the fine-tuning away. Where most of a checkpoint's blocks sit
+on a 4-bit grid (:func:`on_4bit_grids`), both 4-bit types are written on steps of a block's largest magnitude over 7
+(:func:`symmetric_blocks`); elsewhere as llama.cpp writes them.
 """
 from __future__ import annotations
 
@@ -47,10 +46,9 @@ from ..errors import CheckpointError
 from ..families import gguf_architecture, gguf_classes
 from ..hf.load import load, model_directory, quiet_transformers
 from ..hf.save import REPORT
-from ..inference.int4 import grids_through_zero
 
 __all__ = ["export_gguf", "Exported", "TYPES", "LAMBDAS", "SILU_GAP", "GELU_GAP", "ARCHITECTURES", "gguf_lambda",
-           "llama_cpp_model", "q4_0_blocks", "q4_1_blocks", "on_4bit_grids"]
+           "llama_cpp_model", "symmetric_blocks", "on_4bit_grids"]
 
 SILU_GAP = 0.27846454276  # max_t t·σ(−t): how far g·σ(λg) strays from relu(g), times λ
 # max_t |t·Φ̃(t) − relu(t)| for the tanh approximation Φ̃ (0.170041), plus what llama.cpp's GELU adds below |t| = 10,
@@ -107,11 +105,11 @@ class Exported:
     hardness: float                # λ the gate is written at (1: the model's own activation, as it is)
     bound: float                   # gap/λ: how far llama.cpp's gate at λ is from relu(g), per unit of |up|
     architecture: str = "llama"    # llama.cpp's
-    symmetric: bool = False        # Q4_0's steps a block's largest magnitude over 7, not 8 (q4_0_blocks)
+    symmetric: bool = False        # 4-bit blocks on steps of their largest magnitude over 7 (symmetric_blocks)
 
     def summary(self) -> str:
         gate = "SiLU" if self.architecture == "llama" else "GELU"
-        steps = " (its weights sit on 4-bit grids: Q4_0's steps a block's largest magnitude over 7)" * self.symmetric
+        steps = " (its weights sit on 4-bit grids: steps of a block's largest magnitude over 7)" * self.symmetric
         return (f"{self.path}: {self.file_type}{steps}, {self.architecture}, the ReLU gates as llama.cpp's {gate} at "
                 f"λ = {self.hardness:g} (each unit within {self.bound:.2g}·|up| of ReLU)")
 
@@ -166,8 +164,9 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
     tensors = [(f"{base.format(i)}.{part}", key, base, part) for base, hf_name in names.items()
                for i in (range(config.num_hidden_layers) if "{}" in base else [None]) for part in ("weight", "bias")
                if (key := f"{hf_name.format(i)}.{part}") in state]  # not lm_head tied to the embedding
-    symmetric = file_type == "q4_0" and on_4bit_grids(
-        [state[key] for name, key, _, _ in tensors if _kind(name, state[key], "q4_0", gguf) == "Q4_0"]) >= _FROM_4BIT
+    symmetric = file_type in ("q4_0", "q4_1") and on_4bit_grids(
+        [state[key] for name, key, _, _ in tensors if _kind(name, state[key], file_type, gguf) in ("Q4_0", "Q4_1")]
+    ) >= _FROM_4BIT
 
     tmp = Path(tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.absolute().parent)[1])
     try:
@@ -296,10 +295,8 @@ def _add(writer, name: str, w: np.ndarray, file_type: str, gguf, symmetric: bool
         writer.add_tensor(name, data)
     elif kind == gguf.GGMLQuantizationType.F16:
         writer.add_tensor(name, data.astype(np.float16))
-    elif kind == gguf.GGMLQuantizationType.Q4_1:
-        writer.add_tensor(name, q4_1_blocks(data), raw_dtype=kind)
-    elif kind == gguf.GGMLQuantizationType.Q4_0 and symmetric:
-        writer.add_tensor(name, q4_0_blocks(data), raw_dtype=kind)
+    elif kind in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1) and symmetric:
+        writer.add_tensor(name, symmetric_blocks(data, kind.name), raw_dtype=kind)
     else:
         writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
 
@@ -322,44 +319,26 @@ def on_4bit_grids(weights: list[np.ndarray]) -> float:
     return on / total if total else 0.0
 
 
-def q4_0_blocks(w: np.ndarray) -> np.ndarray:
-    """``w`` (rows, d; d a multiple of 32) as GGUF's Q4_0 blocks (rows, d / 32 · 18 bytes: a float16 step d, then 32
-    4-bit codes q, the value d·(q − 8)), the step each block's largest magnitude over 7 (so that codes −7..7 cover it
-    on either side, none clipped), each weight rounded to its nearest code.
+def symmetric_blocks(w: np.ndarray, kind: str = "Q4_0") -> np.ndarray:
+    """``w`` (rows, d; d a multiple of 32) as GGUF blocks of ``kind`` Q4_0 (rows, d / 32 · 18 bytes: a float16 step
+    d, then 32 4-bit codes q, the value d·(q − 8)) or Q4_1 (20 bytes: a float16 step d and offset m, then the codes,
+    the value m + q·d; here m = −8·d, the same values): the step each block's largest magnitude over 7, so that codes
+    −7..7 cover it on either side, none clipped, each weight rounded to its nearest code.
 
     llama.cpp's Q4_0 takes the step as the largest magnitude over 8 (that weight at −8 steps, the other sign clipped
-    at +7): from a Q4_0 GGUF's weights fine-tuned by less than a step it finds the source's steps again and rounds
-    the fine-tuning away, and a Q4_1 source's nearly so (SmolLM2 converted from Q4_0, 256 held-out sentences in
-    llama.cpp: ×1.50 its perplexity against ×1.18 so; from Q4_1, ×1.24 against ×1.12). On weights off any grid it is
-    the better of the two (the same conversion moved off its grids by noise: ×1.29 against ×1.36 so), which is why
-    export takes this only where :func:`on_4bit_grids` finds the checkpoint's weights on 4-bit grids."""
+    at +7), its Q4_1 spans a block from its smallest weight to its largest in 15 steps. From weights on a Q4_0 or Q4_1
+    GGUF's grids fine-tuned by less than a step, as a conversion of such a file is, both find the source's steps
+    again and round the fine-tuning away: SmolLM2 converted from Q4_1, 256 held-out sentences in llama.cpp, ×1.24
+    its perplexity in their Q4_0 and ×1.36 in their Q4_1, ×1.12 on these steps (either type); converted from Q4_0,
+    ×1.50 in their Q4_0, ×1.18 so. On weights off any grid theirs are the better (that conversion moved off its grids
+    by noise: their Q4_0 ×1.29, Q4_1 ×1.14; these ×1.36), which is why export takes these only where
+    :func:`on_4bit_grids` finds the checkpoint's weights on 4-bit grids."""
     blocks = np.ascontiguousarray(w, dtype=np.float64).reshape(-1, 32)
     step = (np.abs(blocks).max(1) / 7).astype(np.float16)
     exact = step.astype(np.float64)
     codes = np.clip(np.rint(blocks / np.where(exact > 0, exact, 1.0)[:, None]) + 8, 0, 15).astype(np.uint8)
-    packed = codes[:, :16] | (codes[:, 16:] << 4)
-    return np.concatenate([step[:, None].view(np.uint8), packed], 1).reshape(w.shape[0], -1)
-
-
-def q4_1_blocks(w: np.ndarray) -> np.ndarray:
-    """``w`` (rows, d; d a multiple of 32) as GGUF's Q4_1 blocks (rows, d / 32 · 20 bytes: a float16 step d and
-    offset m, then 32 4-bit codes q, the value m + q·d), with 0 on every block's grid: m = −z·d for an integer code z,
-    the step the least with which some z covers the block, rounded up to 7 significant bits (so that z·d is exact in
-    float16), each weight rounded to its nearest code.
-
-    llama.cpp's and gguf-py's own Q4_1 spans each block from its smallest weight to its largest. A model quantized
-    that way and then fine-tuned, as a conversion from a Q4_1 GGUF is, keeps each block's extremes within the
-    fine-tuning's change of its old ones, so the same grid comes back and its weights round back onto the source's:
-    SmolLM2 converted from its Q4_1 GGUF at 85% gate zeros lost ×3.4 its held-out perplexity from its attention's
-    projections alone (in torch from the file's weights as in llama.cpp), ×1.10 on this grid, ×1.11 in Q4_0."""
-    blocks = np.ascontiguousarray(w, dtype=np.float64).reshape(-1, 32)
-    need, zero = (t.numpy() for t in grids_through_zero(torch.from_numpy(blocks)))
-    frac, exp = np.frexp(need)
-    step = np.ldexp(np.ceil(frac * 128) / 128, exp)  # up to 7 significant bits: z·step has at most 11
-    codes = np.clip(np.rint(blocks / np.where(step > 0, step, 1.0)[:, None]) + zero[:, None], 0, 15).astype(np.uint8)
-    scales = np.stack([step, -zero * step], 1).astype(np.float16).view(np.uint8)  # d, m: exact in float16
-    packed = codes[:, :16] | (codes[:, 16:] << 4)
-    return np.concatenate([scales, packed], 1).reshape(w.shape[0], -1)
+    scales = step[:, None] if kind == "Q4_0" else np.stack([step, -8 * step], 1)  # 8·d: exact in float16
+    return np.concatenate([scales.view(np.uint8), codes[:, :16] | (codes[:, 16:] << 4)], 1).reshape(w.shape[0], -1)
 
 
 def _hyperparameters(writer, config, architecture: str, file_type: str, gguf) -> None:

@@ -73,7 +73,7 @@ def quantize(w: Tensor) -> tuple[Tensor, Tensor]:
 def grids_through_zero(blocks: Tensor) -> tuple[Tensor, Tensor]:
     """For blocks of weights (..., n) in float64: each block's least step with which 16 codes, one of them 0, cover it
     and 0, and the first zero code z (0..15, as int64) that gives it: z steps below 0, 15 − z above. A block of
-    zeros takes step 0 and z = 0. (GGUF's Q4_1 is written on the same grids: ``deploy.gguf.q4_1_blocks``.)"""
+    zeros takes step 0 and z = 0."""
     lo, hi = blocks.amin(-1, keepdim=True).clamp(max=0), blocks.amax(-1, keepdim=True).clamp(min=0)
     z = torch.arange(16, dtype=torch.float64)
     none = torch.tensor(float("inf"), dtype=torch.float64)  # a zero code that cannot cover the block
