@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import CheckpointError
 from ..families import gguf_architecture, gguf_classes
