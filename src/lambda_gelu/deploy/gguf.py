@@ -309,12 +309,14 @@ def on_4bit_grids(weights: list[np.ndarray]) -> float:
     0.3 steps, 0.4%)."""
     on, total = 0, 0
     for w in weights:
-        blocks = np.asarray(w, dtype=np.float64).reshape(-1, 32)
-        largest, low, high = np.abs(blocks).max(1), blocks.min(1), blocks.max(1)
-        q4_0 = blocks / np.where(largest > 0, largest / 8, 1.0)[:, None]
-        q4_1 = (blocks - low[:, None]) / np.where(high > low, (high - low) / 15, 1.0)[:, None]
-        near = [np.mean(np.abs(r - np.rint(r)) <= 0.25, 1) for r in (q4_0, q4_1)]
-        on, total = on + int((np.maximum(*near) >= _ON_GRID).sum()), total + len(blocks)
+        all_blocks = np.asarray(w).reshape(-1, 32)
+        for start in range(0, len(all_blocks), 1 << 16):  # a bounded copy at a time, whatever the matrix
+            blocks = all_blocks[start:start + (1 << 16)].astype(np.float64)
+            largest, low, high = np.abs(blocks).max(1), blocks.min(1), blocks.max(1)
+            q4_0 = blocks / np.where(largest > 0, largest / 8, 1.0)[:, None]
+            q4_1 = (blocks - low[:, None]) / np.where(high > low, (high - low) / 15, 1.0)[:, None]
+            near = [np.mean(np.abs(r - np.rint(r)) <= 0.25, 1) for r in (q4_0, q4_1)]
+            on, total = on + int((np.maximum(*near) >= _ON_GRID).sum()), total + len(blocks)
     return on / total if total else 0.0
 
 
