@@ -12,8 +12,8 @@ import safetensors.torch
 import torch
 
 from lambda_gelu.cli import main
-from lambda_gelu.deploy.gguf import (GELU_GAP, SILU_GAP, export_gguf, gguf_lambda, llama_cpp_model, on_4bit_grids,
-                                     symmetric_blocks)
+from lambda_gelu.deploy.gguf import GELU_GAP, SILU_GAP, export_gguf, gguf_lambda, llama_cpp_model, symmetric_blocks
+from lambda_gelu.inference.int4 import on_4bit_grids
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")

@@ -45,9 +45,10 @@ from ..errors import CheckpointError
 from ..families import gguf_architecture, gguf_classes
 from ..hf.load import load, model_directory, quiet_transformers
 from ..hf.save import REPORT
+from ..inference.int4 import FROM_4BIT, on_4bit_grids
 
 __all__ = ["export_gguf", "Exported", "TYPES", "LAMBDAS", "SILU_GAP", "GELU_GAP", "ARCHITECTURES", "gguf_lambda",
-           "llama_cpp_model", "symmetric_blocks", "on_4bit_grids"]
+           "llama_cpp_model", "symmetric_blocks"]
 
 SILU_GAP = 0.27846454276  # max_t t·σ(−t): how far g·σ(λg) strays from relu(g), times λ
 # max_t |t·Φ̃(t) − relu(t)| for the tanh approximation Φ̃ (0.170041), plus what llama.cpp's GELU adds below |t| = 10,
@@ -59,8 +60,6 @@ TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1")
 _LEVELS = {"q8_0": 127.0, "q4_0": 8.0, "q4_1": 15.0}  # a block's largest magnitude over its float16 scale, at most
 _F16_TINY, _F16_MAX = 6.104e-05, 65504.0  # float16's smallest normal and largest value
 _IN_RANGE = 0.99  # the share of blocks whose float16 scale must stay normal after scaling
-_ON_GRID = 0.8  # a block sits on a 4-bit grid when this share of its weights lies within a quarter step of it
-_FROM_4BIT = 0.25  # the share of such blocks from which a checkpoint is taken for a conversion of a 4-bit file
 # the Llama family's tensors: GGUF name (per block where it has {}) → the module's weight in the transformers model
 _LLAMA = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
           "blk.{}.attn_norm": "model.layers.{}.input_layernorm", "blk.{}.attn_q": "model.layers.{}.self_attn.q_proj",
@@ -165,7 +164,7 @@ def export_gguf(directory: str | os.PathLike, path: str | os.PathLike, file_type
                if (key := f"{hf_name.format(i)}.{part}") in state]  # not lm_head tied to the embedding
     symmetric = file_type in ("q4_0", "q4_1") and on_4bit_grids(
         [state[key] for name, key, _, _ in tensors if _kind(name, state[key], file_type, gguf) in ("Q4_0", "Q4_1")]
-    ) >= _FROM_4BIT
+    ) >= FROM_4BIT
 
     tmp = Path(tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.absolute().parent)[1])
     try:
@@ -298,27 +297,6 @@ def _add(writer, name: str, w: np.ndarray, file_type: str, gguf, symmetric: bool
         writer.add_tensor(name, symmetric_blocks(data, kind.name), raw_dtype=kind)
     else:
         writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-
-
-def on_4bit_grids(weights: list[np.ndarray]) -> float:
-    """The share of the 32-weight blocks of ``weights`` (each a matrix of rows a multiple of 32 wide; blocks of zeros,
-    on every grid, left out) that sit on a 4-bit grid: :data:`_ON_GRID` of a block's weights within a quarter step
-    of Q4_0's grid (the step its largest magnitude over 8) or of Q4_1's (its smallest weight to its largest in 15
-    steps), as a block quantized to either and then fine-tuned by less than a step keeps them. Of weights off any
-    grid, half lie within a quarter step of either: about one block in a thousand passes (SmolLM2's conversions:
-    72–74%; moved off their grids by noise of 0.3 steps, 0.4%)."""
-    on, total = 0, 0
-    for w in weights:
-        all_blocks = np.asarray(w).reshape(-1, 32)
-        for start in range(0, len(all_blocks), 1 << 16):  # a bounded copy at a time, whatever the matrix
-            blocks = all_blocks[start:start + (1 << 16)].astype(np.float64)
-            blocks = blocks[np.abs(blocks).max(1) > 0]  # a block of zeros is on every grid and tells nothing
-            largest, low, high = np.abs(blocks).max(1), blocks.min(1), blocks.max(1)
-            q4_0 = blocks / (largest / 8)[:, None]
-            q4_1 = (blocks - low[:, None]) / np.where(high > low, (high - low) / 15, 1.0)[:, None]
-            near = [np.mean(np.abs(r - np.rint(r)) <= 0.25, 1) for r in (q4_0, q4_1)]
-            on, total = on + int((np.maximum(*near) >= _ON_GRID).sum()), total + len(blocks)
-    return on / total if total else 0.0
 
 
 def symmetric_blocks(w: np.ndarray, kind: str = "Q4_0") -> np.ndarray:

@@ -241,15 +241,16 @@ class SparseGatedMLP(nn.Module):
     ``max_density``: the share of active units above which a batch of more than :data:`PROMPT_ROWS` rows runs the
     dense block.
     ``int4=True``: the three matrices as 4-bit rows (:mod:`~lambda_gelu.inference.int4`; ``down_q`` downᵀ's rows,
-    each with its own scale), input and output widths multiples of 32, sparse only; every batch runs the C loop, row
-    by row. It rounds each row of its input to int8 (a jump in its output where an input crosses a rounding
+    each with its own scale), input and output widths multiples of 32, sparse only, on grids through 0 or with
+    ``symmetric=True`` on steps over 7 (:func:`~lambda_gelu.inference.int4.quantize`; ``sparsify_`` chooses for the
+    model); every batch runs the C loop, row by row. It rounds each row of its input to int8 (a jump in its output where an input crosses a rounding
     boundary); ``round_inputs = False`` sums the inputs as they are, in float (a continuous function of them, and
     slow: a decoder's probe). Build it with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
                  max_density: float = 0.5, int8: bool = False, sparse: bool = True, screen: bool = True,
-                 int4: bool = False):
+                 int4: bool = False, symmetric: bool = False):
         super().__init__()
         if not 0.0 <= max_density <= 1.0:
             raise ValueError(f"max_density is a fraction of the units in [0, 1], got {max_density!r}")
@@ -259,7 +260,7 @@ class SparseGatedMLP(nn.Module):
             raise ValueError(f"int4 rows hold whole blocks of {q4.BLOCK} weights: this FFN's input and output widths "
                              f"{up.in_features} and {down.out_features} are not both multiples")
         self.layout, self.int8, self.sparse, self.screen = layout, bool(int8), bool(sparse), bool(screen)
-        self.int4, self.round_inputs = bool(int4), True
+        self.int4, self.symmetric, self.round_inputs = bool(int4), bool(symmetric), True
         for name, layer in ((layout.gate, gate), (layout.up, up), (layout.down, down)):
             self.add_module(name, layer)
         self.max_density = float(max_density)
@@ -268,9 +269,10 @@ class SparseGatedMLP(nn.Module):
 
     @classmethod
     def from_dense(cls, mlp: nn.Module, layout: GatedLayout, max_density: float = 0.5, int8: bool = False,
-                   sparse: bool = True, screen: bool = True, int4: bool = False) -> "SparseGatedMLP":
+                   sparse: bool = True, screen: bool = True, int4: bool = False,
+                   symmetric: bool = False) -> "SparseGatedMLP":
         return cls(layout, getattr(mlp, layout.gate), getattr(mlp, layout.up), getattr(mlp, layout.down), max_density,
-                   int8, sparse, screen, int4)
+                   int8, sparse, screen, int4, symmetric)
 
     def _parts(self) -> tuple[nn.Linear | Rows, nn.Linear | Rows, nn.Linear]:
         return gated_parts(self, self.layout)
@@ -288,7 +290,8 @@ class SparseGatedMLP(nn.Module):
         gate, up, down = (layer.weight for layer in self._parts())
         self._made, self._screened = Made(self._sources()), None
         if self.int4:
-            (gate_q, gate_s), (up_q, up_s), (down_q, down_s) = (q4.quantize(w) for w in (gate, up, down.t()))
+            (gate_q, gate_s), (up_q, up_s), (down_q, down_s) = (q4.quantize(w, self.symmetric)
+                                                                 for w in (gate, up, down.t()))
             up_q, down_q = unit_rows(up_q, down_q)
             for name, t in zip(INT4_BUFFERS, (gate_q, gate_s, up_q, up_s, down_q, down_s)):
                 self.register_buffer(name, t, persistent=False)

@@ -23,15 +23,24 @@ its roundings in double and to float32. Codes times int8 is the vector unit's fa
 instruction): 4-bit rows read half an int8 row's bytes, and their arithmetic must not give back what that saves.
 Rounding the FFN's inputs to 8 bits changed the converted SmolLM2's held-out perplexity by less than its noise (the
 weights' rounding to 4 bits is the cost).
+
+Grids through 0 are for weights that sit on a 4-bit grid already (:func:`on_4bit_grids`: a conversion of a 4-bit
+GGUF). Off grids, steps of a block's largest magnitude over 7 (``quantize(w, symmetric=True)``: z_b = 8, codes −7..7
+on either side) do better: SmolLM2's conversion moved off its grids by noise (0.3 of a step) lost ×1.24 its held-out
+perplexity to grids through 0, ×1.18 to those; the conversion itself ×1.10 and ×1.12 (256 sentences).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK", "row_bytes", "fits", "quantize", "grids_through_zero", "dequantize", "int8_rows"]
+__all__ = ["BLOCK", "row_bytes", "fits", "quantize", "grids_through_zero", "dequantize", "int8_rows", "on_4bit_grids",
+           "FROM_4BIT"]
 
 BLOCK = 32  # weights per block: one 16-byte load of codes, two int16 vectors of x
+ON_GRID = 0.8  # a block sits on a 4-bit grid when this share of its weights lies within a quarter step of it
+FROM_4BIT = 0.25  # the share of such blocks from which weights are taken for a conversion of a 4-bit file
 
 
 def row_bytes(d: int) -> int:
@@ -45,9 +54,10 @@ def fits(d: int) -> bool:
 
 
 @torch.no_grad()
-def quantize(w: Tensor) -> tuple[Tensor, Tensor]:
+def quantize(w: Tensor, symmetric: bool = False) -> tuple[Tensor, Tensor]:
     """Each row of ``w`` (rows, d; d a multiple of :data:`BLOCK`) as a 4-bit row: the bytes (rows, row_bytes(d)) as
-    uint8 and the scales s (rows,) as float32. Rows that are not finite are refused."""
+    uint8 and the scales s (rows,) as float32, on grids through 0 or, ``symmetric``, on steps of each block's largest
+    magnitude over 7 (see the module's docstring). Rows that are not finite are refused."""
     w = w.detach().to(torch.float64)
     rows, d = w.shape
     if not fits(d):
@@ -55,7 +65,11 @@ def quantize(w: Tensor) -> tuple[Tensor, Tensor]:
     if not bool(torch.isfinite(w).all()):
         raise ValueError("4-bit rows: the weights hold a NaN or an infinity")
     blocks = w.reshape(rows, d // BLOCK, BLOCK)
-    need, zero = grids_through_zero(blocks)
+    if symmetric:
+        need = blocks.abs().amax(-1) / 7
+        zero = torch.full_like(need, 8, dtype=torch.int64)
+    else:
+        need, zero = grids_through_zero(blocks)
     s64 = need.amax(1) / 255
     s = s64.float()
     s = torch.where(s.double() < s64, torch.nextafter(s, torch.tensor(float("inf"))), s)  # 255·s covers every step
@@ -99,3 +113,24 @@ def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     t = x64.abs().amax(-1, keepdim=True) / 127
     t = torch.where(t > 0, t, torch.ones_like(t))
     return torch.round(x64 / t).clamp_(-127, 127).float(), t
+
+
+def on_4bit_grids(weights: list) -> float:
+    """The share of the 32-weight blocks of ``weights`` (matrices, as tensors or arrays, of rows a multiple of 32
+    wide; blocks of zeros, on every grid, left out) that sit on a 4-bit grid: :data:`ON_GRID` of a block's weights
+    within a quarter step of Q4_0's grid (the step its largest magnitude over 8) or of Q4_1's (its smallest weight to
+    its largest in 15 steps), as a block quantized to either and then fine-tuned by less than a step keeps them. Of
+    weights off any grid, half lie within a quarter step of either: about one block in a thousand passes (SmolLM2's
+    conversions: 72–74%; moved off their grids by noise of 0.3 steps, 0.4%)."""
+    on, total = 0, 0
+    for w in weights:
+        all_blocks = (w.detach().cpu().numpy() if isinstance(w, Tensor) else np.asarray(w)).reshape(-1, BLOCK)
+        for start in range(0, len(all_blocks), 1 << 16):  # a bounded copy at a time, whatever the matrix
+            blocks = all_blocks[start:start + (1 << 16)].astype(np.float64)
+            blocks = blocks[np.abs(blocks).max(1) > 0]  # a block of zeros is on every grid and tells nothing
+            largest, low, high = np.abs(blocks).max(1), blocks.min(1), blocks.max(1)
+            q4_0 = blocks / (largest / 8)[:, None]
+            q4_1 = (blocks - low[:, None]) / np.where(high > low, (high - low) / 15, 1.0)[:, None]
+            near = [np.mean(np.abs(r - np.rint(r)) <= 0.25, 1) for r in (q4_0, q4_1)]
+            on, total = on + int((np.maximum(*near) >= ON_GRID).sum()), total + len(blocks)
+    return on / total if total else 0.0

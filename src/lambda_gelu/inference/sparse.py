@@ -26,6 +26,7 @@ from .. import _native
 from ..core.convert import _is_conv1d, _plain, replacement_problem
 from ..core.zeros import exact_zeros
 from ..families import ungated_layouts
+from . import int4 as q4
 from .experts import SparseExperts, experts_problem, relu_experts
 from .gated import SparseGatedMLP, formula_problem, gated_mlps, gated_parts
 
@@ -191,7 +192,9 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
     replaces every eligible layer; an expert counts as its up projection). ``int8=True``: the gated FFNs and the
     experts read int8 weights with a scale per row (:class:`~lambda_gelu.inference.gated.SparseGatedMLP`'s ``int8``;
     no longer exact: the weights are rounded). ``int4=True``: the gated FFNs read 4-bit rows instead
-    (:mod:`~lambda_gelu.inference.int4`; their widths must be multiples of 32), a mixture's experts int8 rows."""
+    (:mod:`~lambda_gelu.inference.int4`; their widths must be multiples of 32), on grids through 0 where most of their
+    blocks sit on a 4-bit grid already (:func:`~lambda_gelu.inference.int4.on_4bit_grids`), else on steps over 7; a
+    mixture's experts int8 rows."""
     if isinstance(min_weights, bool) or not isinstance(min_weights, int) or min_weights < 0:
         raise ValueError(f"min_weights is a number of weights ≥ 0, got {min_weights!r}")
     if int8 and int4:
@@ -242,9 +245,14 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
         raise ValueError(f"sparsify_ found {len(found)} linear layer(s) fed by an nn.ReLU, but all are smaller than "
                          f"min_weights={min_weights} weights (largest: {sizes[-1]}), where the sparse path is slower "
                          f"than the dense layer; pass min_weights=0 to replace them anyway")
+    # 4-bit rows on grids through 0 if the model's FFN weights sit on 4-bit grids (a conversion of a 4-bit file), else
+    # on steps over 7 (int4's docstring)
+    weights = [getattr(parent._modules[attr], name).weight for _, parent, attr, layout in gated
+               for name in (layout.gate, layout.up, layout.down)] if int4 else []
+    symmetric = int4 and q4.on_4bit_grids([w for w in weights if w.shape[-1] % q4.BLOCK == 0]) < q4.FROM_4BIT
     # every block is built before any is put in: one whose widths int4 cannot hold leaves the model as it was
     blocks = [SparseGatedMLP.from_dense(parent._modules[attr], layout, max(max_density, GATED_MAX_DENSITY), int8=int8,
-                                        int4=int4) for _, parent, attr, layout in gated]
+                                        int4=int4, symmetric=symmetric) for _, parent, attr, layout in gated]
     for (_, parent, attr, _), block in zip(gated, blocks):
         parent._modules[attr] = block
     for _, parent, attr in experts:
