@@ -240,12 +240,12 @@ class SparseGatedMLP(nn.Module):
     skipping buys: the same C loop without it (decoding and short prompts, and int8), the dense block elsewhere.
     ``max_density``: the share of active units above which a batch of more than :data:`PROMPT_ROWS` rows runs the
     dense block.
-    ``int4=True``: the three matrices as 4-bit rows (:mod:`~lambda_gelu.inference.int4`; ``down_q`` downᵀ's rows,
-    each with its own scale), input and output widths multiples of 32, sparse only, on grids through 0 or with
+    ``int4=True``: the three matrices as 4-bit rows (:mod:`~lambda_gelu.inference.int4`; ``down_q`` downᵀ's rows, each
+    with its own scale), input and output widths multiples of 32, sparse only, on grids through 0 or with
     ``symmetric=True`` on steps over 7 (:func:`~lambda_gelu.inference.int4.quantize`; ``sparsify_`` chooses for the
-    model); every batch runs the C loop, row by row. It rounds each row of its input to int8 (a jump in its output where an input crosses a rounding
-    boundary); ``round_inputs = False`` sums the inputs as they are, in float (a continuous function of them, and
-    slow: a decoder's probe). Build it with :meth:`from_dense`.
+    model); every batch runs the C loop, row by row. It rounds each row of its input to int8 (a jump in its output
+    where an input crosses a rounding boundary); ``round_inputs = False`` sums the inputs as they are, in float (a
+    continuous function of them, and slow: a decoder's probe). Build it with :meth:`from_dense`.
     """
 
     def __init__(self, layout: GatedLayout, gate: nn.Linear, up: nn.Linear, down: nn.Linear,

@@ -124,7 +124,7 @@ def on_4bit_grids(weights: list) -> float:
     conversions: 72–74%; moved off their grids by noise of 0.3 steps, 0.4%)."""
     on, total = 0, 0
     for w in weights:
-        all_blocks = (w.detach().cpu().numpy() if isinstance(w, Tensor) else np.asarray(w)).reshape(-1, BLOCK)
+        all_blocks = (w.detach().cpu().float().numpy() if isinstance(w, Tensor) else np.asarray(w)).reshape(-1, BLOCK)
         for start in range(0, len(all_blocks), 1 << 16):  # a bounded copy at a time, whatever the matrix
             blocks = all_blocks[start:start + (1 << 16)].astype(np.float64)
             blocks = blocks[np.abs(blocks).max(1) > 0]  # a block of zeros is on every grid and tells nothing
