@@ -207,9 +207,10 @@ def test_the_4_bit_block_carries_a_nan_or_an_infinity_and_sums_unrounded_inputs_
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
 def test_one_call_decodes_4_bit_ffns_as_the_per_layer_path(family):
     """The whole token in one C call reads the 4-bit rows as the per-layer path does: the same greedy tokens, and
-    logits within the rounding of the prompt's attention inputs to 16 bits (the one call's prompt rows go through the
-    C step's int8 rows, the per-layer decoder's through torch's products: 2⁻¹⁶ of an input, as in test_hf_decode's
-    int8 attention); the decoder's probe leaves every block rounding its inputs again."""
+    with the FFNs' inputs unrounded (rounded to 8 bits, an input an ulp away crosses a boundary and jumps a step:
+    the decoder's probe compares them so too) logits within the rounding of the prompt's attention inputs to 16 bits
+    (the one call's prompt rows go through the C step's int8 rows, the per-layer decoder's through torch's products,
+    as in test_hf_decode's int8 attention); the decoder's probe leaves every block rounding its inputs again."""
     model = _model(family)
     sparsify_(model, min_weights=0, int4=True)
     one, per_layer = (LeanDecoder(model, int8_attention=True, one_call=c) for c in (True, False))
@@ -218,6 +219,9 @@ def test_one_call_decodes_4_bit_ffns_as_the_per_layer_path(family):
     ids = torch.randint(0, 100, (1, 7), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         assert torch.equal(one.generate(ids, 12), per_layer.generate(ids, 12))
+        for layer in model.model.layers:
+            layer.mlp.round_inputs = False
+        one.refresh(), per_layer.refresh()
         keys, values = one._cache(9), one._cache(9)
         pkeys, pvalues = per_layer._cache(9), per_layer._cache(9)
         one._forward(ids, 0, keys, values)
