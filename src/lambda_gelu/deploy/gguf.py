@@ -45,7 +45,7 @@ from ..errors import CheckpointError
 from ..families import gguf_architecture, gguf_classes
 from ..hf.load import load, model_directory, quiet_transformers
 from ..hf.save import REPORT
-from ..inference.int4 import FROM_4BIT, on_4bit_grids
+from ..inference.int4 import FROM_4BIT, SYMMETRIC, on_4bit_grids
 
 __all__ = ["export_gguf", "Exported", "TYPES", "LAMBDAS", "SILU_GAP", "GELU_GAP", "ARCHITECTURES", "gguf_lambda",
            "llama_cpp_model", "symmetric_blocks"]
@@ -314,7 +314,7 @@ def symmetric_blocks(w: np.ndarray, kind: str = "Q4_0") -> np.ndarray:
     by noise: their Q4_0 ×1.29, Q4_1 ×1.14; these ×1.36), which is why export takes these only where
     :func:`on_4bit_grids` finds the checkpoint's weights on 4-bit grids."""
     blocks = np.ascontiguousarray(w, dtype=np.float64).reshape(-1, 32)
-    step = (np.abs(blocks).max(1) / 7).astype(np.float16)
+    step = (np.abs(blocks).max(1) / SYMMETRIC).astype(np.float16)  # GGUF's zero code is 8: the same grid
     exact = step.astype(np.float64)
     codes = np.clip(np.rint(blocks / np.where(exact > 0, exact, 1.0)[:, None]) + 8, 0, 15).astype(np.uint8)
     scales = step[:, None] if kind == "Q4_0" else np.stack([step, -8 * step], 1)  # 8·d: exact in float16

@@ -36,11 +36,12 @@ import torch
 from torch import Tensor
 
 __all__ = ["BLOCK", "row_bytes", "fits", "quantize", "grids_through_zero", "dequantize", "int8_rows", "on_4bit_grids",
-           "FROM_4BIT"]
+           "FROM_4BIT", "SYMMETRIC"]
 
 BLOCK = 32  # weights per block: one 16-byte load of codes, two int16 vectors of x
 ON_GRID = 0.8  # a block sits on a 4-bit grid when this share of its weights lies within a quarter step of it
 FROM_4BIT = 0.25  # the share of such blocks from which weights are taken for a conversion of a 4-bit file
+SYMMETRIC = 7  # steps from 0 to a symmetric block's largest magnitude: codes −7..7 about a zero code of 8
 
 
 def row_bytes(d: int) -> int:
@@ -66,8 +67,8 @@ def quantize(w: Tensor, symmetric: bool = False) -> tuple[Tensor, Tensor]:
         raise ValueError("4-bit rows: the weights hold a NaN or an infinity")
     blocks = w.reshape(rows, d // BLOCK, BLOCK)
     if symmetric:
-        need = blocks.abs().amax(-1) / 7
-        zero = torch.full_like(need, 8, dtype=torch.int64)
+        need = blocks.abs().amax(-1) / SYMMETRIC
+        zero = torch.full_like(need, SYMMETRIC + 1, dtype=torch.int64)
     else:
         need, zero = grids_through_zero(blocks)
     s64 = need.amax(1) / 255
