@@ -11,7 +11,7 @@ import torch.nn as nn
 import lambda_gelu as lg
 from lambda_gelu.reluize import AnnealedGELU
 from lambda_gelu.inference.sparse import sparsify_
-from lambda_gelu.inference.gated import FUSED_ROWS, PROMPT_ROWS, SparseGatedMLP, sparse_gated_reference
+from lambda_gelu.inference.gated import FUSED_ROWS, PROMPT_ROWS, SparseGatedMLP, sparse_gated_reference, unit_rows
 
 transformers = pytest.importorskip("transformers")
 SMALL = dict(hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
@@ -275,8 +275,9 @@ def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_ex
     g[:, :4] = 1.0  # units active in every row, and units active in none
     g[:, 4:8] = 0.0
     y = torch.empty(n, out)
+    up, down_t = unit_rows(up, down_t)  # as SparseGatedMLP holds them: a unit's rows side by side
     got = kernels.sparse_gated_f32(x.data_ptr(), g.data_ptr(), up.data_ptr(), None, down_t.data_ptr(), None,
-                                   y.data_ptr(), n, d, ff, out, ff, 2, 1)
+                                   y.data_ptr(), n, d, ff, out, up.stride(0), ff, 2, 1)
     assert got == int((g != 0).any(0).sum())
     exact = (g.double() * (x.double() @ up.double().t())) @ down_t.double()
     bound = ff * d * 2 ** -23 * ((g.double() * (x.double().abs() @ up.double().abs().t())) @ down_t.double().abs())
@@ -285,10 +286,11 @@ def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_ex
 
 def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exactly_enough(kernels):
     n, d, ff, out = 2, 40, 200, 24
-    x, gate, up, down_t = torch.randn(n, d), torch.randn(ff, d) - 0.1, torch.randn(ff, d), torch.randn(ff, out)
+    x = torch.randn(n, d)
+    gate, up, down_t = unit_rows(torch.randn(ff, d) - 0.1, torch.randn(ff, d), torch.randn(ff, out))
     g, y = torch.empty(n, ff), torch.empty(n, out)
     got = kernels.sparse_gated_fused_f32(x.data_ptr(), gate.data_ptr(), None, up.data_ptr(), None, down_t.data_ptr(),
-                                         None, g.data_ptr(), y.data_ptr(), n, d, ff, out, ff, 0, 2, 1)
+                                         None, g.data_ptr(), y.data_ptr(), n, d, ff, out, gate.stride(0), ff, 0, 2, 1)
     exact_g = torch.relu(x.double() @ gate.double().t())
     assert ((g.double() - exact_g).abs() <= d * 2 ** -23 * (x.double().abs() @ gate.double().abs().t())).all()
     assert got == int((g != 0).any(0).sum())
@@ -302,11 +304,12 @@ def _screened(kernels, x, gate, gate_b, up, down_t, max_threads=2, grain=1):
     from lambda_gelu.inference.gated import screen_rows
     (n, d), (ff, out) = x.shape, down_t.shape
     q, s, r, radius = screen_rows(gate)
+    gate, up, down_t = unit_rows(gate, up, down_t)
     g, y = torch.empty(n, ff), torch.empty(n, out)
     got = kernels.sparse_gated_screened_f32(x.data_ptr(), gate.data_ptr(), gate_b.data_ptr(), q.data_ptr(),
                                             s.data_ptr(), r.data_ptr(), radius.data_ptr(), up.data_ptr(), None,
                                             down_t.data_ptr(), None, g.data_ptr(), y.data_ptr(), n, d, ff, out,
-                                            max_threads, grain)
+                                            gate.stride(0), max_threads, grain)
     return got, g, y
 
 
@@ -379,22 +382,26 @@ def test_a_unit_the_screen_rules_out_is_never_read_and_a_non_finite_input_rules_
     exact_v = (x.double() @ gate.double().t() + gate_b.double()).squeeze(0)
     ruled_out = exact_v < -0.1 * x.norm() * gate.norm(dim=1)  # ten times the int8 rows' error, and more
     assert ruled_out.sum() > ff // 4
-    poisoned = gate.clone()
-    poisoned[ruled_out] = float("nan")  # float32 rows a screened-out unit must not read (its screen is gate's)
     q, s, r, radius = screen_rows(gate)
+    poisoned, up_rows, down_rows = (w.clone() for w in (gate, up, down_t))
+    for w in (poisoned, up_rows, down_rows):  # float32 rows a screened-out unit must not read (its screen is gate's)
+        w[ruled_out] = float("nan")
+    poisoned, up_rows, down_rows = unit_rows(poisoned, up_rows, down_rows)
     g2, y2 = torch.empty(n, ff), torch.empty(n, out)
     got2 = kernels.sparse_gated_screened_f32(x.data_ptr(), poisoned.data_ptr(), gate_b.data_ptr(), q.data_ptr(),
-                                             s.data_ptr(), r.data_ptr(), radius.data_ptr(), up.data_ptr(), None,
-                                             down_t.data_ptr(), None, g2.data_ptr(), y2.data_ptr(), n, d, ff, out, 2, 1)
+                                             s.data_ptr(), r.data_ptr(), radius.data_ptr(), up_rows.data_ptr(), None,
+                                             down_rows.data_ptr(), None, g2.data_ptr(), y2.data_ptr(), n, d, ff, out,
+                                             poisoned.stride(0), 2, 1)
     assert got2 == got and torch.equal(g2, g) and torch.equal(y2, y)
     for bad in (float("nan"), float("inf")):  # a norm or a margin that is not finite certifies nothing
         xb = x.clone()
         xb[0, 0] = bad
         _, screened, _ = _screened(kernels, xb, gate, gate_b, up, down_t)
         unscreened, y_unscreened = torch.empty(n, ff), torch.empty(n, out)
-        kernels.sparse_gated_fused_f32(xb.data_ptr(), gate.data_ptr(), gate_b.data_ptr(), up.data_ptr(), None,
-                                       down_t.data_ptr(), None, unscreened.data_ptr(), y_unscreened.data_ptr(),
-                                       n, d, ff, out, ff, 0, 2, 1)
+        rows = unit_rows(gate, up, down_t)
+        kernels.sparse_gated_fused_f32(xb.data_ptr(), rows[0].data_ptr(), gate_b.data_ptr(), rows[1].data_ptr(), None,
+                                       rows[2].data_ptr(), None, unscreened.data_ptr(), y_unscreened.data_ptr(),
+                                       n, d, ff, out, rows[0].stride(0), ff, 0, 2, 1)
         torch.testing.assert_close(screened, unscreened, rtol=0, atol=0, equal_nan=True)
 
 
@@ -487,6 +494,37 @@ def test_the_int8_blocks_up_and_down_rows_lie_side_by_side_and_the_kernels_read_
     q = dict(mlp._buffers, down_q=down_q)
     reference = sparse_gated_int8_reference(x, q, dense.gate_proj, dense.up_proj, dense.down_proj)
     torch.testing.assert_close(side_by_side[1], reference, rtol=1e-4, atol=1e-5)
+
+
+def test_the_float32_blocks_gate_up_and_down_rows_lie_side_by_side_and_the_kernels_read_them_by_their_stride():
+    """Unit k's gate, up and downᵀ rows, one run of bytes (the screen leaves gate rows to read scattered too); the
+    kernels take the rows' stride, so three separate matrices with one stride give the very same sums — decoding's
+    screened call, a short prompt's fused one, a longer batch's — and rows with two strides go to torch."""
+    from lambda_gelu.inference.gated import unit_stride
+    model = _relu_llama()
+    dense = copy.deepcopy(model.model.layers[0].mlp)
+    sparsify_(model, min_weights=0)
+    mlp, x = model.model.layers[0].mlp, torch.randn(2 * PROMPT_ROWS, 32)
+    rows = [mlp._buffers[n] for n in ("gate_rows", "up_rows", "down_t")]
+    assert [r.data_ptr() for r in rows[1:]] == [rows[0].data_ptr() + 4 * 32, rows[0].data_ptr() + 4 * 2 * 32]
+    assert unit_stride(*rows) == 3 * 32 and mlp._screened is not None
+
+    def outputs():
+        return [mlp(x[:1]), mlp(x[:PROMPT_ROWS]), mlp(x)]  # screened, fused, torch's gate
+    with torch.inference_mode():
+        side_by_side = outputs()
+        for name, r in zip(("gate_rows", "up_rows", "down_t"), rows):
+            mlp._buffers[name] = r.clone()
+        mlp._screened = mlp._screened_call()
+        assert unit_stride(mlp.gate_rows, mlp.up_rows, mlp.down_t) == 32 and mlp._screened is not None
+        apart = outputs()
+        mlp._buffers["down_t"] = torch.cat([rows[2], rows[2]], 1)  # 64 apart, the others 32: no stride all share
+        assert mlp._screened_call() is None and not mlp._kernels_read_weights()
+        mlp._buffers["down_t"] = rows[2].clone()
+        reference = dense(x)
+    for a, b in zip(side_by_side, apart):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(side_by_side[2], reference, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["llama", "llama-mlp-bias"])

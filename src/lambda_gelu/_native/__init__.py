@@ -133,10 +133,10 @@ class Kernels:
         self.sparse_linear_f32.argtypes = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_linear_f32.restype = _I64
         self.sparse_gated_f32 = self.lib.lg_sparse_gated_f32  # lambda_gelu.inference.gated
-        self.sparse_gated_f32.argtypes = [_P] * 7 + [_I64, _I64, _I64, _I64, _I64, _I32, _I64]
+        self.sparse_gated_f32.argtypes = [_P] * 7 + [_I64, _I64, _I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_gated_f32.restype = _I64
         self.sparse_gated_fused_f32 = self.lib.lg_sparse_gated_fused_f32
-        self.sparse_gated_fused_f32.argtypes = [_P] * 9 + [_I64, _I64, _I64, _I64, _I64, _I32, _I32, _I64]
+        self.sparse_gated_fused_f32.argtypes = [_P] * 9 + [_I64, _I64, _I64, _I64, _I64, _I64, _I32, _I32, _I64]
         self.sparse_gated_fused_f32.restype = _I64
         self.sparse_gated_i8 = self.lib.lg_sparse_gated_i8
         self.sparse_gated_i8.argtypes = [_P] * 12 + [_I64, _I64, _I64, _I64, _I64, _I32, _I32, _I64]
@@ -145,7 +145,7 @@ class Kernels:
         self.sparse_gated_q4.argtypes = [_P] * 12 + [_I64] * 5 + [_I32, _I32, _I64]
         self.sparse_gated_q4.restype = _I64
         self.sparse_gated_screened_f32 = self.lib.lg_sparse_gated_screened_f32
-        self.sparse_gated_screened_f32.argtypes = [_P] * 13 + [_I64, _I64, _I64, _I64, _I32, _I64]
+        self.sparse_gated_screened_f32.argtypes = [_P] * 13 + [_I64, _I64, _I64, _I64, _I64, _I32, _I64]
         self.sparse_gated_screened_f32.restype = _I64
         self.screened_argmax_f32 = self.lib.lg_screened_argmax_f32  # lambda_gelu.inference.screened_argmax
         self.screened_argmax_f32.argtypes = [_P] * 7 + [_I64, _I64, _I32, _I64, _P]

@@ -41,36 +41,37 @@ static inline int unit_rows_f32(const float *x, const float *g, int64_t k, const
 
 /* Sparse gated FFN, float32 (lambda_gelu.inference.gated): y = Σ_k (g[:, k] · (x · up[k] + up_b[k])) downᵀ[k] over
  * the units k active in some row of g = relu(gate(x)) (n, ff), already computed (up_b: up's bias, or null for none).
- * up is (ff, d), downᵀ (ff, out): an active unit reads its row of each, contiguous, once for the whole batch; an
- * inactive one reads neither. Threads split the active units into partial sums added at the end, in parallel_rows,
- * which adds down's bias. */
+ * Unit k's rows of up (d wide) and downᵀ (out wide) lie at up + k·stride and down_t + k·stride (unit_rows: one block
+ * of rows [gate | up | downᵀ], stride 2·d + out): an active unit reads its two rows, one run of bytes, once for the
+ * whole batch; an inactive one reads neither. Threads split the active units into partial sums added at the end, in
+ * parallel_rows, which adds down's bias. */
 static void sparse_gated_rows_f32(int dense, const float *x, const float *g, const float *up, const float *up_b,
                                   const float *down_t, float *acc,
                                   const int64_t *active, int64_t a0, int64_t a1, int64_t n, int64_t d, int64_t ff,
-                                  int64_t out) {
+                                  int64_t out, int64_t stride) {
     for (int64_t k = 0; k < n * out; k++)
         acc[k] = 0.0f;
     for (int64_t a = a0; a < a1 && a < a0 + PREFETCH_ROWS; a++) {
-        prefetch_row(up + active[a] * d, d);
-        prefetch_row(down_t + active[a] * out, out);
+        prefetch_row(up + active[a] * stride, d);
+        prefetch_row(down_t + active[a] * stride, out);
     }
     for (int64_t a = a0; a < a1; a++) {
         int64_t k = active[a];
-        const float *u_row = up + k * d, *w = down_t + k * out;
+        const float *u_row = up + k * stride, *w = down_t + k * stride;
         if (a + PREFETCH_ROWS < a1) {
-            prefetch_row(up + active[a + PREFETCH_ROWS] * d, d);
-            prefetch_row(down_t + active[a + PREFETCH_ROWS] * out, out);
+            prefetch_row(up + active[a + PREFETCH_ROWS] * stride, d);
+            prefetch_row(down_t + active[a + PREFETCH_ROWS] * stride, out);
         }
         unit_rows_f32(x, g, k, u_row, up_b ? up_b[k] : 0.0f, w, acc, n, d, ff, out, dense);
     }
 }
 
-struct gated_ctx { const float *x, *g, *up, *up_b, *down_t; int64_t n, d, ff, out; int dense; };
+struct gated_ctx { const float *x, *g, *up, *up_b, *down_t; int64_t n, d, ff, out, stride; int dense; };
 
 static void gated_rows(const void *c, float *acc, const int64_t *active, int64_t a0, int64_t a1) {
     const struct gated_ctx *q = c;
     sparse_gated_rows_f32(q->dense, q->x, q->g, q->up, q->up_b, q->down_t, acc, active, a0, a1, q->n, q->d, q->ff,
-                          q->out);
+                          q->out, q->stride);
 }
 
 /* A gated block's sum over its units (every unit if `dense`, else those active in some row of g (n, ff)): if there
@@ -102,16 +103,17 @@ static int64_t gated_units(rows_fn rows, const void *ctx, const float *g, const 
 
 static int64_t sparse_gated_f32(int dense, const float *x, const float *g, const float *up, const float *up_b,
                                 const float *down_t, const float *down_b, float *y, int64_t n, int64_t d, int64_t ff,
-                                int64_t out, int64_t max_active, int max_threads, int64_t grain) {
-    struct gated_ctx ctx = {x, g, up, up_b, down_t, n, d, ff, out, dense};
+                                int64_t out, int64_t stride, int64_t max_active, int max_threads, int64_t grain) {
+    struct gated_ctx ctx = {x, g, up, up_b, down_t, n, d, ff, out, stride, dense};
     return gated_units(gated_rows, &ctx, g, NULL, down_b, y, n, d, ff, out, max_active, dense, max_threads, grain);
 }
 
 /* One call: the sparse block from g = relu(gate(x)) (n, ff), already computed; up_b and down_b: the biases, or null. */
 int64_t lg_sparse_gated_f32(const float *x, const float *g, const float *up, const float *up_b, const float *down_t,
                             const float *down_b, float *y, int64_t n, int64_t d, int64_t ff, int64_t out,
-                            int64_t max_active, int max_threads, int64_t grain) {
-    return sparse_gated_f32(0, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
+                            int64_t stride, int64_t max_active, int max_threads, int64_t grain) {
+    return sparse_gated_f32(0, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, stride, max_active, max_threads,
+                            grain);
 }
 
 /* g[r·ff] = relu(row · x_r + b) in float32 for the n rows of x (n, d), NaN kept as torch keeps it, four rows at a
@@ -133,20 +135,22 @@ static inline int relu_gates_f32(const float *row, float b, const float *x, int6
     return active;
 }
 
-/* The same with the gate computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff), for a batch of
+/* The same with the gate computed here too, g = relu(x · gateᵀ + gate_b) into the caller's g (n, ff), unit k's gate row
+ * at gate + k·stride, for a batch of
  * a few rows (decoding): each unit's row read once for the batch, the units split over the threads — at batch 1 a
  * matrix-vector product bound by reading the rows, which this loop does as fast as the BLAS's and without the
  * separate calls a torch gate costs. The caller runs the dense block from g where this returns more than max_active.
  * `dense` nonzero: every unit is computed, zero or not (this loop without the sparsity, to compare). */
 int64_t lg_sparse_gated_fused_f32(const float *x, const float *gate, const float *gate_b, const float *up,
                                   const float *up_b, const float *down_t, const float *down_b, float *g, float *y,
-                                  int64_t n, int64_t d, int64_t ff, int64_t out, int64_t max_active, int dense,
-                                  int max_threads, int64_t grain) {
+                                  int64_t n, int64_t d, int64_t ff, int64_t out, int64_t stride, int64_t max_active,
+                                  int dense, int max_threads, int64_t grain) {
     int nt = gate_threads(n, d, ff, max_threads, grain);
     #pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
     for (int64_t k = 0; k < ff; k++)
-        relu_gates_f32(gate + k * d, gate_b ? gate_b[k] : 0.0f, x, n, d, g + k, ff);
-    return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, max_active, max_threads, grain);
+        relu_gates_f32(gate + k * stride, gate_b ? gate_b[k] : 0.0f, x, n, d, g + k, ff);
+    return sparse_gated_f32(dense, x, g, up, up_b, down_t, down_b, y, n, d, ff, out, stride, max_active, max_threads,
+                            grain);
 }
 /* Sparse gated FFN over int8 weights (lambda_gelu.inference.gated, SparseGatedMLP(int8=True)): gate and up (ff, d) are
  * rows of int8 q, each with a float32 scale s, standing for the row s·q; downᵀ (ff, out) is int8 rows q with one
@@ -319,31 +323,31 @@ int64_t lg_sparse_gated_i8(const float *x, const int8_t *gate_q, const float *ga
  * sparse_gated_rows_f32. A unit the screen left but the exact gate zeroes costs its gate row alone. Returns the units
  * active in some row. */
 #define UNITS_AHEAD 8
-struct screened_ctx { const float *x, *gate, *gate_b, *up, *up_b, *down_t; float *g; int64_t n, d, ff, out; };
+struct screened_ctx { const float *x, *gate, *gate_b, *up, *up_b, *down_t; float *g; int64_t n, d, ff, out, stride; };
 
 static inline void screened_gate(const struct screened_ctx *q, int64_t k) {
-    if (relu_gates_f32(q->gate + k * q->d, q->gate_b ? q->gate_b[k] : 0.0f, q->x, q->n, q->d, q->g + k, q->ff)) {
-        prefetch_row(q->up + k * q->d, q->d);
-        prefetch_row(q->down_t + k * q->out, q->out);
+    if (relu_gates_f32(q->gate + k * q->stride, q->gate_b ? q->gate_b[k] : 0.0f, q->x, q->n, q->d, q->g + k, q->ff)) {
+        prefetch_row(q->up + k * q->stride, q->d);
+        prefetch_row(q->down_t + k * q->stride, q->out);
     }
 }
 
 static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int64_t *cand, int64_t m) {
-    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out, n_active = 0;
+    int64_t n = q->n, d = q->d, ff = q->ff, out = q->out, stride = q->stride, n_active = 0;
     for (int64_t k = 0; k < n * out; k++)
         acc[k] = 0.0f;
     for (int64_t a = 0; a < m && a < 2 * UNITS_AHEAD; a++)
-        prefetch_row(q->gate + cand[a] * d, d);
+        prefetch_row(q->gate + cand[a] * stride, d);
     for (int64_t a = 0; a < m && a < UNITS_AHEAD; a++)
         screened_gate(q, cand[a]);
     for (int64_t a = 0; a < m; a++) {
         if (a + 2 * UNITS_AHEAD < m)
-            prefetch_row(q->gate + cand[a + 2 * UNITS_AHEAD] * d, d);
+            prefetch_row(q->gate + cand[a + 2 * UNITS_AHEAD] * stride, d);
         if (a + UNITS_AHEAD < m)
             screened_gate(q, cand[a + UNITS_AHEAD]);
         int64_t k = cand[a];
-        n_active += unit_rows_f32(q->x, q->g, k, q->up + k * d, q->up_b ? q->up_b[k] : 0.0f, q->down_t + k * out, acc,
-                                  n, d, ff, out, 0);
+        n_active += unit_rows_f32(q->x, q->g, k, q->up + k * stride, q->up_b ? q->up_b[k] : 0.0f,
+                                  q->down_t + k * stride, acc, n, d, ff, out, 0);
     }
     return n_active;
 }
@@ -357,8 +361,9 @@ static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int
  * screen_rows) by Cauchy–Schwarz on x·(gate[k] − s·q) + s·q·(x − t·x̃), plus double's roundings of a. The norms are
  * computed in double and rounded up. A unit whose a plus that margin is ≤ 0 in every row of the batch has an exact
  * gate ≤ 0: its g is 0 and none of its float32 rows is read. Every other unit's gate is computed from its float32
- * row, as in the unscreened kernel — so g and y are that kernel's up to float rounding, and a unit the screen leaves
- * out is one the exact ReLU zeroes. The bound fails safe: a row of x with a NaN or an infinity certifies nothing, nor
+ * row, as in the unscreened kernel (unit k's gate, up and downᵀ rows `stride` floats after unit k − 1's, as there)
+ * — so g and y are that kernel's up to float rounding, and a unit the screen leaves out is one the exact ReLU
+ * zeroes. The bound fails safe: a row of x with a NaN or an infinity certifies nothing, nor
  * does a NaN or infinite margin. One parallel region: each thread screens its own share of the units (its int8
  * rows read in order, one after another; screen_units), then sums the units it left (screened_rows) into its
  * partial, and the partials are added.
@@ -400,7 +405,8 @@ static int64_t screen_units(const struct screen_ctx *c, int64_t lo, int64_t hi, 
 int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const float *gate_b, const int8_t *gate_q,
                                      const float *gate_s, const float *gate_r, const float *gate_n, const float *up,
                                      const float *up_b, const float *down_t, const float *down_b, float *g, float *y,
-                                     int64_t n, int64_t d, int64_t ff, int64_t out, int max_threads, int64_t grain) {
+                                     int64_t n, int64_t d, int64_t ff, int64_t out, int64_t stride, int max_threads,
+                                     int64_t grain) {
     int64_t rows = n > 0 ? n : 1;
     int nt = gate_threads(n, d, ff, max_threads, grain);
     double *norm = malloc((size_t)rows * 3 * sizeof *norm);  /* per row of x: ‖x‖₂, ‖x − t·x̃‖₂ (up), t */
@@ -414,7 +420,7 @@ int64_t lg_sparse_gated_screened_f32(const float *x, const float *gate, const fl
         double *residual = norm + rows, *scale = norm + 2 * rows;
         screen_rows_of_x(x, n, d, xq, norm, residual, scale);  /* a row with a NaN or an infinity: a norm not finite */
         struct screen_ctx screen = {gate_q, gate_s, gate_b, gate_r, gate_n, xq, norm, residual, scale, g, n, d, ff};
-        struct screened_ctx ctx = {x, gate, gate_b, up, up_b, down_t, g, n, d, ff, out};
+        struct screened_ctx ctx = {x, gate, gate_b, up, up_b, down_t, g, n, d, ff, out, stride};
         #pragma omp parallel num_threads(nt) if (nt > 1) reduction(+:n_active)
         {
             int t = omp_get_thread_num(), threads = omp_get_num_threads();
@@ -611,7 +617,8 @@ void lg_ffn_team(const struct lg_ffn *f, float *h, int add, int64_t d, struct lg
     } else {
         struct screen_ctx screen = {f->gate_q, f->gate_s, f->gate_b, f->gate_r, f->gate_n, s->xq, stats, stats + 1,
                                     stats + 2, s->g, 1, d, ff};
-        struct screened_ctx ctx = {s->x, f->gate, f->gate_b, f->up, f->up_b, f->down_t, s->g, 1, d, ff, out};
+        struct screened_ctx ctx = {s->x, f->gate, f->gate_b, f->up, f->up_b, f->down_t, s->g, 1, d, ff, out,
+                                   f->stride};
         n_active = screened_rows(&ctx, acc, s->units + lo, screen_units(&screen, lo, hi, s->units + lo));
     }
     #pragma omp atomic

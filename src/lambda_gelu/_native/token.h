@@ -38,8 +38,9 @@ void lg_attention_team(const struct lg_attention *a, float *h, const float *cos,
  * each), unit k's up row at up_q + k·stride and its downᵀ row at down_q + k·stride (unit_rows: one block of rows
  * [up | downᵀ], stride d + out); with int4, the same rows as 4-bit rows (int4.h) with a scale a row (gate_s, up_s,
  * down_s), downᵀ's rows included, against x rounded to int8 (int4 = 1) or x itself in float (int4 = 2: continuous in
- * x, for a decoder's probe); else the float32 rows gate, up, down_t (downᵀ) with the gate's int8 screen gate_q,
- * gate_s, gate_r, gate_n (screen_rows). Biases may be NULL. */
+ * x, for a decoder's probe); else the float32 rows gate, up, down_t (downᵀ), unit k's three at gate, up, down_t +
+ * k·stride (unit_rows: one block [gate | up | downᵀ], stride 2·d + out), with the gate's int8 screen gate_q, gate_s,
+ * gate_r, gate_n (screen_rows). Biases may be NULL. */
 struct lg_ffn {
     const float *norm_w, *post_w;
     double eps, post_eps, scale;

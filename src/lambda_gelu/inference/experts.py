@@ -34,8 +34,8 @@ from .. import _native
 from ..core.convert import replacement_problem
 from ..families import expert_parameters
 from .derived import Made
-from .gated import (FUSED_ROWS, INT8_BUFFERS, quantize_rows, screen_rows, sparse_gated_int8_reference, unit_rows,
-                    unit_stride)
+from .gated import (F32_BUFFERS, FUSED_ROWS, INT8_BUFFERS, quantize_rows, screen_rows, sparse_gated_int8_reference,
+                    unit_rows, unit_stride)
 
 __all__ = ["SparseExperts", "sparse_experts_reference", "relu_experts", "experts_problem"]
 
@@ -105,9 +105,10 @@ class SparseExperts(nn.Module):
 
     Holds the experts' own ``gate_up_proj`` and ``down_proj`` parameters (so ``state_dict()`` is theirs) and, as
     non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight changed
-    (:class:`~lambda_gelu.inference.derived.Made`), each expert's ``downᵀ`` (one more copy of ``down_proj``) and the
-    gates' int8 screen (a quarter more of the gates' bytes), or with ``int8=True`` the three matrices' int8 rows and
-    scales. Build it from the experts module: ``SparseExperts(model.model.layers[0].mlp.experts)``."""
+    (:class:`~lambda_gelu.inference.derived.Made`), each expert's gate, up and ``downᵀ`` rows as one block of unit rows
+    (one more copy of the experts' weights) and the gates' int8 screen (a quarter more of the gates' bytes), or with
+    ``int8=True`` the three matrices' int8 rows and scales. Build it from the experts module:
+    ``SparseExperts(model.model.layers[0].mlp.experts)``."""
 
     def __init__(self, experts: nn.Module, int8: bool = False):
         super().__init__()
@@ -135,13 +136,16 @@ class SparseExperts(nn.Module):
 
     @torch.no_grad()
     def _derive(self) -> None:
-        """``downᵀ`` and the gates' screen, or the int8 rows and scales, every expert's stacked (E·I rows)."""
+        """The float32 unit rows (gate, up and downᵀ: :func:`~lambda_gelu.inference.gated.unit_rows`) and the gates'
+        screen, or the int8 rows and scales, every expert's stacked (E·I rows)."""
         e, h, units = self.down.shape
         gate_up = self.gate_up.detach()
         self._made, self._addresses = Made(self._sources()), None
         if not self.int8:
-            down_t = self.down.detach().transpose(1, 2).reshape(e * units, h).contiguous()
-            self.register_buffer("down_t", down_t, persistent=False)
+            rows = unit_rows(gate_up[:, :units].reshape(e * units, h), gate_up[:, units:].reshape(e * units, h),
+                             self.down.detach().transpose(1, 2).reshape(e * units, h))
+            for name, t in zip(F32_BUFFERS, rows):
+                self.register_buffer(name, t, persistent=False)
             screens = [screen_rows(gate_up[i, :units]) for i in range(e)]  # an expert at a time: float64 copies
             for name, parts in zip(("gate_q", "gate_s", "gate_r", "gate_n"), zip(*screens)):
                 self.register_buffer(name, torch.cat(parts).contiguous(), persistent=False)
@@ -159,9 +163,8 @@ class SparseExperts(nn.Module):
 
     def _kernels(self, x: Tensor):
         """The C kernels where they can read x and the weights (and their int8 rows) as they are, else None."""
-        if not (x.dtype is torch.float32 and x.is_cpu and all(
-                t.dtype is torch.float32 and t.is_contiguous() for t in self._sources())) or (
-                self.int8 and unit_stride(self.up_q, self.down_q) is None):
+        if not (x.dtype is torch.float32 and x.is_cpu and all(t.dtype is torch.float32 for t in self._sources())) or (
+                unit_stride(*(self._buffers[n] for n in (("up_q", "down_q") if self.int8 else F32_BUFFERS))) is None):
             return None
         return _native.library()
 
@@ -169,11 +172,10 @@ class SparseExperts(nn.Module):
         """Expert ``e``'s addresses for the C call: into the parameters and the buffers, its rows alone."""
         if self._addresses is None:
             b = self._buffers
-            names = INT8_BUFFERS if self.int8 else (
-                "gate_q", "gate_s", "gate_r", "gate_n", "down_t")
-            self._addresses = (self.gate_up.data_ptr(), {n: (b[n].data_ptr(), b[n].element_size() * b[n].stride(0))
-                                                         for n in names})  # a row's bytes apart, for each
-        base, bufs = self._addresses
+            names = INT8_BUFFERS if self.int8 else ("gate_q", "gate_s", "gate_r", "gate_n", *F32_BUFFERS)
+            self._addresses = {n: (b[n].data_ptr(), b[n].element_size() * b[n].stride(0))
+                               for n in names}  # a row's bytes apart, for each
+        bufs = self._addresses
         units, h = self.intermediate_dim, self.hidden_dim
         rows = e * units  # the expert's first row in the stacked buffers
 
@@ -182,8 +184,7 @@ class SparseExperts(nn.Module):
             return address + (e * h * row if name == "down_s" else rows * row)  # down_s: an output's scale each
         if self.int8:
             return tuple(at(n) for n in INT8_BUFFERS)
-        gate, up = base + 2 * rows * h * 4, base + (2 * rows + units) * h * 4
-        return gate, at("gate_q"), at("gate_s"), at("gate_r"), at("gate_n"), up, at("down_t")
+        return tuple(at(n) for n in ("gate_rows", "gate_q", "gate_s", "gate_r", "gate_n", "up_rows", "down_t"))
 
     def _expert(self, kernels, e: int, xs: Tensor) -> Tensor:
         """Expert ``e`` on its tokens' rows ``xs`` (n, H), by the C call over its rows."""
@@ -198,7 +199,8 @@ class SparseExperts(nn.Module):
         else:
             gate, gq, gs, gr, gn, up, down_t = self._expert_call(e)
             done = kernels.sparse_gated_screened_f32(xs.data_ptr(), gate, None, gq, gs, gr, gn, up, None, down_t, None,
-                                                     None, y.data_ptr(), n, h, units, h, *threads)
+                                                     None, y.data_ptr(), n, h, units, h, self.down_t.stride(0),
+                                                     *threads)
         if done < 0:
             raise MemoryError("SparseExperts: the kernel could not allocate its buffers")
         return y

@@ -51,6 +51,7 @@ __all__ = ["SparseGatedMLP", "GatedLayout", "FUSED_ROWS", "PROMPT_ROWS", "Rows",
 
 
 GatedLayout = Gated  # where a gated FFN keeps its parts: one of the families table's rows
+F32_BUFFERS = ("gate_rows", "up_rows", "down_t")  # a float32 block's unit rows (unit_rows)
 INT8_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")  # an int8 block's rows and scales
 INT4_BUFFERS = ("gate_q", "gate_s", "up_q", "up_s", "down_q", "down_s")  # a 4-bit block's rows (int4.py) and scales
 FUSED_ROWS = 8  # rows (tokens) up to which the C call computes the gate too, screened (decoding)
@@ -131,21 +132,23 @@ def linear_i8(x: Tensor, q: Tensor, s: Tensor, bias: Tensor | None = None) -> Te
     return y.reshape(*x.shape[:-1], len(q))
 
 
-def unit_rows(up_q: Tensor, down_q: Tensor) -> tuple[Tensor, Tensor]:
-    """The int8 rows of up (ff, d) and of downᵀ (ff, out) as two views of one block (ff, d + out) whose row k is unit
-    k's up row then its downᵀ row: an active unit's two rows are one run of bytes, where two matrices put them far
-    apart (measured side by side, a few percent more tokens a second decoding SmolLM2). The C kernels take the
-    block's row stride (:func:`unit_stride`)."""
-    block = torch.cat([up_q, down_q], 1)
-    return block[:, :up_q.shape[1]], block[:, up_q.shape[1]:]
+def unit_rows(*rows: Tensor) -> tuple[Tensor, ...]:
+    """Matrices of one row a unit (ff, ·) — int8 up and downᵀ; float32 gate, up and downᵀ — as views of one block whose
+    row k is unit k's rows one after another: what a unit reads is one run of bytes, where separate matrices put its
+    rows far apart. Measured side by side decoding SmolLM2's default conversion (AMD EPYC, 2 threads): a few percent
+    more tokens a second in int8, and ×1.06–×1.12 in float32, whose screen leaves gate rows to read scattered too
+    (the medians of two runs of interleaved rounds). The C kernels take the block's row stride (:func:`unit_stride`)."""
+    block = torch.cat([r.detach() for r in rows], 1)
+    ends = torch.tensor([r.shape[1] for r in rows]).cumsum(0).tolist()
+    return tuple(block[:, end - r.shape[1]:end] for r, end in zip(rows, ends))
 
 
-def unit_stride(up_q: Tensor, down_q: Tensor) -> int | None:
-    """The bytes from one unit's up row to the next's, and from one downᵀ row to the next's, as the C kernels read
-    them (None where the two differ or a row is not contiguous: say, copies no longer side by side)."""
-    if up_q.stride(0) != down_q.stride(0) or up_q.stride(1) != 1 or down_q.stride(1) != 1:
+def unit_stride(*rows: Tensor) -> int | None:
+    """The elements from one unit's row to the next's, the same in each of ``rows``, as the C kernels read them (None
+    where they differ or a row is not contiguous: say, copies no longer side by side)."""
+    if len({r.stride(0) for r in rows}) != 1 or any(r.stride(1) != 1 for r in rows):
         return None
-    return up_q.stride(0)
+    return rows[0].stride(0)
 
 
 def screen_rows(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -231,9 +234,10 @@ class SparseGatedMLP(nn.Module):
 
     Holds the original ``gate``, ``up`` and ``down`` layers under their own names (so ``state_dict()`` is the dense
     block's) and, as non-persistent buffers made again by ``load_state_dict`` and at the next call once a weight or bias
-    changed (:class:`~lambda_gelu.inference.derived.Made`; a copy or a pickle makes its own), ``downᵀ`` (one more copy
-    of ``down``'s weight) or with ``int8=True`` the three matrices' int8 rows and scales (``gate_q``, ``gate_s``, ...;
-    ``down_q`` holds the rows of ``downᵀ``, beside ``up_q``'s in one block: :func:`unit_rows`). In float32,
+    changed (:class:`~lambda_gelu.inference.derived.Made`; a copy or a pickle makes its own), a copy of the three
+    matrices as one block of unit rows (``gate_rows``, ``up_rows`` and ``down_t``, downᵀ's rows: :func:`unit_rows`;
+    as many bytes again as the layers hold), or with ``int8=True`` the three matrices' int8 rows and scales
+    (``gate_q``, ``gate_s``, ...; ``down_q`` holds the rows of ``downᵀ``, beside ``up_q``'s in one block). In float32,
     ``screen=True`` (the default) also holds the gate's screen (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``,
     ``gate_n``, a quarter more of the gate's bytes) and decoding reads the float32 gate rows only of the units it does
     not rule out; ``screen=False`` reads every gate row. ``sparse=False`` computes every unit, a baseline for what the
@@ -284,7 +288,7 @@ class SparseGatedMLP(nn.Module):
 
     @torch.no_grad()
     def _derive(self) -> None:
-        """The buffers made from the layers' weights: ``downᵀ`` and the gate's screen, or the int8 rows and scales;
+        """The buffers made from the layers' weights: the unit rows and the gate's screen, or the int8 rows and scales;
         made again by :meth:`forward` once a weight or bias has changed
         (:class:`~lambda_gelu.inference.derived.Made`)."""
         gate, up, down = (layer.weight for layer in self._parts())
@@ -298,7 +302,8 @@ class SparseGatedMLP(nn.Module):
             self._screened = self._int4_call()
             return
         if not self.int8:
-            self.register_buffer("down_t", down.detach().t().contiguous(), persistent=False)
+            for name, t in zip(F32_BUFFERS, unit_rows(gate, up, down.t())):
+                self.register_buffer(name, t, persistent=False)
             if self.screen:
                 for name, t in zip(("gate_q", "gate_s", "gate_r", "gate_n"), screen_rows(gate)):
                     self.register_buffer(name, t, persistent=False)
@@ -315,10 +320,10 @@ class SparseGatedMLP(nn.Module):
         return {**self.__dict__, "_made": None, "_screened": None}
 
     def _kernels_read_weights(self) -> bool:
-        """Whether the float32 C kernels can read the weights, ``downᵀ`` and the biases as they are."""
-        gate, up, down = self._parts()
-        return biases_fit(gate, up, down) and all(t.dtype is torch.float32 and t.is_cpu and t.is_contiguous()
-                                                  for t in (gate.weight, up.weight, self._buffers["down_t"]))
+        """Whether the float32 C kernels can read the unit rows and the biases as they are."""
+        rows = [self._buffers[n] for n in F32_BUFFERS]
+        return biases_fit(*self._parts()) and unit_stride(*rows) is not None and all(
+            t.dtype is torch.float32 and t.is_cpu for t in rows)
 
     def _screened_call(self) -> tuple | None:
         """The screened C call and the addresses it reads that only a change of a weight or bias can move (the
@@ -328,9 +333,9 @@ class SparseGatedMLP(nn.Module):
         if kernels is None or not self._kernels_read_weights():
             return None
         return kernels.sparse_gated_screened_f32, (
-            gate.weight.data_ptr(), pointer(gate.bias), *(b[n].data_ptr() for n in ("gate_q", "gate_s", "gate_r",
-                                                                                        "gate_n")),
-            up.weight.data_ptr(), pointer(up.bias), b["down_t"].data_ptr(), pointer(down.bias))
+            b["gate_rows"].data_ptr(), pointer(gate.bias), *(b[n].data_ptr() for n in ("gate_q", "gate_s", "gate_r",
+                                                                                         "gate_n")),
+            b["up_rows"].data_ptr(), pointer(up.bias), b["down_t"].data_ptr(), pointer(down.bias))
 
     def _int8_call(self) -> tuple | None:
         """The int8 C call and the addresses it reads that only a change of a weight or bias can move (the int8 rows,
@@ -375,7 +380,8 @@ class SparseGatedMLP(nn.Module):
             x2 = x2.contiguous()
             y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
             if call(x2.data_ptr(), *addresses, None, y.data_ptr(), len(x2), x2.shape[1], gate.out_features,
-                    down.out_features, torch.get_num_threads(), _native.GRAIN) < 0:
+                    down.out_features, self._buffers["down_t"].stride(0), torch.get_num_threads(),
+                    _native.GRAIN) < 0:
                 raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")
             return y.reshape(*x.shape[:-1], down.out_features)
         kernels = _native.library() if (x.dtype is torch.float32 and x.is_cpu
@@ -388,19 +394,20 @@ class SparseGatedMLP(nn.Module):
         if kernels is not None:
             x2 = x2.contiguous()
             y = torch.empty(len(x2), down.out_features, dtype=torch.float32)
-            sizes = (len(x2), x2.shape[1], gate.out_features, down.out_features)
+            b = self._buffers
+            sizes = (len(x2), x2.shape[1], gate.out_features, down.out_features, b["down_t"].stride(0))
             threads = (torch.get_num_threads(), _native.GRAIN)
             if fused:  # decoding unscreened (screen=False) or every unit computed (sparse=False)
                 g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
-                n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), pointer(gate.bias),
-                                                          up.weight.data_ptr(), pointer(up.bias),
-                                                          self._buffers["down_t"].data_ptr(), pointer(down.bias),
-                                                          g.data_ptr(), y.data_ptr(), *sizes, max_active,
-                                                          int(not self.sparse), *threads)
+                n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), b["gate_rows"].data_ptr(), pointer(gate.bias),
+                                                          b["up_rows"].data_ptr(), pointer(up.bias),
+                                                          b["down_t"].data_ptr(), pointer(down.bias), g.data_ptr(),
+                                                          y.data_ptr(), *sizes, max_active, int(not self.sparse),
+                                                          *threads)
             else:
                 g = F.relu(gate(x2)).contiguous()
-                n_active = kernels.sparse_gated_f32(x2.data_ptr(), g.data_ptr(), up.weight.data_ptr(), pointer(up.bias),
-                                                    self._buffers["down_t"].data_ptr(), pointer(down.bias),
+                n_active = kernels.sparse_gated_f32(x2.data_ptr(), g.data_ptr(), b["up_rows"].data_ptr(),
+                                                    pointer(up.bias), b["down_t"].data_ptr(), pointer(down.bias),
                                                     y.data_ptr(), *sizes, max_active, *threads)
             if n_active < 0:
                 raise MemoryError("SparseGatedMLP: the kernel could not allocate its buffers")

@@ -131,11 +131,11 @@ class TokenStep:
                        (1 if mlp.round_inputs else 2) if mlp.int4 else 0,
                        pointer(b["gate_q"]), pointer(b.get("up_q")), pointer(b.get("down_q")), pointer(b["gate_s"]),
                        pointer(b.get("up_s")), pointer(b.get("down_s")), pointer(b.get("gate_r")),
-                       pointer(b.get("gate_n")), gate.weight.data_ptr(), up.weight.data_ptr(),
+                       pointer(b.get("gate_n")), pointer(b.get("gate_rows")), pointer(b.get("up_rows")),
                        pointer(b.get("down_t")), pointer(gate.bias), pointer(up.bias), pointer(down.bias),
-                       gate.out_features, down.out_features, b["up_q"].stride(0) if mlp.int8 or mlp.int4 else 0)
+                       gate.out_features, down.out_features, b["up_q" if mlp.int8 or mlp.int4 else "up_rows"].stride(0))
             layers.append(_Layer(attention, cos.data_ptr(), sin.data_ptr(), window or 0, ffn))
-            held += [step, cos, sin, gate.weight, up.weight, *b.values()]
+            held += [step, cos, sin, *b.values()]
         head, embed = decoder.head, inner.embed_tokens
         if not (isinstance(head, ScreenedArgmax) and head.screen is not None and head.layer.weight.is_contiguous()
                 and _native.biases_fit(head.layer)):
