@@ -286,11 +286,11 @@ def test_the_kernel_splits_the_units_over_threads_and_adds_their_partial_sums_ex
 
 def test_the_kernel_that_computes_the_gate_too_splits_its_units_over_threads_exactly_enough(kernels):
     n, d, ff, out = 2, 40, 200, 24
-    x = torch.randn(n, d)
-    gate, up, down_t = unit_rows(torch.randn(ff, d) - 0.1, torch.randn(ff, d), torch.randn(ff, out))
+    x, gate = torch.randn(n, d), torch.randn(ff, d) - 0.1  # the gate read whole, as one matrix
+    up, down_t = unit_rows(torch.randn(ff, d), torch.randn(ff, out))
     g, y = torch.empty(n, ff), torch.empty(n, out)
     got = kernels.sparse_gated_fused_f32(x.data_ptr(), gate.data_ptr(), None, up.data_ptr(), None, down_t.data_ptr(),
-                                         None, g.data_ptr(), y.data_ptr(), n, d, ff, out, gate.stride(0), ff, 0, 2, 1)
+                                         None, g.data_ptr(), y.data_ptr(), n, d, ff, out, up.stride(0), ff, 0, 2, 1)
     exact_g = torch.relu(x.double() @ gate.double().t())
     assert ((g.double() - exact_g).abs() <= d * 2 ** -23 * (x.double().abs() @ gate.double().abs().t())).all()
     assert got == int((g != 0).any(0).sum())
@@ -398,9 +398,9 @@ def test_a_unit_the_screen_rules_out_is_never_read_and_a_non_finite_input_rules_
         xb[0, 0] = bad
         _, screened, _ = _screened(kernels, xb, gate, gate_b, up, down_t)
         unscreened, y_unscreened = torch.empty(n, ff), torch.empty(n, out)
-        rows = unit_rows(gate, up, down_t)
-        kernels.sparse_gated_fused_f32(xb.data_ptr(), rows[0].data_ptr(), gate_b.data_ptr(), rows[1].data_ptr(), None,
-                                       rows[2].data_ptr(), None, unscreened.data_ptr(), y_unscreened.data_ptr(),
+        rows = unit_rows(up, down_t)
+        kernels.sparse_gated_fused_f32(xb.data_ptr(), gate.data_ptr(), gate_b.data_ptr(), rows[0].data_ptr(), None,
+                                       rows[1].data_ptr(), None, unscreened.data_ptr(), y_unscreened.data_ptr(),
                                        n, d, ff, out, rows[0].stride(0), ff, 0, 2, 1)
         torch.testing.assert_close(screened, unscreened, rtol=0, atol=0, equal_nan=True)
 
@@ -497,9 +497,10 @@ def test_the_int8_blocks_up_and_down_rows_lie_side_by_side_and_the_kernels_read_
 
 
 def test_the_float32_blocks_gate_up_and_down_rows_lie_side_by_side_and_the_kernels_read_them_by_their_stride():
-    """Unit k's gate, up and downᵀ rows, one run of bytes (the screen leaves gate rows to read scattered too); the
-    kernels take the rows' stride, so three separate matrices with one stride give the very same sums — decoding's
-    screened call, a short prompt's fused one, a longer batch's — and rows with two strides go to torch."""
+    """Unit k's gate, up and downᵀ rows, one run of bytes (the screen leaves gate rows to read scattered too; a
+    short prompt's call reads every gate row, from the layer's own weight); the kernels take the rows' stride, so
+    three separate matrices with one stride give the very same sums — decoding's screened call, a short prompt's
+    fused one, a longer batch's — and rows with two strides go to torch."""
     from lambda_gelu.inference.gated import unit_stride
     model = _relu_llama()
     dense = copy.deepcopy(model.model.layers[0].mlp)

@@ -240,7 +240,8 @@ class SparseGatedMLP(nn.Module):
     (``gate_q``, ``gate_s``, ...; ``down_q`` holds the rows of ``downᵀ``, beside ``up_q``'s in one block). In float32,
     ``screen=True`` (the default) also holds the gate's screen (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``,
     ``gate_n``, a quarter more of the gate's bytes) and decoding reads the float32 gate rows only of the units it does
-    not rule out; ``screen=False`` reads every gate row. ``sparse=False`` computes every unit, a baseline for what the
+    not rule out, from the block; ``screen=False`` and a short prompt read every gate row, from the layer's own weight
+    (one stream). ``sparse=False`` computes every unit, a baseline for what the
     skipping buys: the same C loop without it (decoding and short prompts, and int8), the dense block elsewhere.
     ``max_density``: the share of active units above which a batch of more than :data:`PROMPT_ROWS` rows runs the
     dense block.
@@ -320,10 +321,11 @@ class SparseGatedMLP(nn.Module):
         return {**self.__dict__, "_made": None, "_screened": None}
 
     def _kernels_read_weights(self) -> bool:
-        """Whether the float32 C kernels can read the unit rows and the biases as they are."""
-        rows = [self._buffers[n] for n in F32_BUFFERS]
-        return biases_fit(*self._parts()) and unit_stride(*rows) is not None and all(
-            t.dtype is torch.float32 and t.is_cpu for t in rows)
+        """Whether the float32 C kernels can read the unit rows, the gate's weight (read whole by the unscreened call)
+        and the biases as they are."""
+        rows, gate = [self._buffers[n] for n in F32_BUFFERS], self._parts()[0].weight
+        return biases_fit(*self._parts()) and unit_stride(*rows) is not None and gate.is_contiguous() and all(
+            t.dtype is torch.float32 and t.is_cpu for t in (*rows, gate))
 
     def _screened_call(self) -> tuple | None:
         """The screened C call and the addresses it reads that only a change of a weight or bias can move (the
@@ -399,7 +401,7 @@ class SparseGatedMLP(nn.Module):
             threads = (torch.get_num_threads(), _native.GRAIN)
             if fused:  # decoding unscreened (screen=False) or every unit computed (sparse=False)
                 g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
-                n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), b["gate_rows"].data_ptr(), pointer(gate.bias),
+                n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), pointer(gate.bias),
                                                           b["up_rows"].data_ptr(), pointer(up.bias),
                                                           b["down_t"].data_ptr(), pointer(down.bias), g.data_ptr(),
                                                           y.data_ptr(), *sizes, max_active, int(not self.sparse),
