@@ -365,10 +365,10 @@ static int64_t screened_rows(const struct screened_ctx *q, float *acc, const int
  * gate ≤ 0: its g is 0 and none of its float32 rows is read. Every other unit's gate is computed from its float32
  * row, as in the unscreened kernel (unit k's gate, up and downᵀ rows `stride` floats after unit k − 1's, as there)
  * — so g and y are that kernel's up to float rounding, and a unit the screen leaves out is one the exact ReLU
- * zeroes. The bound fails safe: a row of x with a NaN or an infinity certifies nothing, nor
- * does a NaN or infinite margin. One parallel region: each thread screens its own share of the units (its int8
- * rows read in order, one after another; screen_units), then sums the units it left (screened_rows) into its
- * partial, and the partials are added.
+ * zeroes. The bound fails safe: a row of x with a NaN or an infinity certifies nothing, nor does a NaN or infinite
+ * margin. One parallel region: each thread screens its own share of the units (its int8 rows read in order, one
+ * after another; screen_units), then sums the units it left (screened_rows) into its partial, and the partials are
+ * added.
  * Writes g and y, whatever the count (g may be NULL: the gates then go to a buffer of its own, for a caller that wants
  * y alone); returns the units active in some row, or −1 if buffers could not be allocated. */
 struct screen_ctx { const int8_t *q; const float *s, *b, *r, *nq; const int16_t *xq; const double *norm, *residual,

@@ -241,8 +241,8 @@ class SparseGatedMLP(nn.Module):
     ``screen=True`` (the default) also holds the gate's screen (:func:`screen_rows`: ``gate_q``, ``gate_s``, ``gate_r``,
     ``gate_n``, a quarter more of the gate's bytes) and decoding reads the float32 gate rows only of the units it does
     not rule out, from the block; ``screen=False`` and a short prompt read every gate row, from the layer's own weight
-    (one stream). ``sparse=False`` computes every unit, a baseline for what the
-    skipping buys: the same C loop without it (decoding and short prompts, and int8), the dense block elsewhere.
+    (one stream). ``sparse=False`` computes every unit, a baseline for what the skipping buys: the same C loop without
+    it (decoding and short prompts, and int8), the dense block elsewhere.
     ``max_density``: the share of active units above which a batch of more than :data:`PROMPT_ROWS` rows runs the
     dense block.
     ``int4=True``: the three matrices as 4-bit rows (:mod:`~lambda_gelu.inference.int4`; ``down_q`` downᵀ's rows, each
@@ -399,7 +399,7 @@ class SparseGatedMLP(nn.Module):
             b = self._buffers
             sizes = (len(x2), x2.shape[1], gate.out_features, down.out_features, b["down_t"].stride(0))
             threads = (torch.get_num_threads(), _native.GRAIN)
-            if fused:  # decoding unscreened (screen=False) or every unit computed (sparse=False)
+            if fused:  # a short prompt, decoding unscreened (screen=False), or every unit computed (sparse=False)
                 g = torch.empty(len(x2), gate.out_features, dtype=torch.float32)
                 n_active = kernels.sparse_gated_fused_f32(x2.data_ptr(), gate.weight.data_ptr(), pointer(gate.bias),
                                                           b["up_rows"].data_ptr(), pointer(up.bias),
