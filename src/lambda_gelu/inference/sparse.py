@@ -247,8 +247,8 @@ def sparsify_(model: nn.Module, max_density: float = MAX_DENSITY, min_weights: i
                          f"than the dense layer; pass min_weights=0 to replace them anyway")
     # 4-bit rows on grids through 0 if the model's FFN weights sit on 4-bit grids (a conversion of a 4-bit file), else
     # on steps over 7 (int4's docstring)
-    weights = [getattr(parent._modules[attr], name).weight for _, parent, attr, layout in gated
-               for name in (layout.gate, layout.up, layout.down)] if int4 else []
+    weights = [part.weight for _, parent, attr, layout in gated
+               for part in gated_parts(parent._modules[attr], layout)] if int4 else []
     symmetric = int4 and q4.on_4bit_grids([w for w in weights if w.shape[-1] % q4.BLOCK == 0]) < q4.FROM_4BIT
     # every block is built before any is put in: one whose widths int4 cannot hold leaves the model as it was
     blocks = [SparseGatedMLP.from_dense(parent._modules[attr], layout, max(max_density, GATED_MAX_DENSITY), int8=int8,
