@@ -196,7 +196,7 @@ def int8_weights(model):
     three matrices — replaced by their int8 rows dequantized (quantize_rows of each layer's weight, down's rows its
     outputs, as the int8 block holds them: a test checks it): its quality, computed in float32 (the int8 path also
     rounds each input to 16 bits, which changes far less)."""
-    from lambda_gelu.inference.gated import quantize_rows
+    from lambda_gelu.inference.int8 import quantize_rows
     copy8 = copy.deepcopy(model)
     with torch.no_grad():
         for layer in copy8.model.layers:

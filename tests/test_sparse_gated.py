@@ -534,7 +534,7 @@ def test_the_int8_blocks_weights_are_each_layers_rows_quantized_downs_by_output(
     one scale each, held transposed for the kernels — so that a model with its weights so rounded (the benchmarks')
     has the int8 path's quality. Scaling each unit's downᵀ row instead cost SmolLM2 ×1.029 in held-out perplexity
     against ×0.999 this way."""
-    from lambda_gelu.inference.gated import quantize_rows
+    from lambda_gelu.inference.int8 import quantize_rows
     model = _relu_llama(family)
     sparsify_(model, min_weights=0, int8=True)
     mlp = model.model.layers[0].mlp
@@ -639,7 +639,7 @@ def test_a_prompts_int8_projection_is_the_exact_integer_sum_scaled_once(kernels,
     """linear_i8, the prompt's attention over int8 rows: each output is s·t·(q·x̃) in double rounded once to float32,
     plus the bias, as the decoding step's projections give it (x̃: x rounded to 16 bits, int16_rows); a row of x that
     holds a NaN is summed in float and carries it; the torch reference differs by x's rounding alone."""
-    from lambda_gelu.inference.gated import int16_rows, linear_i8, quantize_rows
+    from lambda_gelu.inference.int8 import int16_rows, linear_i8, quantize_rows
     g = torch.Generator().manual_seed(5)
     w, b = torch.randn(37, 64, generator=g), torch.randn(37, generator=g)
     q, s = quantize_rows(w)

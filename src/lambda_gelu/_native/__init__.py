@@ -168,7 +168,7 @@ class Kernels:
         self.decode_next.restype = _I64
         self.token_sizes = self.lib.lg_token_sizes
         self.token_sizes.argtypes, self.token_sizes.restype = [_P], None
-        self.linear_i8 = self.lib.lg_linear_i8  # lambda_gelu.inference.gated.linear_i8: a prompt's int8 projections
+        self.linear_i8 = self.lib.lg_linear_i8  # lambda_gelu.inference.int8.linear_i8: a prompt's int8 projections
         self.linear_i8.argtypes, self.linear_i8.restype = [_P] * 5 + [_I64] * 3 + [_I32, _I64], _I32
         self.active_union_f32 = self.lib.lg_active_union_f32
         self.active_union_f32.argtypes, self.active_union_f32.restype = [_P, _I64, _I64, _P], _I64

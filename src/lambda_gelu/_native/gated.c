@@ -268,7 +268,7 @@ static void batch_rows_i8(const float *x, const int16_t *xq, const double *t, in
     }
 }
 
-/* One call: a batch's projection over int8 rows (a prompt's attention, lambda_gelu.inference.gated.linear_i8), summed
+/* One call: a batch's projection over int8 rows (a prompt's attention, lambda_gelu.inference.int8.linear_i8), summed
  * as the decoding step sums its int8 projections; 0, or −1 if its buffers could not be allocated. */
 int lg_linear_i8(const float *x, const int8_t *q, const float *s, const float *b, float *y, int64_t n, int64_t d,
                  int64_t out, int max_threads, int64_t grain) {

@@ -61,7 +61,8 @@ from .. import _native
 from .._native import pointer
 from . import layout, torch_path
 from .derived import Made
-from .gated import SparseGatedMLP, quantize_rows
+from .gated import SparseGatedMLP
+from .int8 import quantize_rows
 from .sampling import settings_warpers
 from .token_step import TokenStep
 from .screened_argmax import ScreenedArgmax
@@ -94,10 +95,10 @@ class LeanDecoder:
             the layers the module's docstring lists by the torch path alone; :attr:`fused` says whether it does), or
             ``False``: the torch path, its reference.
         int8_attention: the attention's projections (queries, keys and values stacked, and its output) read as int8
-            rows with a float32 scale each (:func:`~lambda_gelu.inference.gated.quantize_rows`: a quarter of their
+            rows with a float32 scale each (:func:`~lambda_gelu.inference.int8.quantize_rows`: a quarter of their
             bytes, which bound decoding at batch 1), their input rounded to 16 bits and summed exactly in integers
             by the C step, and so by the prompt's forward where the C step applies
-            (:func:`~lambda_gelu.inference.gated.linear_i8`); ``fused=False`` computes with the same rows dequantized.
+            (:func:`~lambda_gelu.inference.int8.linear_i8`); ``fused=False`` computes with the same rows dequantized.
             The weights' rounding is a quantization: it changes logits, and its cost is measured, not bounded.
         one_call: each new token in one C call, every layer and the final norm
             (:mod:`~lambda_gelu.inference.token_step`), where the C step applies and every layer's FFN is a sparse

@@ -34,8 +34,9 @@ from .. import _native
 from ..core.convert import replacement_problem
 from ..families import expert_parameters
 from .derived import Made
-from .gated import (F32_BUFFERS, FUSED_ROWS, INT8_BUFFERS, quantize_rows, screen_rows, sparse_gated_int8_reference,
-                    unit_rows, unit_stride)
+from .gated import (F32_BUFFERS, FUSED_ROWS, INT8_BUFFERS, screen_rows, sparse_gated_int8_reference, unit_rows,
+                    unit_stride)
+from .int8 import quantize_rows
 
 __all__ = ["SparseExperts", "sparse_experts_reference", "relu_experts", "experts_problem"]
 

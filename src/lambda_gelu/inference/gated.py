@@ -19,11 +19,12 @@ Decoding at batch 1 reads every weight it needs once, so the bytes read are its 
 attributes make a gated FFN is data, the families table's (:mod:`lambda_gelu.families`); a module of such a layout is
 replaced only if its own forward gives what the formula gives on a probe input.
 
-With ``int8=True`` the three matrices are held as int8 rows with a float32 scale each (:func:`quantize_rows`,
-``w ≈ s·q``) and one C call computes the block, gate included: a quarter of the bytes read, which is what bounds
-decoding at batch 1. It takes each row of x rounded to 16 bits (:func:`int16_rows`), for exact integer sums, the
-hidden units stay float32. That block equals :func:`sparse_gated_int8_reference` (the rows dequantized, in plain
-torch) up to float rounding, and differs from the float32 block by the weights' rounding and, far less, x's.
+With ``int8=True`` the three matrices are held as int8 rows with a float32 scale each
+(:mod:`~lambda_gelu.inference.int8`: ``w ≈ s·q``) and one C call computes the block, gate included: a quarter of the
+bytes read, which is what bounds decoding at batch 1. It takes each row of x rounded to 16 bits (``int16_rows``), for
+exact integer sums, the hidden units stay float32. That block equals :func:`sparse_gated_int8_reference` (the rows
+dequantized, in plain torch) up to float rounding, and differs from the float32 block by the weights' rounding and, far
+less, x's.
 ``int4=True`` holds the three matrices as 4-bit rows instead (:mod:`~lambda_gelu.inference.int4`: blocks of 32
 weights, 56% of the int8 bytes), summed the same way; its reference is :func:`sparse_gated_int4_reference`.
 
@@ -43,6 +44,7 @@ from .._native import biases_fit, pointer
 from ..core.convert import _plain, replacement_problem
 from ..families import Gated, gated_layouts
 from . import int4 as q4
+from .int8 import int16_rows, linear_i8, quantize_rows  # their home is int8; importable here too, as they were
 from .derived import Made
 
 __all__ = ["SparseGatedMLP", "GatedLayout", "FUSED_ROWS", "PROMPT_ROWS", "Rows", "gated_parts",
@@ -107,31 +109,6 @@ def sparse_gated_reference(x: Tensor, gate: nn.Linear, up: nn.Linear, down: nn.L
     return y.reshape(*x.shape[:-1], down.out_features)
 
 
-def quantize_rows(w: Tensor) -> tuple[Tensor, Tensor]:
-    """Each row of ``w`` as int8 ``q`` and a float32 scale ``s`` = max|row| / 127, rounded to nearest: row ≈ s·q."""
-    w = w.detach().float()
-    s = w.abs().amax(1) / 127
-    s = torch.where(s > 0, s, torch.ones_like(s))
-    return torch.round(w / s[:, None]).clamp_(-127, 127).to(torch.int8).contiguous(), s.contiguous()
-
-
-def linear_i8(x: Tensor, q: Tensor, s: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x · (s·q)ᵀ + bias over :func:`quantize_rows`' rows, as the C kernels sum them (a prompt's int8 projections, as
-    the decoding step's): each row of x rounded to 16 bits (:func:`int16_rows`) and summed exactly in integers, in float
-    where a row holds a NaN or an infinity. Its reference, and where the kernels do not apply: ``F.linear`` over the
-    rows dequantized (which differs by x's rounding)."""
-    kernels = _native.library()
-    if (kernels is None or x.dtype is not torch.float32 or not x.is_cpu or x.shape[-1] != q.shape[1]
-            or bias is not None and (bias.dtype is not torch.float32 or bias.shape != q.shape[:1])):
-        return F.linear(x, (q.float() * s[:, None]).to(x.dtype), bias)
-    x2, b = x.reshape(-1, x.shape[-1]).contiguous(), None if bias is None else bias.contiguous()
-    y = torch.empty(len(x2), len(q), dtype=torch.float32)
-    if kernels.linear_i8(x2.data_ptr(), q.data_ptr(), s.data_ptr(), pointer(b), y.data_ptr(), len(x2), x2.shape[1],
-                         len(q), torch.get_num_threads(), _native.GRAIN) < 0:
-        raise MemoryError("linear_i8: the kernel could not allocate its buffers")
-    return y.reshape(*x.shape[:-1], len(q))
-
-
 def unit_rows(*rows: Tensor) -> tuple[Tensor, ...]:
     """Matrices of one row a unit (ff, ·) — int8 up and downᵀ; float32 gate, up and downᵀ — as views of one block whose
     row k is unit k's rows one after another: what a unit reads is one run of bytes, where separate matrices put its
@@ -165,16 +142,6 @@ def screen_rows(w: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return torch.where(t32.double() < t64, torch.nextafter(t32, torch.tensor(float("inf"))), t32).contiguous()
     # s·q is exact in double (24 + 8 bits), and so is w − s·q
     return q, s, rounded_up((w64 - s64[:, None] * q64).norm(dim=1) * up), rounded_up(s64 * q64.norm(dim=1) * up)
-
-
-def int16_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Each row of ``x`` (..., d) as the C kernels take it for their integer sums: ``x ≈ t·x̃``, x̃ = x / t rounded
-    to nearest (an integer of at most 15 bits, and d·127·|x̃| < 2³¹ so that a sum of d int8 products is exact in
-    int32), t = max|row| / that largest x̃, one per row (0 for a row of zeros); both in float64."""
-    top = min(32767, (2 ** 31 - 1) // (127 * max(x.shape[-1], 1)))
-    x = x.detach().double()
-    t = x.abs().amax(-1, keepdim=True) / top
-    return torch.where(t > 0, torch.round(x / torch.where(t > 0, t, 1.0)), 0.0), t
 
 
 @torch.no_grad()

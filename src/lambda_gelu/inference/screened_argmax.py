@@ -29,7 +29,8 @@ from torch import Tensor
 
 from .. import _native
 from .derived import Made
-from .gated import int16_rows, screen_rows
+from .gated import screen_rows
+from .int8 import int16_rows
 
 __all__ = ["ScreenedArgmax", "screened_argmax_reference"]
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import layout
-from .gated import linear_i8
+from .int8 import linear_i8
 
 __all__ = ["forward", "ffn", "per_layer_inputs", "per_layer_input"]
 
@@ -24,7 +24,7 @@ __all__ = ["forward", "ffn", "per_layer_inputs", "per_layer_input"]
 def forward(decoder, ids: Tensor, start: int, keys: list[Tensor], values: list[Tensor]) -> Tensor:
     """The last position's final hidden state (1, d) for the tokens ``ids`` (1, T) at positions start..start+T−1,
     writing their keys and values into the cache: a prompt (start 0) or one token. With the decoder's int8 attention,
-    the projections are the C step's own sums over its int8 rows (:func:`~lambda_gelu.inference.gated.linear_i8`)
+    the projections are the C step's own sums over its int8 rows (:func:`~lambda_gelu.inference.int8.linear_i8`)
     where the C step applies, else ``F.linear`` over those rows dequantized (the C step's reference)."""
     n, end = ids.shape[1], start + ids.shape[1]
     inner = decoder.model.model
