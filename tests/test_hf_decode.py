@@ -144,6 +144,54 @@ def test_the_logits_at_each_step_are_the_models_own(family, fused):
     assert torch.allclose(ours, full[9:-1], rtol=1e-5, atol=1e-5 * float(full.abs().max()))
 
 
+def test_the_softmax_exponential_is_within_two_units_in_the_last_place():
+    """The C step's exp of softmax scores less their largest (x ≤ 0): within 2 units in the last place of exp(x) down
+    to −87 (past it, subnormal, within the smallest one), 0 below −87.3 and for −∞, NaN for NaN, on the vector loop
+    (eight at a time) and on expf for the rest."""
+    from lambda_gelu import _native
+    kernels = _native.library()
+    if kernels is None:
+        pytest.skip("no C compiler here")
+    x = torch.cat([torch.linspace(-88, 0, 400_003), -87 * torch.rand(10_000, generator=torch.Generator().manual_seed(0))])
+    y = x.clone()
+    kernels.exp_f32(y.data_ptr(), y.numel())
+    exact = torch.exp(x.double())
+    normal = x >= -87
+    ulp = torch.pow(2.0, torch.floor(torch.log2(exact[normal])) - 23)
+    assert ((y[normal].double() - exact[normal]).abs() <= 2 * ulp).all()
+    subnormal = ~normal & (x >= -87.3)
+    assert ((y[subnormal].double() - exact[subnormal]).abs() <= 2.0 ** -149).all() and (y[x < -87.3] == 0).all()
+    special = torch.tensor([float("nan"), float("-inf"), -0.0, 0.0, -87.29, -87.31, -1000.0, -1e-30, float("nan")])
+    out = special.clone()
+    kernels.exp_f32(out.data_ptr(), out.numel())  # eight in the vector loop, the last by expf
+    assert out[0].isnan() and out[8].isnan() and out[1] == 0 and out[5] == 0 and out[6] == 0
+    assert out[2] == 1 and out[3] == 1 and out[7] == 1 and 0 < out[4] < 2e-38
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_long_cache_split_over_threads_is_attended_as_the_model_attends(threads):
+    """Heads of 96 features (a vector loop of 64 and a rest), two query heads a key head, 80 positions: each thread
+    of the C step takes a share of the positions (several tiles of keys each), and their shares' softmaxes merged give
+    the model's own logits at every step, on any number of threads."""
+    config = transformers.LlamaConfig(**{**SMALL, "hidden_size": 192, "num_attention_heads": 2,
+                                         "num_key_value_heads": 1, "max_position_embeddings": 96})
+    model, ids, before = _model(config), _prompt(), torch.get_num_threads()
+    assert sparsify_(model, min_weights=0)  # so that the whole token is one call
+    try:
+        torch.set_num_threads(threads)
+        decoder = LeanDecoder(model, max_length=96)
+        assert decoder.fused and decoder.one_call
+        tokens = decoder.generate(ids, 70)
+        keys, values = decoder._cache(tokens.shape[1]), decoder._cache(tokens.shape[1])
+        with torch.inference_mode():
+            full = model(tokens).logits[0, 9:-1]
+            ours = [decoder._forward(ids, 0, keys, values)[0]]
+            ours += [decoder._forward(tokens[:, i:i + 1], i, keys, values)[0] for i in range(10, tokens.shape[1] - 1)]
+    finally:
+        torch.set_num_threads(before)
+    assert torch.allclose(decoder._logits(torch.stack(ours)), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+
+
 @pytest.mark.parametrize("family", ["mistral", "phi3", "gemma2", "gemma3", "gemma4-shared", "olmo3", "exaone4"])
 @pytest.mark.parametrize("fused", [True, False])
 def test_sliding_windows_and_soft_caps_are_the_models_own(family, fused):

@@ -158,6 +158,8 @@ class Kernels:
         # plus_one: the layer's, q, k, post; then the values' norm's eps (< 0: none), whether the layer shares a cache,
         # whether its q and k norms span every head, whether they come after the rotation
         self.decode_attention_f32.restype = _I32
+        self.exp_f32 = self.lib.lg_exp_f32  # the attention's softmax weights, for its tests
+        self.exp_f32.argtypes, self.exp_f32.restype = [_P, _I64], None
         self.decode_tokens = self.lib.lg_decode_tokens  # lambda_gelu.inference.token_step: its structs' layout there
         self.decode_tokens.argtypes = [_P, _I64, _P, _I64, _P, _P, _I64, _I64, _I64, _P, ctypes.c_double, _I32, _P,
                                        _I32]

@@ -47,7 +47,7 @@ int lg_decode_tokens(float *h, int64_t rows, const struct lg_layer *layers, int6
     }
     struct lg_attention_scratch as;
     struct lg_ffn_scratch fs;
-    if (rows < 1 || lg_attention_scratch(&widest, d, pos + rows - 1, &as) != 0)
+    if (rows < 1 || lg_attention_scratch(&widest, d, pos + rows - 1, nt, &as) != 0)
         return -1;
     if (lg_ffn_scratch(d, ff, d, nt, &fs) != 0) {
         lg_attention_scratch_free(&as);

@@ -19,12 +19,14 @@ struct lg_attention {
     int64_t heads, kv_heads, head_dim, rotary_dim;
 };
 
-/* Its scratch, sized for d, the layer's projections and positions 0..pos: x and the projections' outputs, the heads'
- * outputs, their scores, the output before its norm; x and the heads' outputs as int16. */
-struct lg_attention_scratch { float *x, *p, *o, *scores, *y; int16_t *xq, *oq; };
+/* Its scratch, sized for d, the layer's projections and positions 0..pos and a team of `threads`: the projections'
+ * outputs, the heads' scores, the output before its norm, and each thread's own vectors (decode.c: struct own). */
+struct lg_attention_scratch { float *p, *scores, *y, *own; int16_t *own_q; int64_t d, nq, nk, heads; };
 
-/* Allocates that scratch for the layer's sizes (or larger) and positions 0..pos; −1 if it cannot (nothing held). */
-int lg_attention_scratch(const struct lg_attention *a, int64_t d, int64_t pos, struct lg_attention_scratch *s);
+/* Allocates that scratch for the layer's sizes (or larger), positions 0..pos and a team of up to `threads`; −1 if it
+ * cannot (nothing held). */
+int lg_attention_scratch(const struct lg_attention *a, int64_t d, int64_t pos, int threads,
+                         struct lg_attention_scratch *s);
 void lg_attention_scratch_free(struct lg_attention_scratch *s);
 
 /* One token's attention at position pos (counted in the caches from their pointers' first position), in place on
