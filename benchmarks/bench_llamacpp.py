@@ -45,6 +45,7 @@ import torch
 from _common import header, print_table, save
 
 PROMPT = "The standard library of Python provides modules for reading files, talking to networks and"
+LONG_PROMPT = argparse.__file__  # a longer prompt's text: the standard library's argparse module, on every machine
 TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
 READ = "a 1 GiB read"  # the bandwidth, timed in the rounds beside the decoders
 EXPORTS = ("F32", "Q8_0", "Q4_0", "Q4_1")  # the converted model as `lambda-gelu export` writes it, run by llama.cpp
@@ -86,9 +87,9 @@ def llama_bytes(tensors: dict[str, int]) -> int:
 class LlamaCpp:
     """One GGUF file in llama.cpp, decoding greedily from a prompt of token ids."""
 
-    def __init__(self, path: Path, threads: int):
+    def __init__(self, path: Path, threads: int, context: int = 512):
         from lambda_gelu.deploy.gguf import llama_cpp_model
-        self.llm = llama_cpp_model(path, 512, threads)  # its plain CPU kernels (no AMX buffers)
+        self.llm = llama_cpp_model(path, max(512, context), threads)  # its plain CPU kernels (no AMX buffers)
         self.vocab = self.llm.n_vocab()
 
     def decode(self, prompt: list[int], n: int) -> tuple[list[int], float, float]:
@@ -248,6 +249,8 @@ def main():
     p.add_argument("--model", required=True, help="a checkpoint written by `lambda-gelu reluize` (ReLU gates)")
     p.add_argument("--original", help="the original as a GGUF file (default: the conversion's source)")
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=15,
+                   help="the prompt's length: beyond 15 tokens, the first ones of the standard library's argparse.py")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--work", help="where llama.cpp's files of the original are kept (default: a temporary folder)")
@@ -266,7 +269,10 @@ def main():
     if original.suffix != ".gguf":
         raise SystemExit(f"{original} is not a GGUF file: give the original as one with --original")
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.model)
-    prompt = tokenizer(PROMPT)["input_ids"][:15]
+    text = PROMPT if args.prompt_tokens <= 15 else Path(LONG_PROMPT).read_text()
+    prompt = tokenizer(text)["input_ids"][:args.prompt_tokens]
+    if len(prompt) < args.prompt_tokens:
+        raise SystemExit(f"--prompt-tokens {args.prompt_tokens}: the prompt's text has {len(prompt)} tokens")
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32).eval()
     sparse = copy.deepcopy(model)
     sparsify_(sparse)
@@ -288,7 +294,7 @@ def main():
     length = len(prompt) + args.new_tokens + 2
     gguf_files = {f"llama.cpp, original, {kind}": path for kind, path in files.items()}
     gguf_files |= {f"llama.cpp, converted export, {kind}": path for kind, path in exports.items()}
-    variants = {name: LlamaCpp(path, args.threads) for name, path in gguf_files.items()}
+    variants = {name: LlamaCpp(path, args.threads, length) for name, path in gguf_files.items()}
     variants |= {"ours, converted, dense, float32": Ours(model, length),
                  "ours, converted, sparse, float32": Ours(sparse, length),
                  "ours, converted, sparse, int8": Ours(sparse8, length, int8=True),

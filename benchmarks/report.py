@@ -211,8 +211,10 @@ def main():
 def _llamacpp_section(d: dict) -> list[str]:
     """bench_llamacpp.py's results: every decoder's tokens/s, bytes per token and share of its bandwidth bound."""
     reads = d["ffn_reads"]
-    lines = [f"## Against llama.cpp: {d['model']} ({_cpu(d)})", "",
-             f"`python benchmarks/bench_llamacpp.py --model {d['model']}` — greedy decoding at batch 1, "
+    after = "" if d["prompt_tokens"] == 15 else f", after a {d['prompt_tokens']}-token prompt"
+    lines = [f"## Against llama.cpp: {d['model']}{after} ({_cpu(d)})", "",
+             f"`python benchmarks/bench_llamacpp.py --model {d['model']}{_prompt_option(d)}` — greedy decoding at "
+             "batch 1, "
              f"{d['new_tokens']} tokens after a {d['prompt_tokens']}-token prompt, {d['threads']} threads, medians of "
              f"{d['rounds']} interleaved rounds, llama-cpp-python {d['llama_cpp']} built on this machine (commit "
              f"{d.get('code')}). Memory bandwidth {_bandwidth(d)}; while decoding, the int8 screen left "
@@ -243,6 +245,11 @@ def _llamacpp_section(d: dict) -> list[str]:
                       f"{d['perplexity_sentences']} docstring sentences): "
                   + "; ".join(f"{k} ×{v:.4f}" for k, v in d["quantization_cost"].items()) + "."]
     return lines + [""]
+
+
+def _prompt_option(d: dict) -> str:
+    """The benchmark's option for a prompt other than its default 15 tokens."""
+    return "" if d["prompt_tokens"] == 15 else f" --prompt-tokens {d['prompt_tokens']}"
 
 
 def _bandwidth(d: dict) -> str:
@@ -283,6 +290,8 @@ def _llamacpp_goals(d: dict) -> list[tuple[str, str, bool]]:
     v, n = d["variants"], d["new_tokens"]
     zeros = statistics.mean(d["gate_zeros"].values()) if d.get("gate_zeros") else float("nan")
     where = f"{d['model']}, {zeros:.0%} gate zeros, {_cpu(d)}"
+    if d["prompt_tokens"] != 15:
+        where += f", after a {d['prompt_tokens']}-token prompt"
 
     def ratio(ours, theirs):
         return statistics.median(_round_ratios(v[f"ours, converted, {ours}"], v[f"llama.cpp, original, {theirs}"]))
