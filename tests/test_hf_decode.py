@@ -255,6 +255,41 @@ def test_weights_changed_after_construction_are_decoded_as_they_are_now():
     assert torch.equal(decoder.generate(ids, 12), want)
 
 
+class _Recorder:
+    """A streamer as transformers' generate feeds one: what put received, and how often end was called."""
+
+    def __init__(self):
+        self.parts, self.ends = [], 0
+
+    def put(self, value):
+        assert self.ends == 0, "put after end"
+        self.parts.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ends += 1
+
+
+@pytest.mark.parametrize("path", ["one call", "per layer", "torch", "sampled"])
+def test_a_streamer_gets_the_prompt_then_each_token_then_end(path):
+    """As transformers' generate feeds a streamer (TextStreamer): the prompt, each new token alone as it is decided,
+    end() once; on every path a token can take (the one C call per token, the per-layer C step, the torch path,
+    sampling), and at the end token where decoding stops there."""
+    model, ids = _model(FAMILIES["llama"]()), _prompt()
+    sparsify_(model, min_weights=0)
+    decoder = LeanDecoder(model, one_call=path == "one call", fused=path != "torch")
+    assert decoder.one_call == (path == "one call") and decoder.fused == (path != "torch")
+    sampled = dict(do_sample=True) if path == "sampled" else {}
+    streamer = _Recorder()
+    torch.manual_seed(0)
+    out = decoder.generate(ids, 12, streamer=streamer, **sampled)
+    assert streamer.parts[0] == ids[0].tolist() and streamer.ends == 1
+    assert all(len(part) == 1 for part in streamer.parts[1:]) and sum(streamer.parts, []) == out[0].tolist()
+    eos, streamer = int(out[0, ids.shape[1] + 4]), _Recorder()
+    torch.manual_seed(0)
+    out = decoder.generate(ids, 12, eos, streamer=streamer, **sampled)
+    assert sum(streamer.parts, []) == out[0].tolist() and out[0, -1] == eos and streamer.ends == 1
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_sampled_decoding_draws_generates_tokens(fused):
     model = _model(FAMILIES["llama"]())

@@ -350,14 +350,16 @@ class LeanDecoder:
     @torch.inference_mode()
     def generate(self, input_ids: Tensor, max_new_tokens: int, eos_token_id: int | None = None, *,
                  do_sample: bool = False, temperature: float | None = None, top_k: int | None = None,
-                 top_p: float | None = None) -> Tensor:
+                 top_p: float | None = None, streamer=None) -> Tensor:
         """The prompt (1, T) followed by up to ``max_new_tokens`` tokens, stopping after ``eos_token_id`` if given:
         greedy — the tokens ``model.generate(input_ids, max_new_tokens=..., do_sample=False)`` gives — or with
         ``do_sample=True`` drawn as ``model.generate(..., do_sample=True, temperature=, top_k=, top_p=)`` draws them:
         transformers' own temperature, top-k and top-p warpers on the float32 logits, each setting not given taken
         from ``model.generation_config`` as ``generate`` takes it (transformers' default top_k is 50), then one
         ``torch.multinomial`` a token from torch's global generator (``torch.manual_seed`` repeats a draw). Sampling
-        computes every logit; only greedy decoding takes the output layer's screen."""
+        computes every logit; only greedy decoding takes the output layer's screen. ``streamer``, as ``generate``
+        takes one (transformers' ``TextStreamer``, or anything with ``put`` and ``end``): ``put`` the prompt, then
+        each new token as soon as it is decided, then ``end()``."""
         warpers = settings_warpers(self.model.generation_config, temperature, top_k, top_p) if do_sample else None
         if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
             raise ValueError(f"LeanDecoder decodes one sequence: input_ids of shape (1, T ≥ 1), got "
@@ -372,10 +374,13 @@ class LeanDecoder:
             self.refresh()
         keys, values = self._cache(total), self._cache(total)
         out, start, step = [input_ids], 0, input_ids
+        put = streamer.put if streamer is not None else None
+        if put:
+            put(input_ids.cpu())
         for made in range(max_new_tokens):
             if warpers is None and made and self._one_call() and self._token.head is self.head is not None:
                 rest = self._token.greedy(int(step), start, max_new_tokens - made, keys, values, self._embed,
-                                          self._logits, eos_token_id)  # each token one C call from here
+                                          self._logits, eos_token_id, put)  # each token one C call from here
                 out.append(torch.tensor([rest], dtype=input_ids.dtype))
                 break
             hidden = self._forward(step, start, keys, values)
@@ -387,8 +392,12 @@ class LeanDecoder:
                 token = self.head(hidden) if self.head is not None else self._logits(hidden).argmax(-1)
             step = token.reshape(1, 1).to(input_ids.dtype)
             out.append(step)
+            if put:
+                put(step.reshape(1).cpu())
             if eos_token_id is not None and int(step) == eos_token_id:
                 break
+        if streamer is not None:
+            streamer.end()
         return torch.cat(out, 1)
 
     def _cache(self, length: int) -> list[Tensor]:

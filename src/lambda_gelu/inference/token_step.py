@@ -168,12 +168,13 @@ class TokenStep:
         return out
 
     def greedy(self, token: int, start: int, count: int, keys: list[Tensor], values: list[Tensor], embed,
-               logits, eos_token_id: int | None = None) -> list[int]:
+               logits, eos_token_id: int | None = None, put=None) -> list[int]:
         """Up to ``count`` greedy tokens after ``token`` at position ``start``, stopping after ``eos_token_id``: each
         one C call (``lg_decode_next``: the token's embedding, the step, the next token by :attr:`head`'s screen), as
         :meth:`__call__` then ``head`` give it. ``embed`` makes a token's embedding (1, 1, d) where the call cannot
         look it up; ``logits`` gives the logits of a final hidden state whose next token the screen cannot decide (a
-        NaN or an infinity), as the decoder computes them without the screen. Needs :attr:`head`."""
+        NaN or an infinity), as the decoder computes them without the screen; ``put``, if given, takes each token
+        (a tensor of one) as soon as it is decided (a streamer's). Needs :attr:`head`."""
         self._point_at(keys, values)
         out, h, read = torch.empty(1, self.width), torch.empty(self.width), torch.zeros(1, dtype=torch.int64)
         (weight, eps, plus_one), threads, tokens = self.final, torch.get_num_threads(), []
@@ -190,6 +191,8 @@ class TokenStep:
                 raise MemoryError("LeanDecoder: the decoding step could not allocate its buffers")
             screened, token = token >= 0, token if token >= 0 else int(logits(out).argmax(-1))
             tokens.append(token)
+            if put:
+                put(torch.tensor([token]))
             if token == eos_token_id:
                 break
         self.head.rows_read = int(read) if screened else self.head.layer.out_features  # the last token's
