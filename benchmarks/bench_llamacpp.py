@@ -13,9 +13,9 @@ quantizer writes it at each type (from that file's weights: a Q4_1 original's F3
 changes nothing of the time). Every variant decodes the same prompt's token ids greedily for ``--new-tokens`` tokens
 on ``--threads`` threads; llama.cpp in a Python loop around ``Llama.eval`` (the argmax of its logits each token),
 LeanDecoder by its ``generate``. A round times each variant once, in a rotating order; the figures are medians over
-the rounds, decoding only (the prompt's forward left out: LeanDecoder's as the difference between ``new_tokens + 1``
-and 1 token in the same round); the time to the first token (the prompt's forward and that token's argmax) is
-reported beside them. Tokens are compared with each decoder's own reference: llama.cpp's on the original
+the rounds, decoding only (the prompt's forward left out: LeanDecoder's ``generate`` of ``new_tokens + 1`` tokens is
+timed from its first token to its end by a streamer); the time to the first token (the prompt's forward and that
+token's argmax) is reported beside them. Tokens are compared with each decoder's own reference: llama.cpp's on the original
 with its F32 original's, ours and the exports with the converted model's dense float32 (the ReLU model's). The
 perplexities: each decoder against its own float32, the exports against the converted model in float32. The original
 SmolLM2 is itself a Q4_1 file, so llama.cpp's Q4_1 of it re-rounds weights already on that grid; the export writes
@@ -119,15 +119,27 @@ class Ours:
 
     @torch.inference_mode()
     def decode(self, prompt: list[int], n: int) -> tuple[list[int], float, float]:
-        """As :meth:`LlamaCpp.decode`: the first token is ``generate``'s of one token."""
-        ids = torch.tensor([prompt])
+        """As :meth:`LlamaCpp.decode`, in one ``generate`` of ``n + 1`` tokens: its streamer stamps the first token
+        (the prompt's forward and its argmax) and the end, so the ``n`` tokens between are timed as llama.cpp's are."""
+        stamps = Stamps()
         t = time.perf_counter()
-        self.decoder.generate(ids, 1)
-        first = time.perf_counter() - t
-        t = time.perf_counter()
-        out = self.decoder.generate(ids, n + 1)
-        whole = time.perf_counter() - t
-        return out[0, len(prompt):len(prompt) + n].tolist(), whole - first, first
+        out = self.decoder.generate(torch.tensor([prompt]), n + 1, streamer=stamps)
+        return out[0, len(prompt):len(prompt) + n].tolist(), stamps.done - stamps.first, stamps.first - t
+
+
+class Stamps:
+    """A streamer that notes when the first new token came (the prompt is its first put) and when decoding ended."""
+
+    def __init__(self):
+        self.puts, self.first, self.done = 0, None, None
+
+    def put(self, value):
+        self.puts += 1
+        if self.puts == 2:
+            self.first = time.perf_counter()
+
+    def end(self):
+        self.done = time.perf_counter()
 
 
 @torch.inference_mode()
