@@ -152,7 +152,8 @@ def test_the_softmax_exponential_is_within_two_units_in_the_last_place():
     kernels = _native.library()
     if kernels is None:
         pytest.skip("no C compiler here")
-    x = torch.cat([torch.linspace(-88, 0, 400_003), -87 * torch.rand(10_000, generator=torch.Generator().manual_seed(0))])
+    spread = -87 * torch.rand(10_000, generator=torch.Generator().manual_seed(0))
+    x = torch.cat([torch.linspace(-88, 0, 400_003), spread])
     y = x.clone()
     kernels.exp_f32(y.data_ptr(), y.numel())
     exact = torch.exp(x.double())
@@ -190,6 +191,24 @@ def test_a_long_cache_split_over_threads_is_attended_as_the_model_attends(thread
     finally:
         torch.set_num_threads(before)
     assert torch.allclose(decoder._logits(torch.stack(ours)), full, rtol=1e-5, atol=1e-5 * float(full.abs().max()))
+
+
+def test_a_nan_in_the_cache_is_carried_whichever_thread_reads_it():
+    """A NaN key at position 0, read by a share of the positions alone (two threads at position 1: one takes
+    position 0, the other 1): every logit NaN, as the model's own attention gives, not a softmax over the rest."""
+    model, before = _model(FAMILIES["llama"]()), torch.get_num_threads()
+    assert sparsify_(model, min_weights=0)
+    try:
+        torch.set_num_threads(2)
+        decoder = LeanDecoder(model, max_length=8)
+        keys, values = decoder._cache(8), decoder._cache(8)
+        with torch.inference_mode():
+            decoder._forward(torch.tensor([[5]]), 0, keys, values)
+            keys[0][0, 0, 0, 0] = float("nan")  # layer 0, key head 0, position 0
+            logits = decoder._logits(decoder._forward(torch.tensor([[7]]), 1, keys, values))
+    finally:
+        torch.set_num_threads(before)
+    assert logits.isnan().all()
 
 
 @pytest.mark.parametrize("family", ["mistral", "phi3", "gemma2", "gemma3", "gemma4-shared", "olmo3", "exaone4"])

@@ -79,10 +79,10 @@ static struct own own_scratch(const struct lg_attention_scratch *s, int t) {
 }
 
 /* v[i] = exp(v[i]) for the n weights of a softmax (v ≤ 0, or NaN): in the AVX2 loop eight at a time, by Cephes'
- * expf (2^k·p(r), r = v − k·ln 2, |r| ≤ ln 2 / 2, p of degree 7), within 2 units in the last place of expf; 0 below
- * −87.3 (where expf's value is subnormal, at most 2^−126) and NaN for NaN. expf itself is the reference, and takes the
- * rest: one call a weight cost a decoding step's attention more than its scores (three query heads a key head, 48
- * positions: 600 of 1,700 cycles a head). */
+ * expf (2^k·p(r), r = v − k·ln 2, |r| ≤ ln 2 / 2, p of degree 7), within 2 units in the last place of exp; 0 below
+ * −87.3 (where exp is below about 2^−126, the smallest normal float) and NaN for NaN. expf itself is the reference, and
+ * takes the rest: one call a weight cost a decoding step's attention more than its scores (three query heads a key
+ * head, 48 positions: 600 of 1,700 cycles a head). */
 static void exp_f32(float *v, int64_t n) {
     int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -141,9 +141,9 @@ static void weighted_rows_f32(const float *w, const float *rows, int64_t n, int6
 /* One thread's share [t0, t1) of the positions for every query head, from its copy of the heads (qk): for each key
  * head, tile by tile, its keys' scores c(q·k·scaling) for each query head that reads it (query head j reads key head
  * j / group, as torch's grouped-query attention), four keys at a time (dots4p_f32); then each query head's largest
- * score (top, a NaN left out as torch's max leaves it), its weights exp(score − top) (exp_f32) and their sum (total);
- * then, tile by tile again, Σ weight·v into part. An empty share gives top −∞, total 0 and part 0, which merge_heads
- * passes over. */
+ * score (top: a NaN score, not counted in it, makes its own weight, the sum and so the head's output NaN, as torch's
+ * softmax does), its weights exp(score − top) (exp_f32) and their sum (total); then, tile by tile again, Σ weight·v
+ * into part. An empty share, or one whose scores are all −∞, gives total 0, which merge_heads passes over. */
 static void attend_share(const struct lg_attention *a, const struct own *w, const float *k_cache, const float *v_cache,
                          float *scores, int64_t positions, int64_t length, int64_t t0, int64_t t1) {
     int64_t head_dim = a->head_dim, group = a->heads / a->kv_heads;
@@ -173,9 +173,14 @@ static void attend_share(const struct lg_attention *a, const struct own *w, cons
             float *sc = scores + j * positions, top = -INFINITY, total = 0.0f, *part = w->part + j * head_dim;
             for (int64_t t = t0; t < t1; t++)
                 top = sc[t] > top ? sc[t] : top;
-            for (int64_t t = t0; t < t1; t++)
-                sc[t] -= top;
-            exp_f32(sc + t0, t1 - t0);
+            if (top == -INFINITY)  /* every score −∞ or NaN: weights of 0 beside a finite score elsewhere, NaN kept */
+                for (int64_t t = t0; t < t1; t++)
+                    sc[t] = sc[t] != sc[t] ? sc[t] : 0.0f;
+            else {
+                for (int64_t t = t0; t < t1; t++)
+                    sc[t] -= top;
+                exp_f32(sc + t0, t1 - t0);
+            }
             for (int64_t t = t0; t < t1; t++)
                 total += sc[t];
             w->top[j] = top, w->total[j] = total;
@@ -193,8 +198,8 @@ static void attend_share(const struct lg_attention *a, const struct own *w, cons
 
 /* The heads' outputs into w->o from the team's shares (attend_share): softmax over all positions is each share's
  * weights times exp(its top − the largest top), so o = Σ_u exp(top_u − top)·part_u / Σ_u exp(top_u − top)·total_u over
- * the shares u with a top above −∞ (an empty share, or one whose every score is −∞: weights of 0 beside any finite
- * score; if no share has one, o is 0 / 0, NaN, as torch's softmax of −∞ alone). */
+ * the shares u with weights (total ≠ 0: an empty share, or one whose every score is −∞, adds nothing; one with a NaN
+ * score makes o NaN; if no share has weights, o is 0 / 0, NaN, as torch's softmax of −∞ alone). */
 static void merge_heads(const struct lg_attention *a, const struct lg_attention_scratch *s, int threads, float *o) {
     int64_t head_dim = a->head_dim;
     for (int64_t j = 0; j < a->heads; j++) {
@@ -207,7 +212,7 @@ static void merge_heads(const struct lg_attention *a, const struct lg_attention_
             oj[i] = 0.0f;
         for (int u = 0; u < threads; u++) {
             struct own w = own_scratch(s, u);
-            if (w.top[j] == -INFINITY)
+            if (w.total[j] == 0.0f)
                 continue;
             float e = expf(w.top[j] - top);
             const float *part = w.part + j * head_dim;
