@@ -15,8 +15,8 @@ on ``--threads`` threads; llama.cpp in a Python loop around ``Llama.eval`` (the 
 LeanDecoder by its ``generate``. A round times each variant once, in a rotating order; the figures are medians over
 the rounds, decoding only (the prompt's forward left out: LeanDecoder's ``generate`` of ``new_tokens + 1`` tokens is
 timed from its first token to its end by a streamer); the time to the first token (the prompt's forward and that
-token's argmax) is reported beside them. Tokens are compared with each decoder's own reference: llama.cpp's on the original
-with its F32 original's, ours and the exports with the converted model's dense float32 (the ReLU model's). The
+token's argmax) is reported beside them. Tokens are compared with each decoder's own reference: llama.cpp's on the
+original with its F32 original's, ours and the exports with the converted model's dense float32 (the ReLU model's). The
 perplexities: each decoder against its own float32, the exports against the converted model in float32. The original
 SmolLM2 is itself a Q4_1 file, so llama.cpp's Q4_1 of it re-rounds weights already on that grid; the export writes
 the converted model's Q4_1 on grids through 0, which do not give the fine-tuned weights back to the source's.
