@@ -140,7 +140,7 @@ static void weighted_rows_f32(const float *w, const float *rows, int64_t n, int6
 
 /* One thread's share [t0, t1) of the positions for every query head, from its copy of the heads (qk): for each key
  * head, tile by tile, its keys' scores c(q·k·scaling) for each query head that reads it (query head j reads key head
- * j / group, as torch's grouped-query attention), four keys at a time (dots4p_f32); then each query head's largest
+ * j / group, as torch's grouped-query attention), four keys at a time (dots4_f32); then each query head's largest
  * score (top: a NaN score, not counted in it, makes its own weight, the sum and so the head's output NaN, as torch's
  * softmax does), its weights exp(score − top) (exp_f32) and their sum (total); then, tile by tile again, Σ weight·v
  * into part. An empty share, or one whose scores are all −∞, gives total 0, which merge_heads passes over. */
@@ -156,12 +156,8 @@ static void attend_share(const struct lg_attention *a, const struct own *w, cons
             for (int64_t j = j0; j < j1; j++) {
                 const float *q = w->qk + j * head_dim;
                 float *sc = scores + j * positions;
-                for (int64_t t = tile; t < end; t += 4) {
-                    int m = end - t < 4 ? (int)(end - t) : 4;
-                    const float *k = keys + t * head_dim;
-                    dots4p_f32(q, k, m > 1 ? k + head_dim : k, m > 2 ? k + 2 * head_dim : k,
-                               m > 3 ? k + 3 * head_dim : k, m, head_dim, sc + t);
-                }
+                for (int64_t t = tile; t < end; t += 4)
+                    dots4_f32(q, keys + t * head_dim, end - t < 4 ? (int)(end - t) : 4, head_dim, sc + t);
                 for (int64_t t = tile; t < end; t++) {
                     sc[t] *= (float)a->scaling;
                     if (cap > 0.0f)
