@@ -92,6 +92,28 @@ def test_generate_prints_the_tokens_model_generate_gives_and_its_speed(relu_llam
     assert text == tokenizer.decode(want, skip_special_tokens=True)
 
 
+def test_generate_hands_on_the_text_as_it_is_decoded_and_stops_at_the_first_end_token(relu_llama, tmp_path):
+    """The text comes a word at a time while the tokens are decoded, the pieces together the whole text; with two end
+    tokens the decoder decodes past the first (it stops at one alone), and the streamed text stops there, as the
+    returned text is cut."""
+    import shutil
+
+    from lambda_gelu.hf.generate import GenerateConfig, generate_text
+    directory, model = relu_llama
+    config = GenerateConfig(max_new_tokens=12)
+    pieces = []
+    whole = generate_text(str(directory), "Return the number of items in a container", config, stream=pieces.append)
+    assert len(pieces) > 2 and "".join(pieces) == whole.text and len(whole.new_ids) == 12
+    ended = tmp_path / "ended"
+    shutil.copytree(directory, ended)
+    generation = transformers.GenerationConfig.from_pretrained(ended)
+    generation.eos_token_id = [whole.new_ids[5], VOCAB + 7]  # the sixth token ends the text; the second never comes
+    generation.save_pretrained(ended)
+    pieces = []
+    cut = generate_text(str(ended), "Return the number of items in a container", config, stream=pieces.append)
+    assert cut.new_ids == whole.new_ids[:6] and "".join(pieces) == cut.text != whole.text
+
+
 def test_generate_samples_as_generate_samples_and_int8_and_int4_run(relu_llama, capsys):
     directory, model = relu_llama
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory)

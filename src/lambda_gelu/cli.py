@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     rz.set_defaults(func=_reluize)
 
     gen = sub.add_parser("generate", help="decode a converted causal LM with the sparse fast path (LeanDecoder over "
-                         "sparsified FFNs); the text on stdout, tokens/s on stderr")
+                         "sparsified FFNs); the text on stdout as it is decoded, tokens/s on stderr")
     gen.add_argument("checkpoint", metavar="DIR", help="a `lambda-gelu reluize` --out directory of a causal LM")
     gen.add_argument("prompt", metavar="PROMPT")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to decode at most (default 64)")
@@ -206,8 +206,10 @@ def _generate(args) -> int:
                             top_k=args.top_k, top_p=args.top_p, seed=args.seed, int8=args.int8, int4=args.int4,
                             dense=args.dense,
                             chat=args.chat)
-    result = generate_text(args.checkpoint, args.prompt, config, log=lambda line: print(line, file=sys.stderr))
-    print(" ".join(map(str, result.new_ids)) if args.ids else result.text)
+    stream = None if args.ids else lambda text: print(text, end="", flush=True)  # the text as it is decoded
+    result = generate_text(args.checkpoint, args.prompt, config, log=lambda line: print(line, file=sys.stderr),
+                           stream=stream)
+    print(" ".join(map(str, result.new_ids)) if args.ids else "")
     print(result.summary(), file=sys.stderr)
     return 0
 

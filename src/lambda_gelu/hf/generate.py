@@ -5,14 +5,17 @@ read only the rows of their active gate units; ``int8``: int8 rows with a scale 
 attention int8) and decoded at batch 1 by
 :class:`~lambda_gelu.inference.decoder.LeanDecoder` — greedy, the tokens ``model.generate(..., do_sample=False)`` gives, or
 sampled as ``generate`` samples. A layout LeanDecoder does not run decodes by the model's own ``generate`` (said).
+The text can be handed on as it is decoded (``stream``: the CLI prints it so), up to the first end token.
 """
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from transformers import TextStreamer
 
 from ..errors import CheckpointError
 from ..inference.decoder import LeanDecoder
@@ -70,8 +73,11 @@ class Generated:
                 f"{torch.get_num_threads()} threads, the {self.prompt_tokens}-token prompt included)")
 
 
-def generate_text(directory: str, prompt: str, config: GenerateConfig | None = None, *, log=print) -> Generated:
-    """Decode ``prompt`` with the converted causal LM in ``directory`` as the module's docstring says."""
+def generate_text(directory: str, prompt: str, config: GenerateConfig | None = None, *, log=print,
+                  stream: Callable[[str], None] | None = None) -> Generated:
+    """Decode ``prompt`` with the converted causal LM in ``directory`` as the module's docstring says; ``stream``, if
+    given, gets the new text piece by piece as it is decoded (a word at a time, as transformers' ``TextStreamer``
+    cuts it), the pieces together the returned ``text``."""
     config = config or GenerateConfig()
     quiet_transformers()
     loaded = load(model_directory(directory), directory, progress=False)
@@ -92,15 +98,17 @@ def generate_text(directory: str, prompt: str, config: GenerateConfig | None = N
     ends = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     sampling = {"do_sample": True, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p} \
         if config.sample else {}
+    streamer = _Pieces(tokenizer, ends, stream) if stream is not None else None
     try:
         decoder = LeanDecoder(model, max_length=ids.shape[1] + config.max_new_tokens,
                               int8_attention=config.int8 or config.int4)
         run = lambda: decoder.generate(ids, config.max_new_tokens, next(iter(ends)) if len(ends) == 1 else None,  # noqa: E731
-                                       **sampling)
+                                       **sampling, streamer=streamer)
         path = f"LeanDecoder, {path}"
     except ValueError as e:
         log(f"note: {e}")
         run = lambda: model.generate(ids, max_new_tokens=config.max_new_tokens, do_sample=config.sample,  # noqa: E731
+                                     streamer=streamer,
                                      **{k: v for k, v in sampling.items() if k != "do_sample" and v is not None})
         path = f"generate, {path}"
     torch.manual_seed(config.seed)
@@ -112,6 +120,27 @@ def generate_text(directory: str, prompt: str, config: GenerateConfig | None = N
     cut = next((i + 1 for i, t in enumerate(new) if t in ends), len(new))  # the first end token ends the text
     new = new[:cut]
     return Generated(tokenizer.decode(new, skip_special_tokens=True), new, ids.shape[1], seconds, path)
+
+
+class _Pieces(TextStreamer):
+    """A streamer (as ``generate`` and LeanDecoder feed one) that hands the new text to ``write`` a piece at a time,
+    up to the first of the ``ends`` token ids: a decoder given several end tokens decodes past them, and its text is
+    cut there."""
+
+    def __init__(self, tokenizer, ends: set[int], write: Callable[[str], None]):
+        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        self.ends, self.write, self.ended = ends, write, False
+
+    def put(self, value):
+        if self.ended:
+            return
+        if not self.next_tokens_are_prompt:
+            self.ended = int(value.reshape(-1)[0]) in self.ends
+        super().put(value)
+
+    def on_finalized_text(self, text: str, stream_end: bool = False):
+        if text:
+            self.write(text)
 
 
 def _encode(tokenizer, prompt: str, chat: bool) -> torch.Tensor:
