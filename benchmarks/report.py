@@ -211,11 +211,9 @@ def main():
 def _llamacpp_section(d: dict) -> list[str]:
     """bench_llamacpp.py's results: every decoder's tokens/s, bytes per token and share of its bandwidth bound."""
     reads = d["ffn_reads"]
-    after = "" if d["prompt_tokens"] == 15 else f", after a {d['prompt_tokens']}-token prompt"
-    lines = [f"## Against llama.cpp: {d['model']}{after} ({_cpu(d)})", "",
+    lines = [f"## Against llama.cpp: {d['model']}{_after_prompt(d)} ({_cpu(d)})", "",
              f"`python benchmarks/bench_llamacpp.py --model {d['model']}{_prompt_option(d)}` — greedy decoding at "
-             "batch 1, "
-             f"{d['new_tokens']} tokens after a {d['prompt_tokens']}-token prompt, {d['threads']} threads, medians of "
+             f"batch 1, {d['new_tokens']} tokens after a {d['prompt_tokens']}-token prompt, {d['threads']} threads, medians of "
              f"{d['rounds']} interleaved rounds, llama-cpp-python {d['llama_cpp']} built on this machine (commit "
              f"{d.get('code')}). Memory bandwidth {_bandwidth(d)}; while decoding, the int8 screen left "
              f"{reads['gate_rows_read']:.1%} of the gate rows to read and {reads['active']:.1%} of the units were "
@@ -247,9 +245,17 @@ def _llamacpp_section(d: dict) -> list[str]:
     return lines + [""]
 
 
+DEFAULT_PROMPT_TOKENS = 15  # bench_llamacpp.py's --prompt-tokens default
+
+
 def _prompt_option(d: dict) -> str:
-    """The benchmark's option for a prompt other than its default 15 tokens."""
-    return "" if d["prompt_tokens"] == 15 else f" --prompt-tokens {d['prompt_tokens']}"
+    """The benchmark's option for a prompt other than its default length."""
+    return "" if d["prompt_tokens"] == DEFAULT_PROMPT_TOKENS else f" --prompt-tokens {d['prompt_tokens']}"
+
+
+def _after_prompt(d: dict) -> str:
+    """A prompt other than the default length, as the section's title and its goals name it."""
+    return "" if d["prompt_tokens"] == DEFAULT_PROMPT_TOKENS else f", after a {d['prompt_tokens']}-token prompt"
 
 
 def _bandwidth(d: dict) -> str:
@@ -289,9 +295,7 @@ def _llamacpp_goals(d: dict) -> list[tuple[str, str, bool]]:
     at a share of its bandwidth bound, and the export in llama.cpp: the ReLU model's tokens, Q8_0's perplexity cost."""
     v, n = d["variants"], d["new_tokens"]
     zeros = statistics.mean(d["gate_zeros"].values()) if d.get("gate_zeros") else float("nan")
-    where = f"{d['model']}, {zeros:.0%} gate zeros, {_cpu(d)}"
-    if d["prompt_tokens"] != 15:
-        where += f", after a {d['prompt_tokens']}-token prompt"
+    where = f"{d['model']}, {zeros:.0%} gate zeros, {_cpu(d)}{_after_prompt(d)}"
 
     def ratio(ours, theirs):
         return statistics.median(_round_ratios(v[f"ours, converted, {ours}"], v[f"llama.cpp, original, {theirs}"]))
