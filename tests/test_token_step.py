@@ -11,7 +11,7 @@ from lambda_gelu.inference.sparse import sparsify_
 from lambda_gelu.inference.token_step import _layout_matches
 from test_hf_decode import FAMILIES, TORCH_ONLY, _model, _prompt
 
-pytestmark = pytest.mark.skipif(_native.library() is None, reason="no C compiler here")
+pytestmark = pytest.mark.skipif(_native.library() is None, reason=f"the C kernels did not build: {_native.error()}")
 # layers with more than their FFN after the attention (Gemma 4's per-layer inputs and scale, experts): per layer
 PER_LAYER = {"gemma4", "gemma4-shared", "gemma4-moe", "granitemoe", "olmoe-unclipped"}
 ONE_CALL = [f for f in FAMILIES if f not in PER_LAYER | TORCH_ONLY]
