@@ -1,6 +1,7 @@
-"""Shared by the benchmark scripts: interleaved timing, medians, the header, JSON output."""
+"""Shared by the benchmark scripts: interleaved timing, medians, the header, JSON output, their arguments' types."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -14,6 +15,33 @@ import torch
 from lambda_gelu.timing import time_interleaved
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def positive_int(text: str) -> int:
+    """An argument's type for rounds, repetitions, tokens and threads: a whole number ≥ 1 (argparse refuses any other
+    in one line, before a model is loaded)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number ≥ 1, got {text!r}")
+    return n
+
+
+def checkpoint(text: str) -> str:
+    """An argument's type for a model directory (a Hugging Face checkpoint: its config.json), refused in one line."""
+    if not (Path(text) / "config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a model directory (no config.json in it)")
+    return text
+
+
+def converted(text: str) -> str:
+    """:func:`checkpoint`, written by `lambda-gelu reluize` (its reluize_report.json names the original)."""
+    if not (Path(checkpoint(text)) / "reluize_report.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a checkpoint written by `lambda-gelu reluize` "
+                                         "(no reluize_report.json in it)")
+    return text
 
 
 def header() -> dict:

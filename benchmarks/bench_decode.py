@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from _common import header, interleaved, print_table, save, speedup_quartiles
+from _common import checkpoint, header, interleaved, positive_int, print_table, save, speedup_quartiles
 from lambda_gelu.timing import time_interleaved
 
 
@@ -47,10 +47,11 @@ def _ruled_out(mlps, inputs) -> float:
 @torch.inference_mode()
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a checkpoint written by `lambda-gelu reluize` (ReLU gates)")
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--model", required=True, type=checkpoint,
+                   help="a checkpoint written by `lambda-gelu reluize` (ReLU gates)")
+    p.add_argument("--new-tokens", type=positive_int, default=64)
+    p.add_argument("--rounds", type=positive_int, default=5)
+    p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--tag", default=None, help="saved as benchmarks/results/decode-TAG.json, a section of its own in "
                    "docs/performance.md (default: decode.json, the conversion reported first)")
     args = p.parse_args()

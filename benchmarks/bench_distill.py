@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from _common import header, interleaved, print_table, save
+from _common import header, interleaved, positive_int, print_table, save
 
 # name, precision, attention (None: the CLI's), plain KL, embeddings frozen
 VARIANTS = (("float32", "float32", None, False, False),
@@ -36,9 +36,10 @@ VARIANTS = (("float32", "float32", None, False, False),
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="a causal LM directory, GGUF file or offline name")
-    p.add_argument("--steps", type=int, default=3, help="batches, each a timed step of every precision in a round")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--steps", type=positive_int, default=3,
+                   help="batches, each a timed step of every precision in a round")
+    p.add_argument("--rounds", type=positive_int, default=3)
+    p.add_argument("--threads", type=positive_int, default=None)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:

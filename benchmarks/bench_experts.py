@@ -22,7 +22,7 @@ import statistics
 
 import torch
 
-from _common import header, print_table, save, speedup_quartiles
+from _common import header, positive_int, print_table, save, speedup_quartiles
 from lambda_gelu.timing import time_interleaved
 
 SIZES = {  # hidden size, expert width, experts, experts a token
@@ -49,8 +49,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(SIZES), choices=list(SIZES))
     p.add_argument("--zeros", type=float, nargs="+", default=[0.5, 0.65, 0.85, 0.95])
-    p.add_argument("--tokens", type=int, default=32, help="calls (tokens) a round")
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--tokens", type=positive_int, default=32, help="calls (tokens) a round")
+    p.add_argument("--rounds", type=positive_int, default=10)
     args = p.parse_args()
     from lambda_gelu.inference.experts import SparseExperts
 

@@ -18,17 +18,18 @@ import statistics
 
 import torch
 
-from _common import header, print_table, save, speedup_quartiles
+from _common import checkpoint, header, positive_int, print_table, save, speedup_quartiles
 from lambda_gelu.timing import time_interleaved
 
 
 @torch.inference_mode()
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a checkpoint written by `lambda-gelu reluize` (ReLU gates)")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
-    p.add_argument("--calls", type=int, default=24, help="calls of each size per block")
-    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--model", required=True, type=checkpoint,
+                   help="a checkpoint written by `lambda-gelu reluize` (ReLU gates)")
+    p.add_argument("--rows", type=positive_int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--calls", type=positive_int, default=24, help="calls of each size per block")
+    p.add_argument("--rounds", type=positive_int, default=10)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers

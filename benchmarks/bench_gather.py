@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from _common import bandwidth, header, print_table, save
+from _common import bandwidth, header, positive_int, print_table, save
 from lambda_gelu import _native
 from lambda_gelu.timing import time_interleaved
 
@@ -29,8 +29,8 @@ TABLE_BYTES = 300 * 2 ** 20
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--rounds", type=positive_int, default=7)
     args = p.parse_args()
     kernels = _native.library()
     if kernels is None:

@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from _common import header, print_table, save, speedup_quartiles
+from _common import header, positive_int, print_table, save, speedup_quartiles
 from lambda_gelu.timing import time_interleaved
 
 SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -55,8 +55,8 @@ def _model(cls_name: str, more: dict):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--new-tokens", type=positive_int, default=32)
+    p.add_argument("--rounds", type=positive_int, default=8)
     args = p.parse_args()
     from lambda_gelu.hf import LeanDecoder
 

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import header, print_table, save
+from _common import converted, header, positive_int, print_table, save
 
 PROMPT = "The standard library of Python provides modules for reading files, talking to networks and"
 LONG_PROMPT = argparse.__file__  # a longer prompt's text: the standard library's argparse module, on every machine
@@ -258,15 +258,17 @@ def our_bytes(model, reads: dict | None, weight_bytes: int, positions: float, ff
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="a checkpoint written by `lambda-gelu reluize` (ReLU gates)")
+    p.add_argument("--model", required=True, type=converted,
+                   help="a checkpoint written by `lambda-gelu reluize` (ReLU gates)")
     p.add_argument("--original", help="the original as a GGUF file (default: the conversion's source)")
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--prompt-tokens", type=int, default=15,
+    p.add_argument("--new-tokens", type=positive_int, default=64)
+    p.add_argument("--prompt-tokens", type=positive_int, default=15,
                    help="the prompt's length: beyond 15 tokens, the first ones of the standard library's argparse.py")
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=positive_int, default=7)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--work", help="where llama.cpp's files of the original are kept (default: a temporary folder)")
-    p.add_argument("--sentences", type=int, default=256, help="held-out sentences the perplexities are measured on")
+    p.add_argument("--sentences", type=positive_int, default=256,
+                   help="held-out sentences the perplexities are measured on")
     p.add_argument("--name", default="llamacpp")
     args = p.parse_args()
 

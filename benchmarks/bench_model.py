@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import lambda_gelu as lg
-from _common import header, interleaved, print_table, save
+from _common import header, interleaved, positive_int, print_table, save
 from lambda_gelu_lab.models import MLP, Block
 
 
@@ -44,8 +44,8 @@ def transformer_case(quick):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--reps", type=positive_int, default=20)
     p.add_argument("--quick", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)

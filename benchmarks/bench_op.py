@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.autograd.graph import saved_tensors_hooks
 
 import lambda_gelu as lg
-from _common import header, interleaved, print_table, save
+from _common import header, interleaved, positive_int, print_table, save
 
 SHAPES = [  # (label, shape, dtype, channel_dim for per-channel λ or None)
     ("transformer MLP hidden", (8192, 3072), torch.float32, None),
@@ -65,8 +65,8 @@ def saved_bytes(fn, x, lam) -> int:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--reps", type=positive_int, default=15)
     p.add_argument("--quick", action="store_true", help="small shapes, few reps: a smoke test")
     args = p.parse_args()
     torch.set_num_threads(args.threads)

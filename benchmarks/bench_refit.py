@@ -18,14 +18,14 @@ import time
 
 import torch
 
-from _common import header, print_table, save
+from _common import header, positive_int, print_table, save
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="a model directory, GGUF file or offline name")
-    p.add_argument("--batches", type=int, default=4, help="training batches the refit runs over")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--batches", type=positive_int, default=4, help="training batches the refit runs over")
+    p.add_argument("--rounds", type=positive_int, default=2)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from lambda_gelu.hf import ConversionConfig

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from _common import header, interleaved, print_table, save
+from _common import header, interleaved, positive_int, print_table, save
 from lambda_gelu.inference.sparse import MIN_WEIGHTS, SparseLinear, active_inputs, sparsify_
 
 
@@ -202,8 +202,8 @@ def generation(reps: int, quick: bool) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--reps", type=positive_int, default=50)
     ap.add_argument("--quick", action="store_true", help="small shapes and a short training: a smoke run")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from _common import header, print_table, save
+from _common import header, positive_int, print_table, save
 
 RUNS = ["run", "mnist1d-mlp", "--seeds", "2", "--quiet", "--no-report"]
 VARIANTS = {  # label: the arguments that make it
@@ -45,7 +45,7 @@ def sweep(args: list[str]) -> tuple[float, int]:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=positive_int, default=2)
     p.add_argument("--no-ray", action="store_true", help="leave out the Ray variant")
     args = p.parse_args()
     variants = {k: v for k, v in VARIANTS.items() if not (args.no_ray and "Ray" in k)}

@@ -16,7 +16,7 @@ import math
 import torch
 
 import lambda_gelu as lg
-from _common import header, interleaved, print_table, save
+from _common import header, interleaved, positive_int, print_table, save
 from lambda_gelu_lab.config import RunConfig
 from lambda_gelu_lab.tasks import TASKS
 from lambda_gelu_lab.train import build_model, loss_fn, make_optimizer, probe_batch
@@ -50,8 +50,8 @@ def measure(name: str, reps: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--reps", type=positive_int, default=20)
     ap.add_argument("--tasks", nargs="+", default=list(TASK_NAMES), choices=sorted(TASKS))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
