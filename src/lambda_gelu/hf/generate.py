@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import TextStreamer
 
 from ..errors import CheckpointError
 from ..inference.decoder import LeanDecoder
@@ -98,7 +97,7 @@ def generate_text(directory: str, prompt: str, config: GenerateConfig | None = N
     ends = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     sampling = {"do_sample": True, "temperature": config.temperature, "top_k": config.top_k, "top_p": config.top_p} \
         if config.sample else {}
-    streamer = _Pieces(tokenizer, ends, stream) if stream is not None else None
+    streamer = _pieces(tokenizer, ends, stream) if stream is not None else None
     try:
         decoder = LeanDecoder(model, max_length=ids.shape[1] + config.max_new_tokens,
                               int8_attention=config.int8 or config.int4)
@@ -122,25 +121,29 @@ def generate_text(directory: str, prompt: str, config: GenerateConfig | None = N
     return Generated(tokenizer.decode(new, skip_special_tokens=True), new, ids.shape[1], seconds, path)
 
 
-class _Pieces(TextStreamer):
+def _pieces(tokenizer, ends: set[int], write: Callable[[str], None]):
     """A streamer (as ``generate`` and LeanDecoder feed one) that hands the new text to ``write`` a piece at a time,
     up to the first of the ``ends`` token ids: a decoder given several end tokens decodes past them, and its text is
-    cut there."""
+    cut there. Made here, not at import: transformers is imported only when used."""
+    from transformers import TextStreamer
 
-    def __init__(self, tokenizer, ends: set[int], write: Callable[[str], None]):
-        super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
-        self.ends, self.write, self.ended = ends, write, False
+    class Pieces(TextStreamer):
+        def __init__(self):
+            super().__init__(tokenizer, skip_prompt=True, skip_special_tokens=True)
+            self.ended = False
 
-    def put(self, value):
-        if self.ended:
-            return
-        if not self.next_tokens_are_prompt:
-            self.ended = int(value.reshape(-1)[0]) in self.ends
-        super().put(value)
+        def put(self, value):
+            if self.ended:
+                return
+            if not self.next_tokens_are_prompt:
+                self.ended = int(value.reshape(-1)[0]) in ends
+            super().put(value)
 
-    def on_finalized_text(self, text: str, stream_end: bool = False):
-        if text:
-            self.write(text)
+        def on_finalized_text(self, text: str, stream_end: bool = False):
+            if text:
+                write(text)
+
+    return Pieces()
 
 
 def _encode(tokenizer, prompt: str, chat: bool) -> torch.Tensor:
