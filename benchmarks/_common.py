@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from lambda_gelu.hf.save import REPORT
 from lambda_gelu.timing import time_interleaved
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -37,10 +38,10 @@ def checkpoint(text: str) -> str:
 
 
 def converted(text: str) -> str:
-    """:func:`checkpoint`, written by `lambda-gelu reluize` (its reluize_report.json names the original)."""
-    if not (Path(checkpoint(text)) / "reluize_report.json").is_file():
+    """:func:`checkpoint`, written by `lambda-gelu reluize` (its report names the original)."""
+    if not (Path(checkpoint(text)) / REPORT).is_file():
         raise argparse.ArgumentTypeError(f"{text} is not a checkpoint written by `lambda-gelu reluize` "
-                                         "(no reluize_report.json in it)")
+                                         f"(no {REPORT} in it)")
     return text
 
 

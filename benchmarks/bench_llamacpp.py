@@ -275,10 +275,11 @@ def main():
     import transformers
     from lambda_gelu.deploy.gguf import export_gguf
     from lambda_gelu.errors import CheckpointError
+    from lambda_gelu.hf.save import REPORT
     from lambda_gelu.inference.int4 import row_bytes
     from lambda_gelu.inference.sparse import sparsify_
     torch.set_num_threads(args.threads)
-    report = json.loads((Path(args.model) / "reluize_report.json").read_text())
+    report = json.loads((Path(args.model) / REPORT).read_text())
     original = Path(args.original or report["source"])
     if original.suffix != ".gguf":
         raise SystemExit(f"{original} is not a GGUF file: give the original as one with --original")
